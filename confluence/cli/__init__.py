@@ -1,0 +1,1 @@
+"""Command-line interface (`confluence ...`). Each area registers its commands from its own module."""

@@ -1,0 +1,114 @@
+"""The `TrainingBatch`: the unit of data moved from the host to the accelerator (seed 000, "Batch Structure").
+
+Every batch holds sequences of ONE task of ONE database, so its target type is homogeneous. All arrays are
+NumPy arrays with exactly the dtypes of seed 000. Index spaces:
+
+* global:          `column_ids` (ColumnIdx), `categorical_embed_ids` (CategoricalEmbeddingIdx)
+* sequence-local:  `seq_row_ids`, `fk_adj` (0..R-1, per sequence)
+* batch-local:     `text_embed_ids` (0..U-1 into `text_batch_embeddings`)
+
+Fields beyond seed 000 (documented in docs/architecture.md): `task_idx`, `db_idx`, `cat_block_start`,
+`cat_count`, `seed_ids`, `anchor_rows`, `obs_times`, `seq_valid`. They are scalars or `[B]` vectors that the
+loss (categorical block), evaluation (which seed a sequence came from) and the last partial batch of an
+evaluation pass (`seq_valid`) need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from confluence.stypes import D_TIME
+
+# name -> (dtype, trailing shape description) for the [B, S, ...] tensors.
+SEQ_FIELDS: dict[str, np.dtype] = {
+    "semantic_types": np.dtype(np.int8),
+    "column_ids": np.dtype(np.int32),
+    "seq_row_ids": np.dtype(np.uint16),
+    "is_null": np.dtype(np.bool_),
+    "numeric_values": np.dtype(np.float32),
+    "timestamp_values": np.dtype(np.float32),  # [B, S, 15]
+    "bool_values": np.dtype(np.bool_),
+    "categorical_embed_ids": np.dtype(np.uint32),
+    "text_embed_ids": np.dtype(np.uint32),
+    "is_target": np.dtype(np.bool_),
+    "is_padding": np.dtype(np.bool_),
+    "col_perm": np.dtype(np.uint16),
+    "out_perm": np.dtype(np.uint16),
+    "in_perm": np.dtype(np.uint16),
+}
+
+
+@dataclass
+class TrainingBatch:
+    # --- [B, S] cell identity (seed 000 section 1)
+    semantic_types: np.ndarray  # int8, SemanticType values; never IGNORED
+    column_ids: np.ndarray  # int32, global column index
+    seq_row_ids: np.ndarray  # uint16, sequence-local row index 0..R-1
+    # --- [B, S(, 15)] dense per-type values (section 2); 0 where the slot does not apply
+    is_null: np.ndarray  # bool
+    numeric_values: np.ndarray  # float32, z-scored
+    timestamp_values: np.ndarray  # float32 [B, S, 15]: 7 (sin, cos) pairs + z-scored epoch
+    bool_values: np.ndarray  # bool
+    categorical_embed_ids: np.ndarray  # uint32, global index into the categorical embedding table
+    text_embed_ids: np.ndarray  # uint32, batch-local index into text_batch_embeddings
+    # --- [B, S] validity and masking (section 3)
+    is_target: np.ndarray  # bool, exactly one True per valid sequence
+    is_padding: np.ndarray  # bool
+    # --- structure (section 4)
+    fk_adj: np.ndarray  # bool [B, R, R]; fk_adj[b, r1, r2]: row r1 has a FK pointing at row r2
+    col_perm: np.ndarray  # uint16 [B, S]
+    out_perm: np.ndarray  # uint16 [B, S]
+    in_perm: np.ndarray  # uint16 [B, S]
+    # --- text (section 6)
+    text_batch_embeddings: np.ndarray  # float16 [U, D_t]
+    # --- per-batch scalars
+    target_stype: int  # SemanticType value of the target (1, 2, 3 or 4)
+    task_idx: int  # index of the task in its store's task list
+    db_idx: int  # index of the database among those the sampler serves
+    cat_block_start: int  # categorical target: first global categorical index of the target's block (else 0)
+    cat_count: int  # categorical target: K, number of categories of the target (else 0)
+    # --- [B] per-sequence bookkeeping
+    seed_ids: np.ndarray  # int64, index of the seed within the task's seed arrays
+    anchor_rows: np.ndarray  # int64, global row index of the anchor (seed) row
+    obs_times: np.ndarray  # int64, observation time in epoch microseconds (INT64_MAX: no cut-off)
+    seq_valid: np.ndarray  # bool, False for filler sequences of a last partial batch
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.semantic_types.shape[0])
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.semantic_types.shape[1])
+
+    @property
+    def num_rows(self) -> int:
+        """R, the padded row dimension of `fk_adj`."""
+        return int(self.fk_adj.shape[1])
+
+    def validate(self) -> None:
+        """Check dtypes and shapes against seed 000; raises ValueError naming the offending field."""
+        b, s = self.semantic_types.shape
+        for name, dtype in SEQ_FIELDS.items():
+            arr = getattr(self, name)
+            want = (b, s, D_TIME) if name == "timestamp_values" else (b, s)
+            if arr.dtype != dtype or arr.shape != want:
+                raise ValueError(f"TrainingBatch.{name}: got {arr.dtype}{arr.shape}, expected {dtype}{want}")
+        if self.fk_adj.dtype != np.bool_ or self.fk_adj.ndim != 3 or self.fk_adj.shape[0] != b:
+            raise ValueError(f"TrainingBatch.fk_adj: got {self.fk_adj.dtype}{self.fk_adj.shape}, expected bool[B,R,R]")
+        if self.fk_adj.shape[1] != self.fk_adj.shape[2]:
+            raise ValueError(f"TrainingBatch.fk_adj must be square in its last two axes, got {self.fk_adj.shape}")
+        if self.text_batch_embeddings.dtype != np.float16 or self.text_batch_embeddings.ndim != 2:
+            raise ValueError("TrainingBatch.text_batch_embeddings must be float16 [U, D_t]")
+        for name in ("seed_ids", "anchor_rows", "obs_times"):
+            arr = getattr(self, name)
+            if arr.dtype != np.int64 or arr.shape != (b,):
+                raise ValueError(f"TrainingBatch.{name}: got {arr.dtype}{arr.shape}, expected int64[{b}]")
+        if self.seq_valid.dtype != np.bool_ or self.seq_valid.shape != (b,):
+            raise ValueError(f"TrainingBatch.seq_valid: expected bool[{b}]")
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """All array fields by name (what is shipped to the device)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), np.ndarray)}

@@ -1,0 +1,304 @@
+"""The metadata model (spec/metadata.md) and its JSON form.
+
+`parse_metadata` checks the *shape* of the file (required fields, types, stype names, references between
+tables / columns / tasks that need no data) and reports every problem at once as a `MetadataError`.
+Checks that need the data (columns present in the data, unique PKs, task queries, ...) live in
+`confluence.schema.validate`.
+
+Key order is preserved on load and save, so a reviewed file round-trips byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluence.errors import MetadataError
+from confluence.stypes import SemanticType
+
+
+@dataclass
+class ColumnMeta:
+    name: str
+    stype: SemanticType
+    foreign_key: str | None = None  # "table.column"
+    description: str | None = None
+    reason: str | None = None  # why a draft chose this stype (kept for review; not used by preprocessing)
+
+    @property
+    def fk_table(self) -> str | None:
+        return self.foreign_key.split(".", 1)[0] if self.foreign_key else None
+
+    @property
+    def fk_column(self) -> str | None:
+        return self.foreign_key.split(".", 1)[1] if self.foreign_key else None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"stype": self.stype.label}
+        if self.foreign_key:
+            out["foreign_key"] = self.foreign_key
+        if self.description:
+            out["description"] = self.description
+        if self.reason:
+            out["reason"] = self.reason
+        return out
+
+
+@dataclass
+class TableMeta:
+    name: str
+    columns: dict[str, ColumnMeta]
+    primary_key: str | None = None
+    temporal_column: str | None = None
+    description: str | None = None
+
+    def non_ignored(self) -> list[ColumnMeta]:
+        return [c for c in self.columns.values() if c.stype != SemanticType.IGNORED]
+
+    def foreign_keys(self) -> list[ColumnMeta]:
+        return [c for c in self.columns.values() if c.foreign_key and c.stype != SemanticType.IGNORED]
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.description:
+            out["description"] = self.description
+        if self.primary_key:
+            out["primary_key"] = self.primary_key
+        if self.temporal_column:
+            out["temporal_column"] = self.temporal_column
+        out["columns"] = {name: c.to_json() for name, c in self.columns.items()}
+        return out
+
+
+@dataclass
+class TaskMeta:
+    name: str
+    query: str
+    anchor_table: str
+    anchor_key: str
+    target_column: str
+    target_stype: SemanticType
+    observation_time_column: str | None = None
+    description: str | None = None
+    exclude_columns: list[str] = field(default_factory=list)
+
+    def is_cell_masking(self, db: DatabaseMeta) -> bool:
+        """A cell-masking task predicts a column of the anchor table (same name, same stype)."""
+        table = db.tables.get(self.anchor_table)
+        col = table.columns.get(self.target_column) if table else None
+        return col is not None and col.stype == self.target_stype and self.observation_time_column is None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "query": self.query,
+            "anchor_table": self.anchor_table,
+            "anchor_key": self.anchor_key,
+            "target_column": self.target_column,
+            "target_stype": self.target_stype.label,
+        }
+        if self.observation_time_column:
+            out["observation_time_column"] = self.observation_time_column
+        if self.description:
+            out["description"] = self.description
+        if self.exclude_columns:
+            out["exclude_columns"] = list(self.exclude_columns)
+        return out
+
+
+@dataclass
+class DatabaseMeta:
+    name: str
+    tables: dict[str, TableMeta]
+    tasks: dict[str, TaskMeta] = field(default_factory=dict)
+    description: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name}
+        if self.description:
+            out["description"] = self.description
+        out["tables"] = {name: t.to_json() for name, t in self.tables.items()}
+        out["tasks"] = {name: t.to_json() for name, t in self.tasks.items()}
+        return out
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2, ensure_ascii=False) + "\n"
+
+
+def _str(obj: dict, key: str, where: str, problems: list[str], required: bool = True) -> str | None:
+    val = obj.get(key)
+    if val is None:
+        if required:
+            problems.append(f"{where}: missing required field '{key}'")
+        return None
+    if not isinstance(val, str) or not val.strip():
+        problems.append(f"{where}: field '{key}' must be a non-empty string, got {val!r}")
+        return None
+    return val
+
+
+def parse_metadata(raw: Any, source: str = "metadata") -> DatabaseMeta:
+    """Build a DatabaseMeta from parsed JSON, collecting every structural problem before raising."""
+    problems: list[str] = []
+    if not isinstance(raw, dict):
+        raise MetadataError([f"{source}: top level must be a JSON object, got {type(raw).__name__}"])
+    for key in raw:
+        if key not in ("name", "description", "tables", "tasks"):
+            problems.append(f"database: unknown field '{key}'")
+    name = _str(raw, "name", "database", problems) or "unnamed"
+    tables_raw = raw.get("tables")
+    tables: dict[str, TableMeta] = {}
+    if not isinstance(tables_raw, dict) or not tables_raw:
+        problems.append("database: 'tables' must be a non-empty object of table name -> table")
+        tables_raw = {}
+    for tname, traw in tables_raw.items():
+        where = f"table '{tname}'"
+        if not isinstance(traw, dict):
+            problems.append(f"{where}: must be an object")
+            continue
+        for key in traw:
+            if key not in ("primary_key", "temporal_column", "columns", "description"):
+                problems.append(f"{where}: unknown field '{key}'")
+        cols_raw = traw.get("columns")
+        cols: dict[str, ColumnMeta] = {}
+        if not isinstance(cols_raw, dict) or not cols_raw:
+            problems.append(f"{where}: 'columns' must be a non-empty object of column name -> column")
+            cols_raw = {}
+        for cname, craw in cols_raw.items():
+            cwhere = f"column '{tname}.{cname}'"
+            if not isinstance(craw, dict):
+                problems.append(f"{cwhere}: must be an object like {{\"stype\": \"numerical\"}}")
+                continue
+            for key in craw:
+                if key not in ("stype", "foreign_key", "description", "reason"):
+                    problems.append(f"{cwhere}: unknown field '{key}'")
+            stype_name = _str(craw, "stype", cwhere, problems)
+            stype = SemanticType.IGNORED
+            if stype_name is not None:
+                try:
+                    stype = SemanticType.parse(stype_name)
+                except ValueError as exc:
+                    problems.append(f"{cwhere}: {exc}")
+            fk = _str(craw, "foreign_key", cwhere, problems, required=False)
+            if fk is not None and fk.count(".") != 1:
+                problems.append(f"{cwhere}: foreign_key {fk!r} must look like 'table.column'")
+                fk = None
+            if fk is not None and stype != SemanticType.IDENTIFIER:
+                problems.append(f"{cwhere}: a foreign key column must have stype 'identifier', not '{stype.label}'")
+            cols[cname] = ColumnMeta(
+                name=cname,
+                stype=stype,
+                foreign_key=fk,
+                description=_str(craw, "description", cwhere, problems, required=False),
+                reason=_str(craw, "reason", cwhere, problems, required=False),
+            )
+        pk = _str(traw, "primary_key", where, problems, required=False)
+        if pk is not None and pk not in cols:
+            problems.append(f"{where}: primary_key '{pk}' is not one of its columns")
+        elif pk is not None and cols[pk].stype != SemanticType.IDENTIFIER:
+            problems.append(f"{where}: primary_key '{pk}' must have stype 'identifier', not '{cols[pk].stype.label}'")
+        tcol = _str(traw, "temporal_column", where, problems, required=False)
+        if tcol is not None and tcol not in cols:
+            problems.append(f"{where}: temporal_column '{tcol}' is not one of its columns")
+        elif tcol is not None and cols[tcol].stype != SemanticType.TIMESTAMP:
+            problems.append(f"{where}: temporal_column '{tcol}' must have stype 'timestamp', not '{cols[tcol].stype.label}'")
+        tables[tname] = TableMeta(
+            name=tname,
+            columns=cols,
+            primary_key=pk,
+            temporal_column=tcol,
+            description=_str(traw, "description", where, problems, required=False),
+        )
+    # Foreign keys must point at an existing table's primary key.
+    for t in tables.values():
+        for c in t.foreign_keys():
+            target = tables.get(c.fk_table or "")
+            where = f"column '{t.name}.{c.name}'"
+            if target is None:
+                problems.append(f"{where}: foreign_key '{c.foreign_key}' names unknown table '{c.fk_table}'")
+            elif c.fk_column not in target.columns:
+                problems.append(f"{where}: foreign_key '{c.foreign_key}' names unknown column '{c.fk_column}' of '{target.name}'")
+            elif target.primary_key != c.fk_column:
+                problems.append(
+                    f"{where}: foreign_key '{c.foreign_key}' must point at the primary key of '{target.name}'"
+                    f" ({target.primary_key or 'it has none'})"
+                )
+    tasks_raw = raw.get("tasks", {})
+    tasks: dict[str, TaskMeta] = {}
+    if not isinstance(tasks_raw, dict):
+        problems.append("database: 'tasks' must be an object of task name -> task")
+        tasks_raw = {}
+    for kname, kraw in tasks_raw.items():
+        where = f"task '{kname}'"
+        if not isinstance(kraw, dict):
+            problems.append(f"{where}: must be an object")
+            continue
+        allowed = ("query", "anchor_table", "anchor_key", "target_column", "target_stype",
+                   "observation_time_column", "description", "exclude_columns")
+        for key in kraw:
+            if key not in allowed:
+                problems.append(f"{where}: unknown field '{key}'")
+        query = _str(kraw, "query", where, problems)
+        anchor_table = _str(kraw, "anchor_table", where, problems)
+        anchor_key = _str(kraw, "anchor_key", where, problems)
+        target_column = _str(kraw, "target_column", where, problems)
+        stype_name = _str(kraw, "target_stype", where, problems)
+        target_stype = SemanticType.NUMERICAL
+        if stype_name is not None:
+            try:
+                target_stype = SemanticType.parse(stype_name)
+                if not target_stype.can_be_target:
+                    problems.append(
+                        f"{where}: target_stype '{target_stype.label}' cannot be a target"
+                        " (use numerical, categorical, boolean or timestamp)"
+                    )
+            except ValueError as exc:
+                problems.append(f"{where}: {exc}")
+        if anchor_table is not None and anchor_table not in tables:
+            problems.append(f"{where}: anchor_table '{anchor_table}' is not a table of the database")
+        elif anchor_table is not None and tables[anchor_table].primary_key is None:
+            problems.append(f"{where}: anchor_table '{anchor_table}' has no primary key to anchor on")
+        excl = kraw.get("exclude_columns", [])
+        if not isinstance(excl, list) or not all(isinstance(x, str) for x in excl):
+            problems.append(f"{where}: exclude_columns must be a list of column names")
+            excl = []
+        if anchor_table in tables:
+            for x in excl:
+                if x not in tables[anchor_table].columns:
+                    problems.append(f"{where}: exclude_columns names '{x}', not a column of '{anchor_table}'")
+        if None in (query, anchor_table, anchor_key, target_column, stype_name):
+            continue
+        tasks[kname] = TaskMeta(
+            name=kname,
+            query=query,  # type: ignore[arg-type]
+            anchor_table=anchor_table,  # type: ignore[arg-type]
+            anchor_key=anchor_key,  # type: ignore[arg-type]
+            target_column=target_column,  # type: ignore[arg-type]
+            target_stype=target_stype,
+            observation_time_column=_str(kraw, "observation_time_column", where, problems, required=False),
+            description=_str(kraw, "description", where, problems, required=False),
+            exclude_columns=list(excl),
+        )
+    if problems:
+        raise MetadataError(problems)
+    return DatabaseMeta(name=name, tables=tables, tasks=tasks, description=raw.get("description"))
+
+
+def load_metadata(path: str | Path) -> DatabaseMeta:
+    """Read and structurally validate a metadata JSON file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise MetadataError([f"{path}: cannot read the metadata file ({exc.strerror or exc})"]) from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MetadataError([f"{path}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"]) from None
+    return parse_metadata(raw, source=str(path))
+
+
+def save_metadata(meta: DatabaseMeta, path: str | Path) -> None:
+    """Write the metadata as stable, human-reviewable JSON (2-space indent, key order preserved)."""
+    Path(path).write_text(meta.dumps(), encoding="utf-8")
