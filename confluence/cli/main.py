@@ -24,11 +24,13 @@ app.add_typer(bench_app, name="bench")
 app.add_typer(text_app, name="text")
 
 _AREAS = (
+    "confluence.cli.schema_cmds",
     "confluence.cli.data_cmds",
     "confluence.cli.sampler_cmds",
     "confluence.cli.train_cmds",
     "confluence.cli.eval_cmds",
     "confluence.cli.text_cmds",
+    "confluence.cli.kernel_cmds",
     "confluence.cli.demo_cmds",
 )
 
