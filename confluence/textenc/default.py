@@ -172,7 +172,12 @@ class StaticEncoder:
         import scipy.sparse as sp
 
         cut = [t if len(t) <= MAX_CHARS else t[:MAX_CHARS] for t in texts]
-        ids = [e.ids for e in self._tokenizer.encode_batch_fast(cut, add_special_tokens=False)]
+        try:
+            encodings = self._tokenizer.encode_batch_fast(cut, add_special_tokens=False)
+        except TypeError:  # lone surrogates (e.g. from undecodable bytes) are not valid UTF-8: replace them
+            cut = [t.encode("utf-8", "replace").decode("utf-8") for t in cut]
+            encodings = self._tokenizer.encode_batch_fast(cut, add_special_tokens=False)
+        ids = [e.ids for e in encodings]
         offsets = np.zeros(len(ids) + 1, dtype=np.int64)
         np.cumsum(np.fromiter(map(len, ids), dtype=np.int64, count=len(ids)), out=offsets[1:])
         flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(offsets[-1]))
