@@ -175,7 +175,7 @@ def _plan(db: DatabaseMeta, con: duckdb.DuckDBPyConnection) -> tuple[list[TableP
     columns: list[ColumnPlan] = []
     offset = 0
     for ti, t in enumerate(db.tables.values()):
-        n = int(con.execute(f"SELECT count(*) FROM {quote(t.name)}").fetchone()[0])
+        n = int(con.execute(f"SELECT count(*) FROM {quote(t.name)}").fetchall()[0][0])
         tp = TablePlan(meta=t, index=ti, num_rows=n, row_offset=offset)
         for c in t.non_ignored():
             cp = ColumnPlan(table=t.name, meta=c, column_idx=len(columns))
