@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from confluence.errors import DataError, StoreError
+from confluence.errors import DataError, MetadataError, StoreError
 from confluence.preprocess import pipeline, preprocess
 from confluence.schema.metadata import parse_metadata
 from confluence.store import Store
@@ -131,12 +131,14 @@ def test_duplicate_and_nan_primary_keys(tmp_path):
     books = bookstore_tables()["books"]
     src, meta = _with_table(tmp_path, "books", books.set_column(0, "book_id", pa.array(["b1", "b1", "b3"])))
     with pytest.raises(DataError, match="table 'books', column 'book_id': primary key value 'b1' occurs more"):
+        run(src, meta, tmp_path / "s", validate=False)
+    with pytest.raises(MetadataError, match="primary key 'book_id' is not unique"):
         run(src, meta, tmp_path / "s")
     cust = bookstore_tables()["customers"]
     src, meta = _with_table(tmp_path, "customers",
                             cust.set_column(0, "customer_id", pa.array([1.0, float("nan"), 3.0, 4.0])))
     with pytest.raises(DataError, match="table 'customers', column 'customer_id', row 1: primary key is nan"):
-        run(src, meta, tmp_path / "s")
+        run(src, meta, tmp_path / "s", validate=False)
     assert not (tmp_path / "s").exists()
 
 
@@ -146,7 +148,7 @@ def test_numerical_column_with_strings(tmp_path):
     books = bookstore_tables()["books"]
     src, meta = _with_table(tmp_path, "books", books.set_column(2, "price", pa.array(["10", "cheap", "30"])))
     with pytest.raises(DataError, match="table 'books', column 'price', row 1: numerical column holds the non-number"):
-        run(src, meta, tmp_path / "s")
+        run(src, meta, tmp_path / "s", validate=False)
 
 
 def test_task_errors_name_the_task(tmp_path):
@@ -155,11 +157,11 @@ def test_task_errors_name_the_task(tmp_path):
     m["tasks"] = {"bad": {"query": "SELECT order_id, 'x' || status AS s FROM orders", "anchor_table": "orders",
                           "anchor_key": "order_id", "target_column": "s", "target_stype": "numerical"}}
     with pytest.raises(DataError, match="task 'bad' target_column 's'.*non-number 'x10'"):
-        run(src, parse_metadata(m), tmp_path / "s")
+        run(src, parse_metadata(m), tmp_path / "s", validate=False)
     m["tasks"] = {"bad": {"query": "SELECT order_id FROM orders", "anchor_table": "orders",
                           "anchor_key": "order_id", "target_column": "rating", "target_stype": "numerical"}}
     with pytest.raises(DataError, match="task 'bad': query failed or lacks the columns"):
-        run(src, parse_metadata(m), tmp_path / "s")
+        run(src, parse_metadata(m), tmp_path / "s", validate=False)
 
 
 def test_unmatched_anchor_keys_reported(tmp_path):
@@ -167,7 +169,7 @@ def test_unmatched_anchor_keys_reported(tmp_path):
     m = copy.deepcopy(BOOKSTORE_METADATA)
     m["tasks"] = {"t": {"query": "SELECT order_id + 1 AS order_id, rating FROM orders", "anchor_table": "orders",
                         "anchor_key": "order_id", "target_column": "rating", "target_stype": "numerical"}}
-    s = Store.open(run(src, parse_metadata(m), tmp_path / "s"))
+    s = Store.open(run(src, parse_metadata(m), tmp_path / "s", validate=False))
     assert s.meta["tasks"][0]["unmatched_anchor_keys"] == 1  # 106 matches no order
     assert s.task("t").num_seeds == 5
 
