@@ -113,6 +113,12 @@ DATA_CASES = [
      ["task 'order_rating': target_column 'rating' holds double data, which cannot be a timestamp target"]),
     ("empty_task", None, _m(_TASK + ["query"], "SELECT order_id, rating FROM orders WHERE false"),
      ["task 'order_rating': its query returns no rows"]),
+    ("boolean_target_not_01", None, _m(_TASK + ["target_stype"], "boolean"),
+     ["task 'order_rating': target_column 'rating' holds double data, which cannot be a boolean target"]),
+    ("boolean_int_target_not_01", None, _m(["tasks", "orders_next_30d", "target_stype"], "boolean"),
+     ["task 'orders_next_30d': boolean target_column 'n' holds integers other than 0/1"]),
+    ("query_trailing_semicolon", None, _m(_TASK + ["query"], "SELECT order_id, rating FROM orders;"),
+     ["task 'order_rating': its query ends with ';'"]),
     ("table_missing_from_data", None, _m(["tables", "wishlists"], {"columns": {"id": {"stype": "identifier"}}}),
      ["table 'wishlists': in the metadata but not in the data"]),
 ]

@@ -172,6 +172,9 @@ class _Checker:
     # -- tasks ---------------------------------------------------------------------------------------------
     def check_task(self, task: TaskMeta) -> None:
         where = f"task '{task.name}'"
+        if task.query.rstrip().endswith(";"):
+            self.problems.append(f"{where}: its query ends with ';' (it is run as a subquery; remove the ';')")
+            return
         try:
             schema = self.raw.sql(f"SELECT * FROM ({task.query}) LIMIT 0").to_arrow_table().schema
         except duckdb.Error as exc:
@@ -240,6 +243,16 @@ class _Checker:
                 f"{where}: target_column '{task.target_column}' holds {dtype} data, which cannot be a"
                 f" {st.label} target"
             )
+        elif st == SemanticType.BOOLEAN and fam == "integer":
+            c = quote_ident(task.target_column)
+            n, example = self.q(
+                f"SELECT count(*), min({c}) FROM ({task.query}) WHERE {c} IS NOT NULL AND {c} NOT IN (0, 1)"
+            )[0]
+            if n:
+                self.problems.append(
+                    f"{where}: boolean target_column '{task.target_column}' holds integers other than 0/1"
+                    f" in {n} row(s) (e.g. {example})"
+                )
 
 
 def validate_against_data(meta: DatabaseMeta, raw: RawDatabase) -> None:
