@@ -203,3 +203,14 @@ def test_load_and_validate_reads_the_file(tmp_path):
         path.write_text("{ not json")
         with pytest.raises(MetadataError, match=r"meta\.json: not valid JSON at line 1"):
             load_and_validate(path, raw)
+
+
+def test_unreadable_table_is_a_problem_not_a_traceback(tmp_path):
+    path = write_bookstore(tmp_path, "csv")
+    with open_source(path) as raw:
+        # a row appended after opening no longer fits the pinned column types
+        with (path / "books.csv").open("a") as fh:
+            fh.write('"B-999","x","poetry",1.5,"2001-01-01"\n')
+        with pytest.raises(MetadataError) as info:
+            validate_against_data(parse_metadata(bookstore_metadata()), raw)
+    assert any(p.startswith("table 'books': its data cannot be read") for p in info.value.problems), info.value

@@ -12,7 +12,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from confluence.errors import MetadataError
+from confluence.errors import DataError, MetadataError
 from confluence.schema.metadata import DatabaseMeta, TableMeta, TaskMeta, load_metadata
 from confluence.sources.raw import RawDatabase, quote_ident
 from confluence.stypes import SemanticType
@@ -65,6 +65,13 @@ class _Checker:
     def q(self, sql: str) -> list[tuple]:
         return self.raw.fetchall(sql)
 
+    def q_safe(self, sql: str) -> tuple:
+        """A one-row query whose failure was already reported elsewhere: (0, None) when it fails."""
+        try:
+            return self.q(sql)[0]
+        except duckdb.Error:
+            return (0, None)
+
     def run(self) -> None:
         for name in self.raw.tables:
             if name not in self.meta.tables:
@@ -76,12 +83,19 @@ class _Checker:
             if table.name not in self.raw.tables:
                 self.problems.append(f"table '{table.name}': in the metadata but not in the data ({self.raw.path})")
                 continue
-            self.schemas[table.name] = self.raw.schema(table.name)
-            self.check_columns(table)
+            try:
+                self.schemas[table.name] = self.raw.schema(table.name)
+                self.check_columns(table)
+            except (DataError, duckdb.Error) as exc:
+                self.schemas.pop(table.name, None)
+                self.problems.append(f"table '{table.name}': its data cannot be read: {str(exc).strip()}")
         for table in self.meta.tables.values():
             if table.name in self.schemas:
-                self.check_primary_key(table)
-                self.check_foreign_keys(table)
+                try:
+                    self.check_primary_key(table)
+                    self.check_foreign_keys(table)
+                except duckdb.Error as exc:
+                    self.problems.append(f"table '{table.name}': its data cannot be read: {str(exc).strip()}")
         for task in self.meta.tasks.values():
             self.check_task(task)
 
@@ -245,9 +259,9 @@ class _Checker:
             )
         elif st == SemanticType.BOOLEAN and fam == "integer":
             c = quote_ident(task.target_column)
-            n, example = self.q(
+            n, example = self.q_safe(
                 f"SELECT count(*), min({c}) FROM ({task.query}) WHERE {c} IS NOT NULL AND {c} NOT IN (0, 1)"
-            )[0]
+            )
             if n:
                 self.problems.append(
                     f"{where}: boolean target_column '{task.target_column}' holds integers other than 0/1"
