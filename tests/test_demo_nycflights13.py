@@ -40,8 +40,11 @@ def test_reviewed_metadata_validates_against_the_demo(demo_dir):
     # every target type, both cell masking and derived tasks with observation times
     assert {t.target_stype for t in meta.tasks.values()} == set(TARGET_STYPES)
     derived = [t for t in meta.tasks.values() if t.observation_time_column]
-    assert {t.target_stype for t in derived} == {SemanticType.NUMERICAL, SemanticType.BOOLEAN}
-    assert all(1_000 <= seeds[t.name] <= 50_000 for t in derived), seeds
+    assert {t.target_stype for t in derived} == {
+        SemanticType.NUMERICAL, SemanticType.BOOLEAN, SemanticType.CATEGORICAL}
+    aggregates = [meta.tasks["plane_flights_next_30d"], meta.tasks["airport_next_day_delay_over_15"]]
+    assert all(1_000 <= seeds[t.name] <= 50_000 for t in aggregates), seeds
+    assert not meta.tasks["flights.carrier"].is_cell_masking(meta)
     assert meta.tasks["flights.cancelled"].is_cell_masking(meta)
     assert seeds["flights.cancelled"] == 336_776
 
