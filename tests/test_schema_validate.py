@@ -106,6 +106,10 @@ DATA_CASES = [
     ("obs_time_not_timestamp", None, _m(["tasks", "orders_next_30d", "query"],
                                         "SELECT customer_id, 7 AS obs_time, 1.0 AS n FROM customers"),
      ["task 'orders_next_30d': observation_time_column 'obs_time' holds int32 data, not a timestamp"]),
+    ("obs_time_null", None, _m(["tasks", "orders_next_30d", "query"],
+                               "SELECT customer_id, CASE WHEN customer_id = 7 THEN NULL ELSE signed_up_at END"
+                               " AS obs_time, 1.0 AS n FROM customers"),
+     ["task 'orders_next_30d': observation_time_column 'obs_time' is NULL in 1 row(s) (e.g. anchor_key 7)"]),
     ("anchor_matches_nothing", None, _m(_TASK + ["query"], "SELECT order_id + 100000 AS order_id, rating FROM orders"),
      ["task 'order_rating': 500 of 500 row(s) have an anchor_key 'order_id' that matches no 'orders' row",
       "e.g. 101000"]),

@@ -212,6 +212,17 @@ class _Checker:
                     f"{where}: observation_time_column '{task.observation_time_column}' holds {dtype} data,"
                     " not a timestamp or date"
                 )
+            else:
+                o, k = quote_ident(task.observation_time_column), quote_ident(task.anchor_key)
+                n, example = self.q_safe(
+                    f"SELECT count(*), CAST(min({k}) AS VARCHAR) FROM ({task.query}) WHERE {o} IS NULL"
+                )
+                if n:
+                    fam = type_family(schema.field(task.anchor_key).type)
+                    self.problems.append(
+                        f"{where}: observation_time_column '{task.observation_time_column}' is NULL in {n} row(s)"
+                        f" (e.g. anchor_key {_example(example, fam)}); every seed needs an observation time"
+                    )
         self.check_target_type(task, schema.field(task.target_column).type, where)
         anchor = self.meta.tables.get(task.anchor_table)
         if anchor is None or anchor.primary_key is None or anchor.name not in self.schemas:
