@@ -133,7 +133,7 @@ def _load_encoder(spec: str | None) -> TextEncoder:
         raise ConfluenceError(
             "no text encoder given and confluence.textenc.registry is not installed; pass encoder=..."
         ) from None
-    return registry.load_encoder(spec) if spec else registry.load_encoder("default")
+    return registry.load_encoder(spec)
 
 
 def _validate(db: DatabaseMeta, raw: RawDatabase) -> None:
