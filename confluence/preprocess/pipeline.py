@@ -31,11 +31,13 @@ from confluence.preprocess.embeddings import (
 )
 from confluence.preprocess.graph import KeyIndex, build_graph, table_edges
 from confluence.preprocess.progress import Reporter
-from confluence.preprocess.source import RawLike, arrow_reader, open_raw, quote
+from confluence.preprocess.source import arrow_reader, open_raw, quote
 from confluence.preprocess.stats import CHUNK, BoolStats, DistinctValues, MomentStats
 from confluence.preprocess.tasks import CategoryBlock, materialize
 from confluence.preprocess.writer import StoreWriter
 from confluence.schema.metadata import ColumnMeta, DatabaseMeta, TableMeta, load_metadata
+from confluence.schema.validate import validate_against_data
+from confluence.sources import RawDatabase
 from confluence.store import format as fmt
 from confluence.stypes import D_TIME, SemanticType
 from confluence.textenc.base import TextEncoder
@@ -92,15 +94,19 @@ def preprocess(
     memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB,
     threads: int | None = None,
     progress: bool = True,
+    validate: bool = True,
 ) -> Path:
     """Preprocess `source` (a path or an opened raw database) with `metadata` into the store directory `out`.
 
     `encoder` (or the spec `text_encoder`, resolved by `confluence.textenc.registry.load_encoder`) embeds
-    column names, categories and text. Returns the store path. The store appears atomically at the end.
+    column names, categories and text. `validate=False` skips `validate_against_data` (for a database
+    validated already); the passes still check what they read. Returns the store path, which appears
+    atomically at the end.
     """
     db = metadata if isinstance(metadata, DatabaseMeta) else load_metadata(metadata)
     raw = open_raw(source)
-    _validate(db, raw)
+    if validate:
+        validate_against_data(db, raw)
     if encoder is None:
         encoder = _load_encoder(text_encoder)
     con = raw.con
@@ -130,23 +136,9 @@ def _load_encoder(spec: str | None) -> TextEncoder:
     return registry.load_encoder(spec) if spec else registry.load_encoder("default")
 
 
-def _validate(db: DatabaseMeta, raw: RawLike) -> None:
-    try:
-        validate = importlib.import_module("confluence.schema.validate")
-    except ModuleNotFoundError as exc:
-        if exc.name != "confluence.schema.validate":
-            raise
-        validate = None
-    if validate is not None:
-        validate.validate_against_data(db, raw)
-    present = set(raw.tables)
-    for t in db.tables.values():
-        if t.name not in present:
-            raise DataError(f"table '{t.name}' is in the metadata but not in the source (tables: {sorted(present)})")
-        cols = {r[0] for r in raw.con.execute(f"DESCRIBE {quote(t.name)}").fetchall()}
-        for c in t.columns.values():
-            if c.stype != SemanticType.IGNORED and c.name not in cols:
-                raise DataError(f"table '{t.name}': column '{c.name}' is in the metadata but not in the data")
+def _validate(db: DatabaseMeta, raw: RawDatabase) -> None:
+    """Check the metadata against the data (every problem at once, as a MetadataError)."""
+    validate_against_data(db, raw)
 
 
 def _scan(con: duckdb.DuckDBPyConnection, table: str, column: str, batch_rows: int) -> Iterator[tuple[int, pa.Array]]:
@@ -175,7 +167,7 @@ def _plan(db: DatabaseMeta, con: duckdb.DuckDBPyConnection) -> tuple[list[TableP
     columns: list[ColumnPlan] = []
     offset = 0
     for ti, t in enumerate(db.tables.values()):
-        n = int(con.execute(f"SELECT count(*) FROM {quote(t.name)}").fetchone()[0])
+        n = int(con.execute(f"SELECT count(*) FROM {quote(t.name)}").fetchall()[0][0])
         tp = TablePlan(meta=t, index=ti, num_rows=n, row_offset=offset)
         for c in t.non_ignored():
             cp = ColumnPlan(table=t.name, meta=c, column_idx=len(columns))

@@ -49,10 +49,11 @@ _KEY_GROUP = {"integer": "number", "decimal": "number", "float": "number", "stri
               "timestamp": "timestamp", "bool": "bool", "binary": "binary"}
 
 
-def _example(value: object) -> str:
+def _example(value: str | None, family: str) -> str:
+    """Show a value fetched as VARCHAR (so no driver-side time-zone conversion is needed) for a message."""
     if value is None:
         return "NULL"
-    return repr(value.isoformat() if hasattr(value, "isoformat") else value)
+    return repr(value) if family == "string" else value
 
 
 class _Checker:
@@ -140,16 +141,17 @@ class _Checker:
             return
         where = f"table '{table.name}': primary key '{pk}'"
         c, t = quote_ident(pk), quote_ident(table.name)
+        fam = type_family(self.schemas[table.name].field(pk).type)
         (nulls,) = self.q(f"SELECT count(*) FROM {t} WHERE {c} IS NULL")[0]
         if nulls:
             self.problems.append(f"{where} is NULL in {nulls} row(s)")
         dup_keys, dup_rows, example = self.q(
-            f"SELECT count(*), coalesce(sum(n), 0), min(k) FROM"
+            f"SELECT count(*), coalesce(sum(n), 0), CAST(min(k) AS VARCHAR) FROM"
             f" (SELECT {c} AS k, count(*) AS n FROM {t} WHERE {c} IS NOT NULL GROUP BY {c} HAVING count(*) > 1)"
         )[0]
         if dup_keys:
             self.problems.append(
-                f"{where} is not unique: {dup_keys} value(s) repeat over {dup_rows} rows (e.g. {_example(example)})"
+                f"{where} is not unique: {dup_keys} value(s) repeat over {dup_rows} rows (e.g. {_example(example, fam)})"
             )
 
     def check_foreign_keys(self, table: TableMeta) -> None:
@@ -210,7 +212,7 @@ class _Checker:
         k, pk = quote_ident(task.anchor_key), quote_ident(anchor.primary_key)
         try:
             total, unmatched, example = self.q(
-                f"SELECT count(*), count(*) FILTER (WHERE a.{pk} IS NULL), min(q.{k}) FILTER (WHERE a.{pk} IS NULL)"
+                f"SELECT count(*), count(*) FILTER (WHERE a.{pk} IS NULL), CAST(min(q.{k}) FILTER (WHERE a.{pk} IS NULL) AS VARCHAR)"
                 f" FROM ({task.query}) q LEFT JOIN {quote_ident(anchor.name)} a ON q.{k} = a.{pk}"
             )[0]
         except duckdb.Error as exc:
@@ -221,7 +223,7 @@ class _Checker:
         elif unmatched:
             self.problems.append(
                 f"{where}: {unmatched} of {total} row(s) have an anchor_key '{task.anchor_key}' that matches no"
-                f" '{anchor.name}' row (e.g. {_example(example)}; NULL keys count too)"
+                f" '{anchor.name}' row (e.g. {_example(example, key_fam)}; NULL keys count too)"
             )
 
     def check_target_type(self, task: TaskMeta, dtype: pa.DataType, where: str) -> None:
