@@ -40,14 +40,15 @@ class BuildResult:
     src: np.ndarray  # i32[B, max_rows]: sequence-local row whose edge reached the row (-1 for the seed)
     nrows: np.ndarray  # i32[B]
     n_real: np.ndarray  # i32[B], real cells per sequence
-    timings: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)  # wall seconds per phase
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds per phase, summed over worker threads
 
 
 class _Scratch:
-    """Per-worker state: a stamped mark array over all rows of one database."""
+    """Per-worker state: a stamped int32 mark array over all rows of one database (4 bytes per row)."""
 
     def __init__(self, num_rows: int):
-        self.mark = np.zeros(max(num_rows, 1), dtype=np.int64)
+        self.mark = np.zeros(max(num_rows, 1), dtype=np.int32)
         self.stamp = np.zeros(1, dtype=np.int64)
 
 
@@ -109,6 +110,8 @@ class BatchBuilder:
         if seed_ids.shape[0] < bsz:
             seed_ids = np.concatenate([seed_ids, np.full(bsz - seed_ids.shape[0], seed_ids[0], dtype=np.int64)])
         timings = dict.fromkeys(PHASES, 0.0)
+        cpu_parts = {k: np.zeros(bsz) for k in PHASES}
+        c0 = time.thread_time()
         t0 = time.perf_counter()
         anchors = np.ascontiguousarray(task.anchor_row[seed_ids])
         obs = np.ascontiguousarray(task.obs_time[seed_ids])
@@ -122,8 +125,10 @@ class BatchBuilder:
         nrows = np.zeros(bsz, dtype=np.int32)
         a_cells = np.zeros(bsz, dtype=np.int32)
         timings["collation"] += time.perf_counter() - t0
+        cpu_parts["collation"][0] += time.thread_time() - c0
 
         def walk(lo: int, hi: int, s: _Scratch) -> None:
+            c1 = time.thread_time()
             for b in range(lo, hi):
                 a_cells[b] = anchor_cell_count(
                     anchors[b], d.tab_row_off, d.tab_col_ptr, d.tab_cols, d.col_stype, d.col_voff, d.valid_bits,
@@ -134,11 +139,13 @@ class BatchBuilder:
                 d.parent_indptr, d.parent_indices, d.child_indptr, d.child_indices, d.child_time, d.max_parents,
                 s.mark, s.stamp, rows, hops, via, src, nrows,
             )
+            cpu_parts["walk"][lo] = time.thread_time() - c1
 
         t0 = time.perf_counter()
         self._parallel(bsz, walk)
         timings["walk"] += time.perf_counter() - t0
 
+        c0 = time.thread_time()
         t0 = time.perf_counter()
         s_len = cfg.seq_len
         r_pad = bucket_size(int(nrows.max()), cfg.row_buckets, cap=max_rows)
@@ -161,25 +168,30 @@ class BatchBuilder:
         }
         n_real = np.zeros(bsz, dtype=np.int32)
         timings["collation"] += time.perf_counter() - t0
+        cpu_parts["collation"][0] += time.thread_time() - c0
         phase_t = {"linearize": np.zeros(bsz), "permutations": np.zeros(bsz)}
 
         def lin_perm(lo: int, hi: int, s: _Scratch) -> None:
+            c1 = time.thread_time()
             t1 = time.perf_counter()
             linearize_chunk(
                 lo, hi, s_len, rows, nrows, seed_ids, task.target_stype, task.target_col, task.is_derived,
                 task.exclude_cols, task.tgt_f32, task.tgt_ts, task.tgt_u32, task.tgt_bits, task.tgt_valid,
                 d.tab_row_off, d.tab_col_ptr, d.tab_cols, d.col_stype, d.col_off, d.col_voff, d.num_pool, d.ts_pool,
-                d.u32_pool, d.bool_bits, d.valid_bits, d.parent_indptr, d.parent_indices, s.mark, s.stamp,
+                d.u32_pool, d.bool_bits, d.valid_bits, d.parent_indptr, d.parent_indices,
                 out["semantic_types"], out["column_ids"], out["seq_row_ids"], out["is_null"], out["numeric_values"],
                 out["timestamp_values"], out["bool_values"], out["categorical_embed_ids"], out["text_embed_ids"],
                 out["is_target"], out["is_padding"], out["fk_adj"], n_real,
             )
             t2 = time.perf_counter()
+            c2 = time.thread_time()
             perms_chunk(
                 lo, hi, out["column_ids"], out["seq_row_ids"], n_real, nrows, out["fk_adj"], d.col_stype.shape[0],
                 out["col_perm"], out["out_perm"], out["in_perm"],
             )
             t3 = time.perf_counter()
+            cpu_parts["linearize"][lo] = c2 - c1
+            cpu_parts["permutations"][lo] = time.thread_time() - c2
             phase_t["linearize"][lo] = t2 - t1
             phase_t["permutations"][lo] = t3 - t2
 
@@ -192,12 +204,15 @@ class BatchBuilder:
         timings["linearize"] += wall * share
         timings["permutations"] += wall * (1 - share)
 
+        c0 = time.thread_time()
         t0 = time.perf_counter()
         uniq = dedup_text(out["semantic_types"], out["is_null"], out["text_embed_ids"])
         u_pad = bucket_size(uniq.shape[0], cfg.text_buckets)
         text = np.zeros((u_pad, d.d_t), dtype=np.float16)
         gather_rows(d.text_embeddings.view(np.uint16), uniq, text.view(np.uint16))  # numba has no f16
         timings["text"] += time.perf_counter() - t0
+        cpu_parts["text"][0] = time.thread_time() - c0
+        c0 = time.thread_time()
 
         t0 = time.perf_counter()
         batch = TrainingBatch(
@@ -214,4 +229,6 @@ class BatchBuilder:
             seq_valid=seq_valid,
         )
         timings["collation"] += time.perf_counter() - t0
-        return BuildResult(batch, rows, hops, via, src, nrows, n_real, timings)
+        cpu_parts["collation"][0] += time.thread_time() - c0
+        cpu = {k: float(v.sum()) for k, v in cpu_parts.items()}
+        return BuildResult(batch, rows, hops, via, src, nrows, n_real, timings, cpu)

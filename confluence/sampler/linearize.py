@@ -19,7 +19,11 @@ _TS = int(SemanticType.TIMESTAMP)
 _BOOL = int(SemanticType.BOOLEAN)
 _CAT = int(SemanticType.CATEGORICAL)
 _TEXT = int(SemanticType.TEXT)
-_LOCAL_SHIFT = 20
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _slot(key: int, cap: int) -> int:
+    return int((np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)) & (cap - 1)
 
 
 @njit(nogil=True, cache=True)
@@ -54,8 +58,6 @@ def linearize_chunk(
     valid_bits: np.ndarray,
     p_ptr: np.ndarray,
     p_idx: np.ndarray,
-    mark: np.ndarray,
-    stamp: np.ndarray,
     # outputs [B, S(, 15)] and fk_adj [B, R, R]
     semantic_types: np.ndarray,
     column_ids: np.ndarray,
@@ -74,10 +76,18 @@ def linearize_chunk(
     """Fill the cell tensors and `fk_adj` of sequences lo..hi-1 (outputs must be zeroed)."""
     for b in range(lo, hi):
         nr = nrows[b]
-        stamp[0] += 1
-        tag = stamp[0] << _LOCAL_SHIFT
+        # sequence-local row map: a small open-addressing hash table (global row -> local id)
+        cap = 16
+        while cap < 2 * nr:
+            cap *= 2
+        hkeys = np.full(cap, -1, dtype=np.int64)
+        hvals = np.empty(cap, dtype=np.int32)
         for i in range(nr):
-            mark[rows[b, i]] = tag | i
+            h = _slot(rows[b, i], cap)
+            while hkeys[h] != -1:
+                h = (h + 1) & (cap - 1)
+            hkeys[h] = rows[b, i]
+            hvals[h] = i
         # the target cell
         sid = seed_ids[b]
         semantic_types[b, 0] = target_stype
@@ -138,9 +148,12 @@ def linearize_chunk(
             # F->P edges between rows that are both in the sequence
             for e in range(p_ptr[r], p_ptr[r + 1]):
                 p = p_idx[e]
-                m = mark[p]
-                if (m >> _LOCAL_SHIFT) == stamp[0]:
-                    fk_adj[b, i, m & ((1 << _LOCAL_SHIFT) - 1)] = True
+                h = _slot(p, cap)
+                while hkeys[h] != -1:
+                    if hkeys[h] == p:
+                        fk_adj[b, i, hvals[h]] = True
+                        break
+                    h = (h + 1) & (cap - 1)
         n_real[b] = pos
         for j in range(pos, seq_len):
             is_padding[b, j] = True

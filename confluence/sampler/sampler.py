@@ -48,7 +48,8 @@ class Sampler:
         self.builders = [BatchBuilder(d, self.config, i, self._pool) for i, d in enumerate(self.data)]
         self.entries = self._select_tasks()
         self._seed_cache: dict[tuple[int, str, str], np.ndarray] = {}
-        self.timings = dict.fromkeys(PHASES, 0.0)
+        self.timings = dict.fromkeys(PHASES, 0.0)  # wall seconds per phase, over every build so far
+        self.cpu_timings = dict.fromkeys(PHASES, 0.0)  # CPU seconds per phase (all worker threads)
 
     def _select_tasks(self) -> list[TaskEntry]:
         all_entries = [TaskEntry(i, d.name, t) for i, d in enumerate(self.data) for t in d.tasks]
@@ -88,6 +89,7 @@ class Sampler:
         res = self.builders[e.db_idx].build(e.task, np.asarray(seed_ids, dtype=np.int64), epoch)
         for k, v in res.timings.items():
             self.timings[k] += v
+            self.cpu_timings[k] += res.cpu[k]
         return res
 
     def batch_for_seeds(self, task: str, seed_ids: np.ndarray, db: int | str = 0, epoch: int = 0) -> TrainingBatch:

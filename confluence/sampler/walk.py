@@ -2,8 +2,9 @@
 
 Frontier: a FIFO of rows reached through parent edges (always served first) and a binary min-heap of rows
 reached through child edges keyed by `(hops << 32) | random32`, so the pop is "fewest hops, ties at random".
-Per-sequence state lives in a per-worker `mark` array over all rows, tagged with a stamp that increases per
-sequence, so it is never cleared (O(rows visited) per sequence, not O(database)).
+Per-sequence state lives in a per-worker int32 `mark` array over all rows (3 flag bits + a stamp that increases
+per sequence), so it is never cleared between sequences (O(rows visited) per sequence, not O(database)); it is
+zeroed once every 2**28 sequences when the stamp wraps.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ _F_VISITED = 1
 _F_PARENT_Q = 2
 _F_HEAP = 4
 _IDENT = int(SemanticType.IDENTIFIER)
+_STAMP_MAX = (1 << 28) - 1
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -120,7 +122,7 @@ def walk_chunk(
     c_idx: np.ndarray,
     c_time: np.ndarray,
     max_parents: int,
-    mark: np.ndarray,  # i64[N] per-worker scratch
+    mark: np.ndarray,  # i32[N] per-worker scratch
     stamp: np.ndarray,  # i64[1] per-worker scratch
     out_rows: np.ndarray,  # i64[B, max_rows]
     out_hops: np.ndarray,  # i32[B, max_rows]
@@ -141,8 +143,12 @@ def walk_chunk(
     chosen = np.empty(max(width, 1), dtype=np.int64)
     st = np.empty(1, dtype=np.uint64)
     for b in range(lo, hi):
+        if stamp[0] >= _STAMP_MAX:
+            mark[:] = 0
+            stamp[0] = 0
         stamp[0] += 1
-        tag = stamp[0] << 3
+        cur = np.int32(stamp[0])
+        tag = np.int32(stamp[0] << 3)
         st[0] = states[b]
         obs = obs_times[b]
         hsize = 0
@@ -158,7 +164,7 @@ def walk_chunk(
         while True:
             # visit `row`
             m = mark[row]
-            flags = (m & 7) if (m >> 3) == stamp[0] else 0
+            flags = (m & 7) if (m >> 3) == cur else 0
             mark[row] = tag | flags | _F_VISITED
             out_rows[b, nrows] = row
             out_hops[b, nrows] = hop
@@ -174,7 +180,7 @@ def walk_chunk(
                 if row_time[p] > obs:
                     continue
                 pm = mark[p]
-                pf = (pm & 7) if (pm >> 3) == stamp[0] else 0
+                pf = (pm & 7) if (pm >> 3) == cur else 0
                 if pf & (_F_VISITED | _F_PARENT_Q):
                     continue
                 mark[p] = tag | pf | _F_PARENT_Q
@@ -206,7 +212,7 @@ def walk_chunk(
                 for j in range(k):
                     ch = c_idx[chosen[j]]
                     cm = mark[ch]
-                    cf = (cm & 7) if (cm >> 3) == stamp[0] else 0
+                    cf = (cm & 7) if (cm >> 3) == cur else 0
                     if cf & (_F_VISITED | _F_PARENT_Q | _F_HEAP):
                         continue
                     mark[ch] = tag | cf | _F_HEAP
@@ -222,7 +228,7 @@ def walk_chunk(
                 h = qhop[qhead]
                 sr = qsrc[qhead]
                 qhead += 1
-                if (mark[r] & _F_VISITED) == 0 or (mark[r] >> 3) != stamp[0]:
+                if (mark[r] & _F_VISITED) == 0 or (mark[r] >> 3) != cur:
                     row = r
                     hop = h
                     src = sr
@@ -234,7 +240,7 @@ def walk_chunk(
                 sr = esrc[hrow[0]]
                 h = np.int32(hkey[0] >> 32)
                 hsize = _heap_pop(hkey, hrow, hsize)
-                if (mark[r] & _F_VISITED) == 0 or (mark[r] >> 3) != stamp[0]:
+                if (mark[r] & _F_VISITED) == 0 or (mark[r] >> 3) != cur:
                     row = r
                     hop = h
                     src = sr
