@@ -23,7 +23,7 @@ from confluence.sampler.linearize import linearize_chunk
 from confluence.sampler.perms import perms_chunk
 from confluence.sampler.rng import sequence_states, stream_key
 from confluence.sampler.textgather import dedup_text, gather_rows
-from confluence.sampler.walk import anchor_cell_count, walk_chunk
+from confluence.sampler.walk import anchor_cells_chunk, walk_chunk
 from confluence.stypes import D_TIME
 
 PHASES = ("walk", "linearize", "permutations", "text", "collation")
@@ -129,11 +129,10 @@ class BatchBuilder:
 
         def walk(lo: int, hi: int, s: _Scratch) -> None:
             c1 = time.thread_time()
-            for b in range(lo, hi):
-                a_cells[b] = anchor_cell_count(
-                    anchors[b], d.tab_row_off, d.tab_col_ptr, d.tab_cols, d.col_stype, d.col_voff, d.valid_bits,
-                    task.exclude_cols, task.target_col, task.is_derived,
-                )
+            anchor_cells_chunk(
+                lo, hi, anchors, d.tab_row_off, d.tab_col_ptr, d.tab_cols, d.col_stype, d.col_voff, d.valid_bits,
+                task.exclude_cols, task.target_col, task.is_derived, a_cells,
+            )
             walk_chunk(
                 lo, hi, anchors, obs, a_cells, states, cfg.seq_len, cfg.width, max_rows, d.row_ncells, d.row_time,
                 d.parent_indptr, d.parent_indices, d.child_indptr, d.child_indices, d.child_time, d.max_parents,

@@ -66,6 +66,30 @@ def anchor_cell_count(
     return n
 
 
+@njit(nogil=True, cache=True)
+def anchor_cells_chunk(
+    lo: int,
+    hi: int,
+    anchors: np.ndarray,
+    tab_row_off: np.ndarray,
+    tab_col_ptr: np.ndarray,
+    tab_cols: np.ndarray,
+    col_stype: np.ndarray,
+    col_voff: np.ndarray,
+    valid_bits: np.ndarray,
+    exclude_cols: np.ndarray,
+    target_col: int,
+    is_derived: bool,
+    out: np.ndarray,
+) -> None:
+    """`anchor_cell_count` for sequences lo..hi-1."""
+    for b in range(lo, hi):
+        out[b] = anchor_cell_count(
+            anchors[b], tab_row_off, tab_col_ptr, tab_cols, col_stype, col_voff, valid_bits, exclude_cols,
+            target_col, is_derived,
+        )
+
+
 @njit(nogil=True, cache=True, inline="always")
 def _heap_push(hkey: np.ndarray, hrow: np.ndarray, size: int, key: int, row: int) -> int:
     i = size
@@ -141,6 +165,7 @@ def walk_chunk(
     qhop = np.empty(q_cap, dtype=np.int32)
     qsrc = np.empty(q_cap, dtype=np.int32)
     chosen = np.empty(max(width, 1), dtype=np.int64)
+    cmarks = np.empty(max(width, 1), dtype=np.int32)
     st = np.empty(1, dtype=np.uint64)
     for b in range(lo, hi):
         if stamp[0] >= _STAMP_MAX:
@@ -209,9 +234,14 @@ def walk_chunk(
                                 break
                         chosen[k] = c0 + (j if dup else t)
                         k += 1
+                # gather first, then test: independent loads let the CPU overlap the cache misses
                 for j in range(k):
-                    ch = c_idx[chosen[j]]
-                    cm = mark[ch]
+                    chosen[j] = c_idx[chosen[j]]
+                for j in range(k):
+                    cmarks[j] = mark[chosen[j]]
+                for j in range(k):
+                    ch = chosen[j]
+                    cm = cmarks[j]
                     cf = (cm & 7) if (cm >> 3) == cur else 0
                     if cf & (_F_VISITED | _F_PARENT_Q | _F_HEAP):
                         continue
