@@ -88,3 +88,12 @@ def test_mismatched_shapes_name_the_argument():
     q, k, v, _ = random_qkv(0, 1, 16, 1, 16)
     with pytest.raises(ValueError, match="col_ids"):
         block_sparse_attention(q, k, v, "column", row, col[:, :8], pad, adj)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", MASK_KINDS)
+def test_default_tile_at_longer_sequence(kind):
+    struct = synthetic_structure(13, kind, 2, 300)  # 5 tiles of 64, the last one partial
+    q, k, v, do = random_qkv(5, 2, 300, 1, 32)
+    results = run_both(kind, struct, q, k, v, do, block=64)
+    assert_close_to_reference(results)

@@ -42,7 +42,8 @@ def bench_attention(
         ),
     ] = None,
     batch_size: Annotated[
-        int | None, typer.Option(help="Sequences per batch. Default: 32768 / S on a GPU, 2 on CPU.")
+        int | None,
+        typer.Option(help="Sequences per batch; 0 keeps B*S at 32768. Default: 0 on a GPU, 2 on CPU."),
     ] = None,
     heads: Annotated[
         int | None, typer.Option(help="Attention heads. Default: 8 on a GPU (D=256), 2 on CPU.")
@@ -57,8 +58,17 @@ def bench_attention(
     ] = None,
     impl: Annotated[
         list[str] | None,
-        typer.Option("--impl", help="kernel, reference, dense (repeatable). Default: all three."),
+        typer.Option(
+            "--impl",
+            help="kernel, reference, dense, dense_xla (repeatable). Default: all four on a GPU, the first three on CPU.",
+        ),
     ] = None,
+    stats_only: Annotated[
+        bool,
+        typer.Option(
+            "--stats-only", help="Only tile statistics and structure build time (no attention timed)."
+        ),
+    ] = False,
     train: Annotated[bool, typer.Option(help="Also measure end-to-end training cells/s.")] = True,
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Write the full report as JSON here.")
@@ -77,7 +87,7 @@ def bench_attention(
 
     on_gpu = jax.default_backend() == "gpu"
     kinds = tuple(kind or MASK_KINDS)
-    impls = tuple(impl or IMPLEMENTATIONS)
+    impls = tuple(impl or (IMPLEMENTATIONS if on_gpu else IMPLEMENTATIONS[:3]))
     for name, values, allowed in (("--kind", kinds, MASK_KINDS), ("--impl", impls, IMPLEMENTATIONS)):
         bad = [x for x in values if x not in allowed]
         if bad:
@@ -90,7 +100,7 @@ def bench_attention(
         block=block,
         repeats=repeats if repeats is not None else (10 if on_gpu else 2),
         kinds=kinds,
-        implementations=impls,
+        implementations=() if stats_only else impls,
     )
     if not on_gpu:
         typer.echo(

@@ -6,7 +6,8 @@ Implementations timed on the same q / k / v and mask inputs:
   correctness plumbing, not speed);
 * `reference`: `reference_attention` (dense mask, FP32 logits);
 * `dense`: `jax.nn.dot_product_attention` with the dense `[B, 1, S, S]` mask, implementation "cudnn" on a GPU and
-  "xla" elsewhere.
+  "xla" elsewhere;
+* `dense_xla`: the same with implementation "xla" (a second dense baseline on a GPU, should cuDNN refuse a shape).
 
 Structures come from a `StructureSource` (sampler batches of a real store, see `confluence.cli.kernel_cmds`), by
 default from `synthetic_structure` (sampler-like random subgraphs). Each timing is the median of `repeats`
@@ -30,7 +31,7 @@ from confluence.model.kernels.block_sparse import DEFAULT_BLOCK, block_sparse_at
 from confluence.model.kernels.structure import block_structure, tile_stats
 from confluence.model.kernels.synthetic import PermutedStructure, synthetic_structure
 
-IMPLEMENTATIONS = ("kernel", "reference", "dense")
+IMPLEMENTATIONS = ("kernel", "reference", "dense", "dense_xla")
 
 
 @dataclass
@@ -45,7 +46,7 @@ class AttentionBenchConfig:
     block: int = DEFAULT_BLOCK
     repeats: int = 10
     kinds: Sequence[MaskKind] = MASK_KINDS
-    implementations: Sequence[str] = IMPLEMENTATIONS
+    implementations: Sequence[str] = ("kernel", "reference", "dense")
     seed: int = 0
 
 
@@ -74,8 +75,7 @@ def _median_ms(fn: Callable[[], Any], repeats: int) -> float:
     return float(statistics.median(times))
 
 
-def _dense_fn(kind: MaskKind, struct: tuple[jax.Array, ...]) -> Callable[..., jax.Array]:
-    impl = "cudnn" if jax.default_backend() == "gpu" else "xla"
+def _dense_fn(kind: MaskKind, struct: tuple[jax.Array, ...], impl: str) -> Callable[..., jax.Array]:
 
     def fn(q, k, v):
         mask = dense_mask(kind, *struct)[:, None]
@@ -92,7 +92,9 @@ def _attention_fn(
     if name == "reference":
         return lambda q, k, v: reference_attention(q, k, v, kind, *struct)
     if name == "dense":
-        return _dense_fn(kind, struct)
+        return _dense_fn(kind, struct, "cudnn" if jax.default_backend() == "gpu" else "xla")
+    if name == "dense_xla":
+        return _dense_fn(kind, struct, "xla")
     raise ValueError(f"unknown implementation {name!r}; expected one of {IMPLEMENTATIONS}")
 
 
