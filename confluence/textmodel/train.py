@@ -156,7 +156,7 @@ def build_train_step(cfg: TrainConfig, static: Any, opt: optax.GradientTransform
         updates, opt_state = opt.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         metrics = dict(metrics)
-        metrics["grad_norm"] = optax.global_norm(grads)
+        metrics["grad_norm"] = optax.tree.norm(grads)
         return params, opt_state, metrics
 
     return step_fn
