@@ -109,7 +109,8 @@ def test_store_built_with_trained_encoder(run: Path, tmp_path: Path) -> None:
 
     src, meta = write_bookstore(tmp_path)
     enc = load_lejepa_encoder(run)
-    out = preprocess(src, meta, tmp_path / "store", encoder=enc, progress=False)
+    # through the registry spec preprocessing accepts (confluence.textenc.registry -> load_lejepa_encoder)
+    out = preprocess(src, meta, tmp_path / "store", text_encoder=f"lejepa:{run}", progress=False)
     store = Store.open(out)
     assert store.d_t == enc.dim
     assert store.meta["text_encoder"]["fingerprint"] == enc.fingerprint

@@ -131,6 +131,19 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
             for t, e in zip(texts, emb, strict=True):
                 typer.echo(f"{t[:40]!r}: [{', '.join(f'{x:.3f}' for x in e[:6])}, ...] (dim {len(e)})")
 
+    @text_app.command("curves")
+    def curves_cmd(
+        run: Path = typer.Argument(..., help="run directory"),
+        out: Path = typer.Option(..., "--out", help="PNG to write"),
+    ) -> None:
+        """Plot the training curve of every logged loss term of a run."""
+        from confluence.textmodel.report import plot_curves
+
+        try:
+            typer.echo(f"wrote {plot_curves(run, out)}")
+        except ConfluenceError as exc:
+            _fail(exc)
+
     @text_app.command("probe")
     def probe_cmd(
         corpus: Path = typer.Argument(..., help="Parquet file with columns text and package (`text corpus`)"),
