@@ -158,6 +158,8 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
             rows = run_probe(corpus, encoders, max_docs=max_docs, min_per_class=min_per_class)
         except ConfluenceError as exc:
             _fail(exc)
+        r0 = rows[0]
+        typer.echo(f"{r0['num_classes']} packages, {r0['num_train']} train / {r0['num_test']} test documents")
         typer.echo(f"{'encoder':<40} {'dim':>5} {'probe acc':>10} {'kNN@1':>8} {'MRR':>7}")
         for r in rows:
             typer.echo(f"{r['encoder']:<40} {r['dim']:>5} {r['probe_acc']:>10.4f} {r['knn1']:>8.4f} {r['mrr']:>7.4f}")
