@@ -166,6 +166,8 @@ class BatchBuilder:
             "in_perm": np.empty((bsz, s_len), np.uint16),
         }
         n_real = np.zeros(bsz, dtype=np.int32)
+        edges = np.empty((bsz, max_rows * max(d.max_parents, 1)), dtype=np.int32)
+        n_edges = np.zeros(bsz, dtype=np.int32)
         timings["collation"] += time.perf_counter() - t0
         cpu_parts["collation"][0] += time.thread_time() - c0
         phase_t = {"linearize": np.zeros(bsz), "permutations": np.zeros(bsz)}
@@ -180,12 +182,12 @@ class BatchBuilder:
                 d.u32_pool, d.bool_bits, d.valid_bits, d.parent_indptr, d.parent_indices,
                 out["semantic_types"], out["column_ids"], out["seq_row_ids"], out["is_null"], out["numeric_values"],
                 out["timestamp_values"], out["bool_values"], out["categorical_embed_ids"], out["text_embed_ids"],
-                out["is_target"], out["is_padding"], out["fk_adj"], n_real,
+                out["is_target"], out["is_padding"], out["fk_adj"], n_real, edges, n_edges,
             )
             t2 = time.perf_counter()
             c2 = time.thread_time()
             perms_chunk(
-                lo, hi, out["column_ids"], out["seq_row_ids"], n_real, nrows, out["fk_adj"], d.col_stype.shape[0],
+                lo, hi, out["column_ids"], out["seq_row_ids"], n_real, nrows, edges, n_edges, d.col_stype.shape[0],
                 out["col_perm"], out["out_perm"], out["in_perm"],
             )
             t3 = time.perf_counter()

@@ -72,10 +72,13 @@ def linearize_chunk(
     is_padding: np.ndarray,
     fk_adj: np.ndarray,
     n_real: np.ndarray,  # i32[B]
+    edges: np.ndarray,  # i32[B, E]: the fk_adj edges as (r1 << 16) | r2, for the permutations
+    n_edges: np.ndarray,  # i32[B]
 ) -> None:
     """Fill the cell tensors and `fk_adj` of sequences lo..hi-1 (outputs must be zeroed)."""
     for b in range(lo, hi):
         nr = nrows[b]
+        ne = 0
         # sequence-local row map: a small open-addressing hash table (global row -> local id)
         cap = 16
         while cap < 2 * nr:
@@ -151,9 +154,15 @@ def linearize_chunk(
                 h = _slot(p, cap)
                 while hkeys[h] != -1:
                     if hkeys[h] == p:
-                        fk_adj[b, i, hvals[h]] = True
+                        j = hvals[h]
+                        if not fk_adj[b, i, j]:
+                            fk_adj[b, i, j] = True
+                            if i != j:
+                                edges[b, ne] = (i << 16) | j
+                                ne += 1
                         break
                     h = (h + 1) & (cap - 1)
         n_real[b] = pos
+        n_edges[b] = ne
         for j in range(pos, seq_len):
             is_padding[b, j] = True
