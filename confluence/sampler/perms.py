@@ -112,8 +112,11 @@ def perms_chunk(
         n_par = np.zeros(nr, dtype=np.int64)
         n_chi = np.zeros(nr, dtype=np.int64)
         for k in range(ne):
-            n_par[edges[b, k] >> 16] += 1
-            n_chi[edges[b, k] & 0xFFFF] += 1
+            i = edges[b, k] >> 16
+            j = edges[b, k] & 0xFFFF
+            if i != j:
+                n_par[i] += 1
+                n_chi[j] += 1
         deg = n_par + n_chi
         ptr = np.zeros(nr + 1, dtype=np.int64)
         for i in range(nr):
@@ -123,6 +126,8 @@ def perms_chunk(
         for k in range(ne):
             i = edges[b, k] >> 16
             j = edges[b, k] & 0xFFFF
+            if i == j:
+                continue
             nbr[fill[i]] = j
             fill[i] += 1
             nbr[fill[j]] = i
