@@ -77,7 +77,7 @@ def _encode_fn(encoder: TextEncoder, cache: Any) -> Callable[[list[str]], np.nda
     if cache is None:
         return lambda chunk: encoder.encode(chunk)
     encode_cached = importlib.import_module("confluence.textenc.cache").encode_cached
-    return lambda chunk: encode_cached(encoder, chunk, cache)
+    return lambda chunk: encode_cached(encoder, chunk, cache, progress=False)
 
 
 def column_text(column: str, table: str, description: str | None) -> str:

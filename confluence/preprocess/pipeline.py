@@ -37,7 +37,6 @@ from confluence.preprocess.tasks import CategoryBlock, materialize
 from confluence.preprocess.writer import StoreWriter
 from confluence.schema.metadata import ColumnMeta, DatabaseMeta, TableMeta, load_metadata
 from confluence.schema.validate import validate_against_data
-from confluence.sources import RawDatabase
 from confluence.store import format as fmt
 from confluence.stypes import D_TIME, SemanticType
 from confluence.textenc.base import TextEncoder
@@ -125,20 +124,18 @@ def preprocess(
 
 
 def _load_encoder(spec: str | None) -> TextEncoder:
+    """The encoder named by `spec` via `confluence.textenc.registry`; the shipped static encoder by default."""
     try:
         registry = importlib.import_module("confluence.textenc.registry")
     except ModuleNotFoundError as exc:
         if exc.name != "confluence.textenc.registry":
             raise
-        raise ConfluenceError(
-            "no text encoder given and confluence.textenc.registry is not installed; pass encoder=..."
-        ) from None
-    return registry.load_encoder(spec) if spec else registry.load_encoder("default")
+        if spec not in (None, "default"):
+            raise ConfluenceError(f"text encoder {spec!r}: confluence.textenc.registry is not installed") from None
+        from confluence.textenc.default import StaticEncoder
 
-
-def _validate(db: DatabaseMeta, raw: RawDatabase) -> None:
-    """Check the metadata against the data (every problem at once, as a MetadataError)."""
-    validate_against_data(db, raw)
+        return StaticEncoder()
+    return registry.load_encoder(spec)
 
 
 def _scan(con: duckdb.DuckDBPyConnection, table: str, column: str, batch_rows: int) -> Iterator[tuple[int, pa.Array]]:
