@@ -170,3 +170,13 @@ def test_parallel_text_gather_matches_serial(monkeypatch):
             a, b = serial.batch_for_seeds(e.task.name, ids), par.batch_for_seeds(e.task.name, ids)
             np.testing.assert_array_equal(a.text_batch_embeddings, b.text_batch_embeddings)
             np.testing.assert_array_equal(a.text_embed_ids, b.text_embed_ids)
+
+
+def test_kernels_release_the_gil_and_are_cached():
+    from confluence.sampler import linearize, perms, textgather, walk
+
+    kernels = [walk.walk_chunk, walk.anchor_cells_chunk, linearize.linearize_chunk, linearize.fill_adjacency,
+               perms.perms_chunk, textgather.dedup_text, textgather.gather_rows]
+    for k in kernels:
+        assert k.targetoptions.get("nogil") is True, k.py_func.__name__
+        assert type(k._cache).__name__ == "FunctionCache", k.py_func.__name__  # cache=True: compiled once
