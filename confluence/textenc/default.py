@@ -108,7 +108,8 @@ class StaticEncoder:
         except Exception as exc:  # corrupt or foreign files: name the directory
             raise ConfluenceError(f"cannot load model2vec model from {str(path)!r}: {exc}") from exc
         self._path = path
-        self._name = name or (DEFAULT_NAME if model_dir is None else path.resolve().name)
+        is_default = model_dir is None or path.resolve() == default_model_dir().resolve()
+        self._name = name or (DEFAULT_NAME if is_default else path.resolve().name)
         self._num_threads = num_threads if num_threads is not None else default_num_threads()
         if self._num_threads < 1:
             raise ConfluenceError(f"num_threads must be >= 1, got {self._num_threads}")
@@ -118,7 +119,6 @@ class StaticEncoder:
         self._mapping = None if model.token_mapping is None else np.asarray(model.token_mapping, dtype=np.int64)
         self._normalize = bool(model.normalize)
         self._unk = model.unk_token_id
-        self._vocab = model.tokenizer.get_vocab_size()
         tok = model.tokenizer
         tok.no_padding()
         tok.enable_truncation(MAX_TOKENS)
@@ -192,7 +192,8 @@ class StaticEncoder:
         consecutive pieces), pieces are looked up in the memo, and only unseen pieces go to the tokenizer.
         """
         memo = self._memo
-        assert memo is not None
+        if memo is None:
+            return self._rust_ids(texts)
         words = " ".join(texts).split(" ")
         per_word = list(map(memo.get, words))
         if None in per_word:
