@@ -104,7 +104,7 @@ class StaticEncoder:
         from model2vec import StaticModel
 
         try:
-            model = StaticModel.from_pretrained(path, force_download=False)
+            model = StaticModel.from_pretrained(path)  # an existing local path is loaded from disk, never the hub
         except Exception as exc:  # corrupt or foreign files: name the directory
             raise ConfluenceError(f"cannot load model2vec model from {str(path)!r}: {exc}") from exc
         self._path = path
@@ -115,10 +115,11 @@ class StaticEncoder:
             raise ConfluenceError(f"num_threads must be >= 1, got {self._num_threads}")
         emb = np.asarray(model.embedding)
         self._table = np.ascontiguousarray(emb, dtype=np.float32)  # [vocab rows, dim], pooled in f32
-        self._weights = None if model.weights is None else np.asarray(model.weights, dtype=np.float32)
-        self._mapping = None if model.token_mapping is None else np.asarray(model.token_mapping, dtype=np.int64)
+        weights, mapping = getattr(model, "weights", None), getattr(model, "token_mapping", None)
+        self._weights = None if weights is None else np.asarray(weights, dtype=np.float32)
+        self._mapping = None if mapping is None else np.asarray(mapping, dtype=np.int64)
         self._normalize = bool(model.normalize)
-        self._unk = model.unk_token_id
+        self._unk = getattr(model, "unk_token_id", None)
         tok = model.tokenizer
         tok.no_padding()
         tok.enable_truncation(MAX_TOKENS)
