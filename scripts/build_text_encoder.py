@@ -90,7 +90,7 @@ def build(out: Path, dtype: str) -> dict[str, str]:
     # model2vec writes a generated model card; ours (README.md, below) replaces it.
     hashes = {p.name: _sha256(p) for p in sorted(out.iterdir()) if p.is_file() and p.name != "README.md"}
     source_sha = _sha256(source / "model.safetensors")
-    _write_readme(out, hashes, source, source_sha, dtype, quality)
+    _write_readme(out, hashes, source_sha, dtype, quality)
     (out / "sha256sums.txt").write_text("".join(f"{h}  {n}\n" for n, h in hashes.items()))
     return hashes
 
@@ -135,7 +135,7 @@ def _quality(source: Path, model32, model) -> dict[str, float]:
 
 
 def _write_readme(
-    out: Path, hashes: dict[str, str], source: Path, source_sha: str, dtype: str, quality: dict[str, float]
+    out: Path, hashes: dict[str, str], source_sha: str, dtype: str, quality: dict[str, float]
 ) -> None:
     sizes = {n: (out / n).stat().st_size for n in hashes}
     versions = _versions()

@@ -106,6 +106,10 @@ DATA_CASES = [
     ("obs_time_not_timestamp", None, _m(["tasks", "orders_next_30d", "query"],
                                         "SELECT customer_id, 7 AS obs_time, 1.0 AS n FROM customers"),
      ["task 'orders_next_30d': observation_time_column 'obs_time' holds int32 data, not a timestamp"]),
+    ("obs_time_null", None, _m(["tasks", "orders_next_30d", "query"],
+                               "SELECT customer_id, CASE WHEN customer_id = 7 THEN NULL ELSE signed_up_at END"
+                               " AS obs_time, 1.0 AS n FROM customers"),
+     ["task 'orders_next_30d': observation_time_column 'obs_time' is NULL in 1 row(s) (e.g. anchor_key 7)"]),
     ("anchor_matches_nothing", None, _m(_TASK + ["query"], "SELECT order_id + 100000 AS order_id, rating FROM orders"),
      ["task 'order_rating': 500 of 500 row(s) have an anchor_key 'order_id' that matches no 'orders' row",
       "e.g. 101000"]),
@@ -113,6 +117,12 @@ DATA_CASES = [
      ["task 'order_rating': target_column 'rating' holds double data, which cannot be a timestamp target"]),
     ("empty_task", None, _m(_TASK + ["query"], "SELECT order_id, rating FROM orders WHERE false"),
      ["task 'order_rating': its query returns no rows"]),
+    ("boolean_target_not_01", None, _m(_TASK + ["target_stype"], "boolean"),
+     ["task 'order_rating': target_column 'rating' holds double data, which cannot be a boolean target"]),
+    ("boolean_int_target_not_01", None, _m(["tasks", "orders_next_30d", "target_stype"], "boolean"),
+     ["task 'orders_next_30d': boolean target_column 'n' holds integers other than 0/1"]),
+    ("query_trailing_semicolon", None, _m(_TASK + ["query"], "SELECT order_id, rating FROM orders;"),
+     ["task 'order_rating': its query ends with ';'"]),
     ("table_missing_from_data", None, _m(["tables", "wishlists"], {"columns": {"id": {"stype": "identifier"}}}),
      ["table 'wishlists': in the metadata but not in the data"]),
 ]
@@ -197,3 +207,14 @@ def test_load_and_validate_reads_the_file(tmp_path):
         path.write_text("{ not json")
         with pytest.raises(MetadataError, match=r"meta\.json: not valid JSON at line 1"):
             load_and_validate(path, raw)
+
+
+def test_unreadable_table_is_a_problem_not_a_traceback(tmp_path):
+    path = write_bookstore(tmp_path, "csv")
+    with open_source(path) as raw:
+        # a row appended after opening no longer fits the pinned column types
+        with (path / "books.csv").open("a") as fh:
+            fh.write('"B-999","x","poetry",1.5,"2001-01-01"\n')
+        with pytest.raises(MetadataError) as info:
+            validate_against_data(parse_metadata(bookstore_metadata()), raw)
+    assert any(p.startswith("table 'books': its data cannot be read") for p in info.value.problems), info.value

@@ -115,3 +115,48 @@ def test_missing_model_dir_is_clear(tmp_path):
     (tmp_path / "m").mkdir()
     with pytest.raises(ConfluenceError, match="has no model.safetensors"):
         StaticEncoder(tmp_path / "m")
+
+
+ASCII_PRINTABLE = "".join(chr(c) for c in range(32, 127))
+
+
+def test_word_memo_path_equals_whole_string_tokenisation(enc):
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    assert enc._memo is not None, "the shipped BERT tokenizer qualifies for the word memo"
+    words = st.text(alphabet=ASCII_PRINTABLE, min_size=0, max_size=12)
+    texts = st.lists(words, min_size=0, max_size=8).map(" ".join)
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(texts, min_size=1, max_size=20))
+    def check(batch):
+        got = enc._token_ids(batch)
+        want = [e.ids for e in enc._tokenizer.encode_batch_fast(batch, add_special_tokens=False)]
+        assert got == want
+
+    check()
+
+
+def test_memo_and_rust_paths_give_identical_vectors():
+    with_memo, without = StaticEncoder(), StaticEncoder()
+    without._memo = None
+    texts = ["carrier is UA", "dest is  LAX!", "tab\tseparated", "naïve café", "[MASK] token", "a" * 600]
+    assert np.array_equal(with_memo.encode(texts), without.encode(texts))
+    long_ascii = "x, y " * 1000  # > MAX_TOKENS tokens after the MAX_CHARS cut
+    assert len(without._token_ids([long_ascii[:2048]])[0]) == 512
+    assert len(with_memo._token_ids([long_ascii[:2048]])[0]) == 512
+    assert np.array_equal(with_memo.encode([long_ascii]), without.encode([long_ascii]))
+
+
+def test_memo_is_bounded(monkeypatch):
+    import confluence.textenc.default as default
+
+    monkeypatch.setattr(default, "_MEMO_MAX_WORDS", 50)
+    enc = StaticEncoder()
+    texts = [f"w{i} v{i}" for i in range(200)]
+    ref = StaticEncoder()
+    ref._memo = None
+    for start in range(0, 200, 20):
+        np.testing.assert_array_equal(enc.encode(texts[start:start + 20]), ref.encode(texts[start:start + 20]))
+        assert len(enc._memo) <= 50

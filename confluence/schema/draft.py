@@ -138,11 +138,12 @@ class _Drafter:
                 )[0]
                 s.top_value, s.top_share = top[0], top[1] / s.non_null
             if s.fam == "string" and s.non_null:
-                avg, mx, spaces = self.q(
-                    f"SELECT avg(length({c})), max(length({c})),"
-                    f" avg(CASE WHEN regexp_matches({c}, '\\s') THEN 1.0 ELSE 0.0 END) FROM {rel}"
+                # integer sums, so parallel aggregation cannot change the last bits of a ratio
+                total, mx, spaces = self.q(
+                    f"SELECT sum(length({c})), max(length({c})),"
+                    f" count(*) FILTER (WHERE regexp_matches({c}, '\\s')) FROM {rel}"
                 )[0]
-                s.avg_len, s.max_len, s.has_space = float(avg), int(mx), float(spaces)
+                s.avg_len, s.max_len, s.has_space = total / s.non_null, int(mx), spaces / s.non_null
             if s.fam in ("integer", "float", "decimal") and s.non_null:
                 (bad,) = self.q(f"SELECT count(*) FROM {rel} WHERE {c} NOT IN (0, 1)")[0]
                 s.only_01 = bad == 0 and s.distinct == 2
@@ -204,12 +205,12 @@ class _Drafter:
             c = quote_ident(s.name)
             # all keys of the target: its in-memory copy when that holds every row, else the source itself
             keys = quote_ident(target) if self.sampled[target] else self.sources[target]
-            (share,) = self.q(
-                f"SELECT avg(CASE WHEN p.k IS NULL THEN 0.0 ELSE 1.0 END) FROM"
+            (matched, total) = self.q(
+                f"SELECT count(p.k), count(*) FROM"
                 f" (SELECT {c} AS v FROM {self.sources[table]} WHERE {c} IS NOT NULL) s"
                 f" LEFT JOIN (SELECT {quote_ident(pk)} AS k FROM {keys}) p ON s.v = p.k"
             )[0]
-            share = float(share)
+            share = matched / total
             if share >= FK_CONTAINMENT:
                 rule = f"{share:.1%} of its non-null values are keys of {target}"
             elif s.fam == "string" and s.distinct >= FK_STRING_MIN_DISTINCT and share >= FK_CONTAINMENT_STRING:

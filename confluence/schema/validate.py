@@ -12,7 +12,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from confluence.errors import MetadataError
+from confluence.errors import DataError, MetadataError
 from confluence.schema.metadata import DatabaseMeta, TableMeta, TaskMeta, load_metadata
 from confluence.sources.raw import RawDatabase, quote_ident
 from confluence.stypes import SemanticType
@@ -65,6 +65,13 @@ class _Checker:
     def q(self, sql: str) -> list[tuple]:
         return self.raw.fetchall(sql)
 
+    def q_safe(self, sql: str) -> tuple:
+        """A one-row query whose failure was already reported elsewhere: (0, None) when it fails."""
+        try:
+            return self.q(sql)[0]
+        except duckdb.Error:
+            return (0, None)
+
     def run(self) -> None:
         for name in self.raw.tables:
             if name not in self.meta.tables:
@@ -76,12 +83,19 @@ class _Checker:
             if table.name not in self.raw.tables:
                 self.problems.append(f"table '{table.name}': in the metadata but not in the data ({self.raw.path})")
                 continue
-            self.schemas[table.name] = self.raw.schema(table.name)
-            self.check_columns(table)
+            try:
+                self.schemas[table.name] = self.raw.schema(table.name)
+                self.check_columns(table)
+            except (DataError, duckdb.Error) as exc:
+                self.schemas.pop(table.name, None)
+                self.problems.append(f"table '{table.name}': its data cannot be read: {str(exc).strip()}")
         for table in self.meta.tables.values():
             if table.name in self.schemas:
-                self.check_primary_key(table)
-                self.check_foreign_keys(table)
+                try:
+                    self.check_primary_key(table)
+                    self.check_foreign_keys(table)
+                except duckdb.Error as exc:
+                    self.problems.append(f"table '{table.name}': its data cannot be read: {str(exc).strip()}")
         for task in self.meta.tasks.values():
             self.check_task(task)
 
@@ -172,6 +186,9 @@ class _Checker:
     # -- tasks ---------------------------------------------------------------------------------------------
     def check_task(self, task: TaskMeta) -> None:
         where = f"task '{task.name}'"
+        if task.query.rstrip().endswith(";"):
+            self.problems.append(f"{where}: its query ends with ';' (it is run as a subquery; remove the ';')")
+            return
         try:
             schema = self.raw.sql(f"SELECT * FROM ({task.query}) LIMIT 0").to_arrow_table().schema
         except duckdb.Error as exc:
@@ -195,6 +212,17 @@ class _Checker:
                     f"{where}: observation_time_column '{task.observation_time_column}' holds {dtype} data,"
                     " not a timestamp or date"
                 )
+            else:
+                o, k = quote_ident(task.observation_time_column), quote_ident(task.anchor_key)
+                n, example = self.q_safe(
+                    f"SELECT count(*), CAST(min({k}) AS VARCHAR) FROM ({task.query}) WHERE {o} IS NULL"
+                )
+                if n:
+                    fam = type_family(schema.field(task.anchor_key).type)
+                    self.problems.append(
+                        f"{where}: observation_time_column '{task.observation_time_column}' is NULL in {n} row(s)"
+                        f" (e.g. anchor_key {_example(example, fam)}); every seed needs an observation time"
+                    )
         self.check_target_type(task, schema.field(task.target_column).type, where)
         anchor = self.meta.tables.get(task.anchor_table)
         if anchor is None or anchor.primary_key is None or anchor.name not in self.schemas:
@@ -240,6 +268,16 @@ class _Checker:
                 f"{where}: target_column '{task.target_column}' holds {dtype} data, which cannot be a"
                 f" {st.label} target"
             )
+        elif st == SemanticType.BOOLEAN and fam == "integer":
+            c = quote_ident(task.target_column)
+            n, example = self.q_safe(
+                f"SELECT count(*), min({c}) FROM ({task.query}) WHERE {c} IS NOT NULL AND {c} NOT IN (0, 1)"
+            )
+            if n:
+                self.problems.append(
+                    f"{where}: boolean target_column '{task.target_column}' holds integers other than 0/1"
+                    f" in {n} row(s) (e.g. {example})"
+                )
 
 
 def validate_against_data(meta: DatabaseMeta, raw: RawDatabase) -> None:

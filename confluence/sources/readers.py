@@ -63,8 +63,11 @@ def detect_kind(path: Path) -> str:
     if not path.exists():
         raise DataError(f"{path}: no such file or directory")
     if path.is_file():
-        with path.open("rb") as fh:
-            head = fh.read(16)
+        try:
+            with path.open("rb") as fh:
+                head = fh.read(16)
+        except OSError as exc:
+            raise DataError(f"{path}: cannot read it ({exc.strerror or exc})") from None
         if head.startswith(_SQLITE_MAGIC):
             return "sqlite"
         if head[8:12] == _DUCKDB_MAGIC:

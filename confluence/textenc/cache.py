@@ -136,21 +136,26 @@ class EmbeddingCache:
 
     def lookup(self, fingerprint: str, dim: int, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """(vectors float32 [n, dim] with zeros at misses, hit mask [n]) for `texts`."""
-        return self.table(fingerprint, dim).lookup(_keys(texts))
+        return self.table(fingerprint, dim).lookup(string_keys(texts))
 
     def add(self, fingerprint: str, texts: Sequence[str], vectors: np.ndarray) -> None:
         """Append the embeddings of `texts` (one durable segment)."""
+        self.add_keys(fingerprint, string_keys(texts), vectors)
+
+    def add_keys(self, fingerprint: str, keys: np.ndarray, vectors: np.ndarray) -> None:
+        """Append vectors under precomputed `string_keys` (one durable segment)."""
         vectors = np.asarray(vectors)
-        if vectors.ndim != 2 or len(vectors) != len(texts):
-            raise ConfluenceError(f"cache add: {len(texts)} texts but vectors of shape {vectors.shape}")
-        self.table(fingerprint, vectors.shape[1]).append(_keys(texts), vectors)
+        if vectors.ndim != 2 or len(vectors) != len(keys):
+            raise ConfluenceError(f"cache add: {len(keys)} keys but vectors of shape {vectors.shape}")
+        self.table(fingerprint, vectors.shape[1]).append(keys, vectors)
 
     def __len__(self) -> int:
         return sum(len(t) for t in self._tables.values())
 
 
-def _keys(texts: Sequence[str]) -> np.ndarray:
-    raw = b"".join(string_key(t) for t in texts)
+def string_keys(texts: Sequence[str]) -> np.ndarray:
+    """The cache keys of `texts` as uint64 [n, 2] (the 16 bytes of `string_key`, little-endian halves)."""
+    raw = b"".join([string_key(t) for t in texts])
     return np.frombuffer(raw, dtype="<u8").reshape(-1, 2).astype(np.uint64)
 
 
@@ -257,9 +262,14 @@ class _Table:
         if not len(keys):
             return
         vecs = np.ascontiguousarray(vectors, dtype=self.dtype)
-        payload = keys.astype("<u8").tobytes() + vecs.tobytes()
-        head = _SEG_HEAD.pack(_SEG_MAGIC, len(keys), self.dim, 0, len(payload))
-        segment = head + _h8(head) + payload + hashlib.blake2b(payload, digest_size=_TRAILER).digest()
+        key_bytes = np.ascontiguousarray(keys, dtype="<u8")
+        parts = [memoryview(key_bytes).cast("B"), memoryview(vecs).cast("B")]
+        nbytes = sum(len(p) for p in parts)
+        head = _SEG_HEAD.pack(_SEG_MAGIC, len(keys), self.dim, 0, nbytes)
+        digest = hashlib.blake2b(digest_size=_TRAILER)
+        for part in parts:
+            digest.update(part)
+        segment = [head + _h8(head), *parts, digest.digest()]
         with self._locked() as fd:
             self._sync(fd)
             if self._end == 0:
@@ -269,14 +279,17 @@ class _Table:
             elif self._tail_bad:
                 os.ftruncate(fd, self._end)  # cut off a torn segment before appending after it
                 self._tail_bad = False
-            _write_all(fd, segment, self._end)
+            pos = self._end
+            for part in segment:
+                _write_all(fd, part, pos)
+                pos += len(part)
             os.fsync(fd)
-            self._end += len(segment)
+            self._end = pos
         self._add_mem(keys, vecs)
 
 
-def _write_all(fd: int, data: bytes, offset: int) -> None:
-    view = memoryview(data)
+def _write_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    view = memoryview(data).cast("B")
     while view:
         n = os.pwrite(fd, view, offset)
         view, offset = view[n:], offset + n
@@ -320,10 +333,13 @@ def encode_cached(
     items = check_texts(texts)
     dim = int(encoder.dim)
     unique = list(dict.fromkeys(items))
-    where = {t: i for i, t in enumerate(unique)}
-    inverse = np.fromiter((where[t] for t in items), dtype=np.int64, count=len(items))
+    inverse = None
+    if len(unique) != len(items):
+        where = {t: i for i, t in enumerate(unique)}
+        inverse = np.fromiter((where[t] for t in items), dtype=np.int64, count=len(items))
     if cache is not None:
-        vectors, hit = cache.lookup(encoder.fingerprint, dim, unique)
+        keys = string_keys(unique)
+        vectors, hit = cache.table(encoder.fingerprint, dim).lookup(keys)
     else:
         vectors, hit = np.zeros((len(unique), dim), np.float32), np.zeros(len(unique), bool)
     missing = np.flatnonzero(~hit)
@@ -337,15 +353,16 @@ def encode_cached(
                 raise ConfluenceError(f"text encoder {encoder.fingerprint!r} returned shape {emb.shape} for "
                                       f"{len(batch)} texts, expected ({len(batch)}, {dim})")
             if cache is not None:
-                cache.add(encoder.fingerprint, batch, emb)
-                emb = emb.astype(cache.dtype).astype(np.float32)
+                stored = emb.astype(cache.dtype)
+                cache.add_keys(encoder.fingerprint, keys[idx], stored)
+                emb = stored.astype(np.float32)
             vectors[idx] = emb
             if hook is not None:
                 hook(min(start + chunk_size, len(missing)), len(missing))
     finally:
         if bar is not None:
             bar.stop()
-    return vectors[inverse]
+    return vectors if inverse is None else vectors[inverse]
 
 
 def _progress(progress: ProgressHook | bool | None, total: int):
