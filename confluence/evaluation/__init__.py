@@ -1,0 +1,1 @@
+"""Evaluation, prediction and baselines (spec/training.md "Evaluation", "Prediction")."""

@@ -1,0 +1,20 @@
+"""Block-sparse attention kernels for the GPU (the reference in `confluence.model.attention` stays the CPU path).
+
+`block_sparse_attention` has the signature of the attention interface; `tile_stats` reports how sparse one
+sublayer's mask is at tile granularity; `synthetic_structure` makes sampler-like random structures.
+"""
+
+from confluence.model.kernels.block_sparse import DEFAULT_BLOCK, block_sparse_attention, default_interpret
+from confluence.model.kernels.structure import BlockStructure, block_structure, tile_stats
+from confluence.model.kernels.synthetic import PermutedStructure, synthetic_structure
+
+__all__ = [
+    "DEFAULT_BLOCK",
+    "BlockStructure",
+    "PermutedStructure",
+    "block_sparse_attention",
+    "block_structure",
+    "default_interpret",
+    "synthetic_structure",
+    "tile_stats",
+]

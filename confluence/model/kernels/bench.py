@@ -1,0 +1,213 @@
+"""`confluence bench attention`: forward and forward+backward time of each sublayer type, three implementations.
+
+Implementations timed on the same q / k / v and mask inputs:
+
+* `kernel`: `block_sparse_attention` (compiled Triton on a GPU; the Pallas interpreter elsewhere, which measures
+  correctness plumbing, not speed);
+* `reference`: `reference_attention` (dense mask, FP32 logits);
+* `dense`: `jax.nn.dot_product_attention` with the dense `[B, 1, S, S]` mask, implementation "cudnn" on a GPU and
+  "xla" elsewhere;
+* `dense_xla`: the same with implementation "xla" (a second dense baseline on a GPU, should cuDNN refuse a shape).
+
+Structures come from a `StructureSource` (sampler batches of a real store, see `confluence.cli.kernel_cmds`), by
+default from `synthetic_structure` (sampler-like random subgraphs). Each timing is the median of `repeats`
+runs after one compile-and-warm-up run.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from confluence.model.attention import MASK_KINDS, MaskKind, dense_mask, reference_attention
+from confluence.model.kernels.block_sparse import DEFAULT_BLOCK, block_sparse_attention, default_interpret
+from confluence.model.kernels.structure import block_structure, tile_stats
+from confluence.model.kernels.synthetic import PermutedStructure, synthetic_structure
+
+IMPLEMENTATIONS = ("kernel", "reference", "dense", "dense_xla")
+
+
+@dataclass
+class AttentionBenchConfig:
+    """What to measure; `batch_size=None` keeps B * S at `tokens_per_batch`."""
+
+    seq_lens: Sequence[int] = (1024, 2048, 4096)
+    batch_size: int | None = None
+    tokens_per_batch: int = 32 * 1024
+    heads: int = 8
+    head_dim: int = 32
+    block: int = DEFAULT_BLOCK
+    repeats: int = 10
+    kinds: Sequence[MaskKind] = MASK_KINDS
+    implementations: Sequence[str] = ("kernel", "reference", "dense")
+    seed: int = 0
+
+
+@dataclass
+class AttentionBenchResult:
+    """One (sequence length, kind) row: timings in milliseconds, speedups and tile statistics."""
+
+    seq_len: int
+    batch_size: int
+    kind: str
+    source: str
+    fwd_ms: dict[str, float] = field(default_factory=dict)
+    fwd_bwd_ms: dict[str, float] = field(default_factory=dict)
+    structure_ms: float = 0.0
+    tiles: dict[str, Any] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+def _median_ms(fn: Callable[[], Any], repeats: int) -> float:
+    jax.block_until_ready(fn())  # compile and warm up
+    times = []
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append((time.perf_counter() - t0) * 1e3)
+    return float(statistics.median(times))
+
+
+def _dense_fn(kind: MaskKind, struct: tuple[jax.Array, ...], impl: str) -> Callable[..., jax.Array]:
+
+    def fn(q, k, v):
+        mask = dense_mask(kind, *struct)[:, None]
+        return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=1.0, implementation=impl)
+
+    return fn
+
+
+def _attention_fn(
+    name: str, kind: MaskKind, struct: tuple[jax.Array, ...], block: int
+) -> Callable[..., jax.Array]:
+    if name == "kernel":
+        return lambda q, k, v: block_sparse_attention(q, k, v, kind, *struct, block=block)
+    if name == "reference":
+        return lambda q, k, v: reference_attention(q, k, v, kind, *struct)
+    if name == "dense":
+        return _dense_fn(kind, struct, "cudnn" if jax.default_backend() == "gpu" else "xla")
+    if name == "dense_xla":
+        return _dense_fn(kind, struct, "xla")
+    raise ValueError(f"unknown implementation {name!r}; expected one of {IMPLEMENTATIONS}")
+
+
+def _inputs(seed: int, b: int, s: int, h: int, d: int):
+    kq, kk, kv, kd = jax.random.split(jax.random.key(seed), 4)
+    q = jax.random.normal(kq, (b, s, h, d), jnp.float32)
+    k = jax.random.normal(kk, (b, s, h, d), jnp.float32)
+    q = 4.0 * q / jnp.linalg.norm(q, axis=-1, keepdims=True)
+    k = k / jnp.linalg.norm(k, axis=-1, keepdims=True)
+    v = jax.random.normal(kv, (b, s, h, d), jnp.float32)
+    do = jax.random.normal(kd, (b, s, h, d), jnp.float32)
+    return tuple(x.astype(jnp.bfloat16) for x in (q, k, v, do))
+
+
+def bench_one(
+    struct: PermutedStructure, kind: MaskKind, cfg: AttentionBenchConfig, source: str
+) -> AttentionBenchResult:
+    """Time every implementation of `cfg` on one structure of one kind."""
+    b, s = struct.row_ids.shape
+    res = AttentionBenchResult(seq_len=s, batch_size=b, kind=kind, source=source)
+    res.tiles = tile_stats(kind, *struct, block=cfg.block)
+    args = tuple(jnp.asarray(x) for x in struct)
+    q, k, v, do = _inputs(cfg.seed, b, s, cfg.heads, cfg.head_dim)
+    build = jax.jit(lambda *a: block_structure(kind, *a, cfg.block))
+    res.structure_ms = _median_ms(lambda: build(*args), cfg.repeats)
+    for name in cfg.implementations:
+        fn = _attention_fn(name, kind, args, cfg.block)
+        fwd = jax.jit(fn)
+        grad = jax.jit(
+            jax.grad(lambda q, k, v, fn=fn: jnp.vdot(fn(q, k, v).astype(jnp.float32), do), (0, 1, 2))
+        )
+        try:
+            res.fwd_ms[name] = _median_ms(lambda fwd=fwd: fwd(q, k, v), cfg.repeats)
+            res.fwd_bwd_ms[name] = _median_ms(lambda grad=grad: grad(q, k, v), cfg.repeats)
+        except Exception as exc:  # an implementation the backend lacks (e.g. cuDNN at this shape): report it
+            res.errors[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+    return res
+
+
+StructureSource = Callable[[int, int], dict[str, PermutedStructure]]
+
+
+def synthetic_source(seed: int) -> StructureSource:
+    """(seq_len, batch_size) -> sampler-like random structures of every kind."""
+    return lambda s, b: {kind: synthetic_structure(seed, kind, b, s) for kind in MASK_KINDS}
+
+
+def run_attention_bench(
+    cfg: AttentionBenchConfig,
+    source: StructureSource | None = None,
+    source_name: str = "synthetic",
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run the whole benchmark; returns a JSON-ready dict (environment, config, one row per (S, kind))."""
+    source = source or synthetic_source(cfg.seed)
+    rows = []
+    for s in cfg.seq_lens:
+        b = cfg.batch_size or max(1, cfg.tokens_per_batch // s)
+        structs = source(s, b)
+        for kind in cfg.kinds:
+            res = bench_one(structs[kind], kind, cfg, source_name)
+            rows.append(asdict(res))
+            log(format_row(res))
+    device = jax.devices()[0]
+    return {
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "backend": jax.default_backend(),
+        "device": getattr(device, "device_kind", str(device)),
+        "jax_version": jax.__version__,
+        "kernel_mode": "interpret" if default_interpret() else "compiled",
+        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
+        "rows": rows,
+    }
+
+
+def format_row(res: AttentionBenchResult) -> str:
+    """One human-readable line per (S, kind)."""
+    t = res.tiles
+    parts = [
+        f"S={res.seq_len:5d} B={res.batch_size:3d} {res.kind:8s}",
+        f"tiles {t['nonempty']}/{t['tiles']} ({100 * t['tile_density']:.1f}%, fill {100 * t['fill']:.0f}%)",
+        f"structure {res.structure_ms:.2f} ms",
+    ]
+    for name, ms in res.fwd_bwd_ms.items():
+        parts.append(f"{name} fwd {res.fwd_ms[name]:.2f} / fwd+bwd {ms:.2f} ms")
+    kern = res.fwd_bwd_ms.get("kernel")
+    for other in ("dense", "reference"):
+        if kern and other in res.fwd_bwd_ms:
+            parts.append(f"x{res.fwd_bwd_ms[other] / kern:.2f} vs {other}")
+    parts += [f"{name} failed: {err}" for name, err in res.errors.items()]
+    return " | ".join(parts)
+
+
+def speedups(report: dict[str, Any], baseline: str = "dense") -> dict[tuple[int, str], float]:
+    """fwd+bwd time of `baseline` over the kernel's, per (S, kind) row where both ran."""
+    out = {}
+    for row in report["rows"]:
+        t = row["fwd_bwd_ms"]
+        if "kernel" in t and baseline in t and t["kernel"] > 0:
+            out[(row["seq_len"], row["kind"])] = t[baseline] / t["kernel"]
+    return out
+
+
+def as_numpy_report(report: dict[str, Any]) -> dict[str, Any]:
+    """The report with NumPy scalars turned into Python numbers (json.dump-safe)."""
+
+    def conv(x):
+        if isinstance(x, dict):
+            return {k: conv(v) for k, v in x.items()}
+        if isinstance(x, list | tuple):
+            return [conv(v) for v in x]
+        if isinstance(x, np.generic):
+            return x.item()
+        return x
+
+    return conv(report)

@@ -1,0 +1,99 @@
+"""The block-sparse kernel (Pallas interpreter on CPU) against the reference: outputs and dq / dk / dv."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest_kernel import assert_close_to_reference, random_qkv, random_unsorted, run_both
+
+from confluence.model.attention import MASK_KINDS, dense_mask, reference_attention
+from confluence.model.kernels import block_sparse_attention, synthetic_structure
+
+
+def empty_queries(kind, struct) -> np.ndarray:
+    """[B, S] True where a query sees no key at all."""
+    return ~np.asarray(dense_mask(kind, *(jnp.asarray(x) for x in struct))).any(-1)
+
+
+@pytest.mark.parametrize("kind", MASK_KINDS)
+def test_sampler_like_structure_bf16(kind):
+    struct = synthetic_structure(11, kind, 2, 100)  # S=100 is not a multiple of the 32 tile
+    q, k, v, do = random_qkv(0, 2, 100, 2, 16)
+    results = run_both(kind, struct, q, k, v, do, block=32)
+    assert_close_to_reference(results)
+    empty = empty_queries(kind, struct)
+    assert empty.any()  # padding at least
+    assert np.all(results[0][0][empty] == 0.0)
+
+
+@pytest.mark.parametrize("kind", MASK_KINDS)
+def test_unsorted_structure_with_scattered_padding_and_odd_head_dim(kind):
+    row, col, pad, adj = random_unsorted(7, 2, 77, 30)
+    pad[1, :] = True  # a filler sequence: all padding
+    struct = (row, col, pad, adj)
+    q, k, v, do = random_qkv(1, 2, 77, 3, 12)
+    results = run_both(kind, struct, q, k, v, do, block=16)
+    assert_close_to_reference(results)
+    assert np.all(results[0][0][1] == 0.0)
+    assert all(np.all(g[1] == 0.0) for g in results[0][1])
+
+
+def test_empty_inbound_rows_give_exact_zero_and_finite_grads():
+    struct = synthetic_structure(2, "inbound", 1, 64, fill=1.0)
+    empty = empty_queries("inbound", struct)
+    assert empty[0, ~struct.is_padding[0]].any(), "the structure must contain childless rows"
+    q, k, v, do = random_qkv(2, 1, 64, 2, 16)
+    results = run_both("inbound", struct, q, k, v, do, block=16)
+    out, (dq, dk, dv) = results[0]
+    assert np.all(out[empty] == 0.0)
+    assert np.all(dq[empty] == 0.0)
+    assert all(np.all(np.isfinite(g)) for g in (dq, dk, dv))
+    assert_close_to_reference(results)
+
+
+@pytest.mark.parametrize("kind", MASK_KINDS)
+def test_float32_matches_reference_tightly(kind):
+    struct = synthetic_structure(5, kind, 2, 50)
+    q, k, v, do = random_qkv(3, 2, 50, 2, 16, dtype=jnp.float32)
+    (ko, kg), _, (fo, fg) = run_both(kind, struct, q, k, v, do, block=16)
+    for got, want in zip([ko, *kg], [fo, *fg], strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(want).max())))
+
+
+def test_jit_is_deterministic():
+    struct = tuple(jnp.asarray(x) for x in synthetic_structure(9, "outbound", 1, 40))
+    q, k, v, _ = random_qkv(4, 1, 40, 1, 16)
+    fn = jax.jit(lambda q, k, v: block_sparse_attention(q, k, v, "outbound", *struct, block=16))
+    a, b = np.asarray(fn(q, k, v), np.float32), np.asarray(fn(q, k, v), np.float32)
+    np.testing.assert_array_equal(a, b)
+    ref = np.asarray(reference_attention(q, k, v, "outbound", *struct), np.float32)
+    assert np.max(np.abs(a - ref)) < 0.05
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [({"block": 24}, "power of two"), ({"block": 8}, "power of two")],
+)
+def test_bad_block_size_is_rejected(kwargs, match):
+    struct = tuple(jnp.asarray(x) for x in synthetic_structure(0, "column", 1, 16))
+    q, k, v, _ = random_qkv(0, 1, 16, 1, 16)
+    with pytest.raises(ValueError, match=match):
+        block_sparse_attention(q, k, v, "column", *struct, **kwargs)
+
+
+def test_mismatched_shapes_name_the_argument():
+    row, col, pad, adj = (jnp.asarray(x) for x in synthetic_structure(0, "column", 1, 16))
+    q, k, v, _ = random_qkv(0, 1, 16, 1, 16)
+    with pytest.raises(ValueError, match="col_ids"):
+        block_sparse_attention(q, k, v, "column", row, col[:, :8], pad, adj)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", MASK_KINDS)
+def test_default_tile_at_longer_sequence(kind):
+    struct = synthetic_structure(13, kind, 2, 300)  # 5 tiles of 64, the last one partial
+    q, k, v, do = random_qkv(5, 2, 300, 1, 32)
+    results = run_both(kind, struct, q, k, v, do, block=64)
+    assert_close_to_reference(results)
