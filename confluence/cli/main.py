@@ -29,6 +29,7 @@ _AREAS = (
     "confluence.cli.sampler_cmds",
     "confluence.cli.train_cmds",
     "confluence.cli.eval_cmds",
+    "confluence.cli.textenc_cmds",
     "confluence.cli.text_cmds",
     "confluence.cli.kernel_cmds",
     "confluence.cli.demo_cmds",

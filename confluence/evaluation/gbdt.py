@@ -82,7 +82,7 @@ class FeatureBuilder:
         s = self.store
         n = int(table.num_rows)
         off = int(table.row_offset)
-        cols: dict[str, np.ndarray] = {
+        cols: dict[str, Any] = {
             "row": np.arange(off, off + n, dtype=np.int64),
             "time": np.asarray(s.row_time[off : off + n], dtype=np.int64),
         }
@@ -101,9 +101,8 @@ class FeatureBuilder:
                 v = unpack_bits(raw, n).astype(np.float64)
             else:
                 v = np.asarray(raw, dtype=np.float64) - float(col.stats.get("cat_emb_start", 0))
-            v = np.where(valid, v, np.nan)
             name = f"c{col.column_idx}"
-            cols[name] = v
+            cols[name] = pa.array(v, mask=~valid)  # SQL NULL (not NaN) so aggregates skip missing values
             feats.append((name, stype))
         self._frames[table.name] = feats
         arrow = pa.table(cols)
@@ -272,7 +271,7 @@ class FeatureBuilder:
 
     def _has_table(self, name: str) -> bool:
         return bool(self.con.execute(
-            "SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [name]).fetchone()[0])
+            "SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [name]).fetchall()[0][0])
 
 
 # ------------------------------------------------------------------------------------------------------- training

@@ -72,3 +72,31 @@ def reference_attention(
     p = p / jnp.where(denom > 0, denom, 1.0)
     out = jnp.einsum("bhqk,bkhd->bqhd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
     return out.astype(v.dtype)
+
+
+# --- Registry: the model picks its attention implementation by name (ModelConfig.attention_impl). ---------------
+# The block-sparse kernel (confluence.model.kernels) registers itself with `register_attention("block_sparse", fn)`
+# when its module is imported; `get_attention` imports that module lazily so the model needs no hard dependency.
+
+_ATTENTION_IMPLS: dict[str, AttentionFn] = {"reference": reference_attention}
+_LAZY_MODULES: dict[str, str] = {"block_sparse": "confluence.model.kernels"}
+
+
+def register_attention(name: str, fn: AttentionFn) -> None:
+    """Make `fn` (same signature as `reference_attention`) selectable as `attention_impl=name`."""
+    _ATTENTION_IMPLS[name] = fn
+
+
+def get_attention(name: str) -> AttentionFn:
+    """Resolve an attention implementation by name; raises ValueError listing the available ones."""
+    if name not in _ATTENTION_IMPLS and name in _LAZY_MODULES:
+        import importlib
+
+        try:
+            importlib.import_module(_LAZY_MODULES[name])
+        except ModuleNotFoundError as exc:
+            raise ValueError(f"attention_impl {name!r} needs module {_LAZY_MODULES[name]}, not installed: {exc}") from exc
+    try:
+        return _ATTENTION_IMPLS[name]
+    except KeyError:
+        raise ValueError(f"unknown attention_impl {name!r}; available: {sorted(_ATTENTION_IMPLS)}") from None

@@ -1,0 +1,68 @@
+"""CLI commands of the preprocessing / store area: `confluence preprocess`, `confluence inspect`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+
+from confluence.errors import ConfluenceError
+
+
+def _fail(exc: ConfluenceError) -> None:
+    typer.echo(f"error: {exc}", err=True)
+    raise typer.Exit(code=1)
+
+
+def preprocess_cmd(
+    source: Path = typer.Argument(..., help="Raw database: Parquet/CSV directory, SQLite/DuckDB file, RelBench folder."),
+    metadata: Path = typer.Option(..., "--metadata", "-m", help="The reviewed metadata JSON file."),
+    out: Path = typer.Option(..., "--out", "-o", help="Store directory to write (replaced atomically if present)."),
+    text_encoder: str | None = typer.Option(None, "--text-encoder",
+                                            help="Text encoder spec (default: the shipped model2vec encoder)."),
+    embedding_cache: Path | None = typer.Option(None, "--embedding-cache",
+                                                help="Directory of the embedding cache, reused across runs."),
+    memory_limit_mb: int = typer.Option(2048, "--memory-limit-mb", min=128, help="Memory budget (batch size, DuckDB)."),
+    threads: int | None = typer.Option(None, "--threads", min=1, help="DuckDB threads (default: all cores)."),
+    no_validate: bool = typer.Option(False, "--no-validate", help="Skip checking the metadata against the data."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
+) -> None:
+    """Preprocess a raw database into a processed store, then print its summary."""
+    from confluence.preprocess import preprocess
+    from confluence.store import Store
+    from confluence.store.inspect import print_summary
+
+    cache = None
+    if embedding_cache is not None:
+        from confluence.textenc.cache import EmbeddingCache
+
+        cache = EmbeddingCache(embedding_cache)
+    start = time.perf_counter()
+    try:
+        path = preprocess(source, metadata, out, text_encoder=text_encoder, embedding_cache=cache,
+                          memory_limit_mb=memory_limit_mb, threads=threads, progress=not quiet,
+                          validate=not no_validate)
+        store = Store.open(path)
+    except ConfluenceError as exc:
+        _fail(exc)
+    typer.echo(f"wrote {path} in {time.perf_counter() - start:.1f} s")
+    print_summary(store)
+
+
+def inspect_cmd(store_dir: Path = typer.Argument(..., help="A processed store directory.")) -> None:
+    """Print a readable summary of a processed store: tables, columns per type, FK edges, tasks."""
+    from confluence.store import Store
+    from confluence.store.inspect import print_summary
+
+    try:
+        store = Store.open(store_dir)
+    except ConfluenceError as exc:
+        _fail(exc)
+    print_summary(store)
+
+
+def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) -> None:
+    """Add this area's commands to the `confluence` CLI."""
+    app.command("preprocess")(preprocess_cmd)
+    app.command("inspect")(inspect_cmd)

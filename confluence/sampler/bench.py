@@ -1,0 +1,62 @@
+"""The sampler benchmark behind `confluence bench sampler`: sequences/s, cells/s, slots/s, per-phase times."""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from typing import Any
+
+import numpy as np
+
+from confluence.sampler.builder import PHASES
+from confluence.sampler.config import SamplerConfig
+from confluence.sampler.data import SamplerData
+from confluence.sampler.sampler import Sampler
+
+
+def run_bench(data: SamplerData, config: SamplerConfig, batches: int = 50, warmup: int = 3) -> dict[str, Any]:
+    """Time `batches` training batches (after `warmup` ones that compile and fault in pages)."""
+    cfg = SamplerConfig(**{**config.__dict__, "batches_per_epoch": warmup})
+    with Sampler([data], cfg) as s:
+        for _ in s.batches("train", epoch=0):
+            pass
+    cfg = SamplerConfig(**{**config.__dict__, "batches_per_epoch": batches})
+    with Sampler([data], cfg) as s:
+        cells = 0
+        rows = []
+        load0 = os.getloadavg()[0]
+        c0 = time.process_time()
+        t0 = time.perf_counter()
+        for b in s.batches("train", epoch=1):
+            real = ~b.is_padding
+            cells += int(real.sum())
+            rows.append(b.num_rows)
+        wall = time.perf_counter() - t0
+        cpu = time.process_time() - c0
+        phases = dict(s.timings)
+        cpu_phases = dict(s.cpu_timings)
+    seqs = batches * cfg.batch_size
+    slots = seqs * cfg.seq_len
+    return {
+        "database": data.name,
+        "sequences_per_s": seqs / wall,
+        "cells_per_s": cells / wall,
+        "slots_per_s": slots / wall,
+        "phases": {
+            k: {"seconds": phases[k], "share": phases[k] / wall, "cpu_seconds": cpu_phases[k],
+                "cpu_us_per_sequence": 1e6 * cpu_phases[k] / seqs}
+            for k in PHASES
+        },
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "sequences_per_cpu_s": seqs / cpu,
+        "load_average_1min": [load0, os.getloadavg()[0]],
+        "batches": batches,
+        "mean_real_cells_per_sequence": cells / seqs,
+        "mean_padded_rows": float(np.mean(rows)),
+        "config": {"batch_size": cfg.batch_size, "seq_len": cfg.seq_len, "width": cfg.width,
+                   "max_rows": cfg.max_rows, "threads": cfg.threads, "seed": cfg.seed,
+                   "tasks": list(cfg.tasks) if cfg.tasks else None},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+    }

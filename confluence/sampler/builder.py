@@ -1,0 +1,233 @@
+"""`BatchBuilder`: seeds of one task -> one `TrainingBatch`, the phases run by worker threads in nogil kernels.
+
+Phase 1 (per sequence, split over threads): walk, linearize, permutations. Phase 2 (once per batch): text
+dedup + gather. Collation (allocating the zeroed outputs, the bookkeeping vectors) is timed on its own.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from confluence.errors import ConfluenceError
+from confluence.sampler.batch import TrainingBatch
+from confluence.sampler.config import SamplerConfig, bucket_size
+from confluence.sampler.data import SamplerData, TaskData
+from confluence.sampler.linearize import linearize_chunk
+from confluence.sampler.perms import perms_chunk
+from confluence.sampler.rng import sequence_states, stream_key
+from confluence.sampler.textgather import dedup_text, gather_rows
+from confluence.sampler.walk import anchor_cells_chunk, walk_chunk
+from confluence.stypes import D_TIME
+
+PHASES = ("walk", "linearize", "permutations", "text", "collation")
+
+
+@dataclass
+class BuildResult:
+    """A batch plus what the walk saw (global rows per sequence) and the phase timings in seconds."""
+
+    batch: TrainingBatch
+    rows: np.ndarray  # i64[B, max_rows], global row of each sequence-local row
+    hops: np.ndarray  # i32[B, max_rows]
+    via: np.ndarray  # i8[B, max_rows]: 0 seed, 1 parent edge, 2 child edge
+    src: np.ndarray  # i32[B, max_rows]: sequence-local row whose edge reached the row (-1 for the seed)
+    nrows: np.ndarray  # i32[B]
+    n_real: np.ndarray  # i32[B], real cells per sequence
+    timings: dict[str, float] = field(default_factory=dict)  # wall seconds per phase
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds per phase, summed over worker threads
+
+
+class _Scratch:
+    """Per-worker state: a stamped int32 mark array over all rows of one database (4 bytes per row)."""
+
+    def __init__(self, num_rows: int):
+        self.mark = np.zeros(max(num_rows, 1), dtype=np.int32)
+        self.stamp = np.zeros(1, dtype=np.int64)
+
+
+class BatchBuilder:
+    """Builds batches for one database; thread-safe (scratch buffers are checked out per worker)."""
+
+    def __init__(self, data: SamplerData, config: SamplerConfig, db_idx: int = 0, pool: ThreadPoolExecutor | None = None):
+        config.check()
+        self.data = data
+        self.config = config
+        self.db_idx = db_idx
+        self._pool = pool
+        self._scratch: queue.SimpleQueue[_Scratch] = queue.SimpleQueue()
+        self._scratch_lock = threading.Lock()
+
+    # ---- helpers
+    def _checkout(self) -> _Scratch:
+        try:
+            return self._scratch.get_nowait()
+        except queue.Empty:
+            return _Scratch(self.data.num_rows)
+
+    def _parallel(self, n: int, fn: Callable[[int, int, _Scratch], None]) -> None:
+        threads = min(self.config.threads, n)
+        if threads <= 1 or self._pool is None:
+            s = self._checkout()
+            try:
+                fn(0, n, s)
+            finally:
+                self._scratch.put(s)
+            return
+        bounds = np.linspace(0, n, threads + 1).astype(int)
+
+        def run(lo: int, hi: int) -> None:
+            s = self._checkout()
+            try:
+                fn(lo, hi, s)
+            finally:
+                self._scratch.put(s)
+
+        futs = [self._pool.submit(run, int(bounds[i]), int(bounds[i + 1])) for i in range(threads)]
+        for f in futs:
+            f.result()
+
+    # ---- the build
+    def build(self, task: TaskData, seed_ids: np.ndarray, epoch: int = 0, n_valid: int | None = None) -> BuildResult:
+        """One batch of `batch_size` sequences for `seed_ids` (at most batch_size; the rest are filler)."""
+        cfg, d = self.config, self.data
+        seed_ids = np.asarray(seed_ids, dtype=np.int64)
+        bsz = cfg.batch_size
+        if seed_ids.shape[0] == 0 or seed_ids.shape[0] > bsz:
+            raise ConfluenceError(f"task {task.name!r}: a batch needs 1..{bsz} seeds, got {seed_ids.shape[0]}")
+        if seed_ids.min() < 0 or seed_ids.max() >= task.num_seeds:
+            bad = int(seed_ids[(seed_ids < 0) | (seed_ids >= task.num_seeds)][0])
+            raise ConfluenceError(f"task {task.name!r}: seed index {bad} out of range 0..{task.num_seeds - 1}")
+        n_valid = seed_ids.shape[0] if n_valid is None else n_valid
+        seq_valid = np.zeros(bsz, dtype=np.bool_)
+        seq_valid[:n_valid] = True
+        if seed_ids.shape[0] < bsz:
+            seed_ids = np.concatenate([seed_ids, np.full(bsz - seed_ids.shape[0], seed_ids[0], dtype=np.int64)])
+        timings = dict.fromkeys(PHASES, 0.0)
+        cpu_parts = {k: np.zeros(bsz) for k in PHASES}
+        c0 = time.thread_time()
+        t0 = time.perf_counter()
+        anchors = np.ascontiguousarray(task.anchor_row[seed_ids])
+        obs = np.ascontiguousarray(task.obs_time[seed_ids])
+        key = stream_key("sequence", cfg.seed, epoch, self.db_idx, task.index)
+        states = sequence_states(key, seed_ids)
+        max_rows = cfg.max_rows
+        rows = np.zeros((bsz, max_rows), dtype=np.int64)
+        hops = np.zeros((bsz, max_rows), dtype=np.int32)
+        via = np.zeros((bsz, max_rows), dtype=np.int8)
+        src = np.zeros((bsz, max_rows), dtype=np.int32)
+        nrows = np.zeros(bsz, dtype=np.int32)
+        a_cells = np.zeros(bsz, dtype=np.int32)
+        timings["collation"] += time.perf_counter() - t0
+        cpu_parts["collation"][0] += time.thread_time() - c0
+
+        def walk(lo: int, hi: int, s: _Scratch) -> None:
+            c1 = time.thread_time()
+            anchor_cells_chunk(
+                lo, hi, anchors, d.tab_row_off, d.tab_col_ptr, d.tab_cols, d.col_stype, d.col_voff, d.valid_bits,
+                task.exclude_cols, task.target_col, task.is_derived, a_cells,
+            )
+            walk_chunk(
+                lo, hi, anchors, obs, a_cells, states, cfg.seq_len, cfg.width, max_rows, d.row_ncells, d.row_time,
+                d.parent_indptr, d.parent_indices, d.child_indptr, d.child_indices, d.child_time, d.max_parents,
+                s.mark, s.stamp, rows, hops, via, src, nrows,
+            )
+            cpu_parts["walk"][lo] = time.thread_time() - c1
+
+        t0 = time.perf_counter()
+        self._parallel(bsz, walk)
+        timings["walk"] += time.perf_counter() - t0
+
+        c0 = time.thread_time()
+        t0 = time.perf_counter()
+        s_len = cfg.seq_len
+        r_pad = bucket_size(int(nrows.max()), cfg.row_buckets, cap=max_rows)
+        out = {
+            "semantic_types": np.zeros((bsz, s_len), np.int8),
+            "column_ids": np.zeros((bsz, s_len), np.int32),
+            "seq_row_ids": np.zeros((bsz, s_len), np.uint16),
+            "is_null": np.zeros((bsz, s_len), np.bool_),
+            "numeric_values": np.zeros((bsz, s_len), np.float32),
+            "timestamp_values": np.zeros((bsz, s_len, D_TIME), np.float32),
+            "bool_values": np.zeros((bsz, s_len), np.bool_),
+            "categorical_embed_ids": np.zeros((bsz, s_len), np.uint32),
+            "text_embed_ids": np.zeros((bsz, s_len), np.uint32),
+            "is_target": np.zeros((bsz, s_len), np.bool_),
+            "is_padding": np.zeros((bsz, s_len), np.bool_),
+            "fk_adj": np.zeros((bsz, r_pad, r_pad), np.bool_),
+            "col_perm": np.empty((bsz, s_len), np.uint16),
+            "out_perm": np.empty((bsz, s_len), np.uint16),
+            "in_perm": np.empty((bsz, s_len), np.uint16),
+        }
+        n_real = np.zeros(bsz, dtype=np.int32)
+        timings["collation"] += time.perf_counter() - t0
+        cpu_parts["collation"][0] += time.thread_time() - c0
+        phase_t = {"linearize": np.zeros(bsz), "permutations": np.zeros(bsz)}
+
+        def lin_perm(lo: int, hi: int, s: _Scratch) -> None:
+            c1 = time.thread_time()
+            t1 = time.perf_counter()
+            linearize_chunk(
+                lo, hi, s_len, rows, nrows, seed_ids, task.target_stype, task.target_col, task.is_derived,
+                task.exclude_cols, task.tgt_f32, task.tgt_ts, task.tgt_u32, task.tgt_bits, task.tgt_valid,
+                d.tab_row_off, d.tab_col_ptr, d.tab_cols, d.col_stype, d.col_off, d.col_voff, d.num_pool, d.ts_pool,
+                d.u32_pool, d.bool_bits, d.valid_bits, d.parent_indptr, d.parent_indices,
+                out["semantic_types"], out["column_ids"], out["seq_row_ids"], out["is_null"], out["numeric_values"],
+                out["timestamp_values"], out["bool_values"], out["categorical_embed_ids"], out["text_embed_ids"],
+                out["is_target"], out["is_padding"], out["fk_adj"], n_real,
+            )
+            t2 = time.perf_counter()
+            c2 = time.thread_time()
+            perms_chunk(
+                lo, hi, out["column_ids"], out["seq_row_ids"], n_real, nrows, out["fk_adj"], d.col_stype.shape[0],
+                out["col_perm"], out["out_perm"], out["in_perm"],
+            )
+            t3 = time.perf_counter()
+            cpu_parts["linearize"][lo] = c2 - c1
+            cpu_parts["permutations"][lo] = time.thread_time() - c2
+            phase_t["linearize"][lo] = t2 - t1
+            phase_t["permutations"][lo] = t3 - t2
+
+        t0 = time.perf_counter()
+        self._parallel(bsz, lin_perm)
+        wall = time.perf_counter() - t0
+        # split the wall time of the fused section by the workers' own measurements
+        lin, perm = phase_t["linearize"].sum(), phase_t["permutations"].sum()
+        share = lin / (lin + perm) if lin + perm > 0 else 0.5
+        timings["linearize"] += wall * share
+        timings["permutations"] += wall * (1 - share)
+
+        c0 = time.thread_time()
+        t0 = time.perf_counter()
+        uniq = dedup_text(out["semantic_types"], out["is_null"], out["text_embed_ids"])
+        u_pad = bucket_size(uniq.shape[0], cfg.text_buckets)
+        text = np.zeros((u_pad, d.d_t), dtype=np.float16)
+        gather_rows(d.text_embeddings.view(np.uint16), uniq, text.view(np.uint16))  # numba has no f16
+        timings["text"] += time.perf_counter() - t0
+        cpu_parts["text"][0] = time.thread_time() - c0
+        c0 = time.thread_time()
+
+        t0 = time.perf_counter()
+        batch = TrainingBatch(
+            **out,
+            text_batch_embeddings=text,
+            target_stype=task.target_stype,
+            task_idx=task.index,
+            db_idx=self.db_idx,
+            cat_block_start=task.cat_block_start,
+            cat_count=task.cat_count,
+            seed_ids=seed_ids,
+            anchor_rows=anchors,
+            obs_times=obs,
+            seq_valid=seq_valid,
+        )
+        timings["collation"] += time.perf_counter() - t0
+        cpu_parts["collation"][0] += time.thread_time() - c0
+        cpu = {k: float(v.sum()) for k, v in cpu_parts.items()}
+        return BuildResult(batch, rows, hops, via, src, nrows, n_real, timings, cpu)

@@ -1,0 +1,216 @@
+"""`SamplerData`: the plain arrays the numba kernels read, built from a processed `Store`.
+
+The kernels need homogeneous arrays, so the per-column value files are gathered into one pool per storage kind
+(f32 z-scores, `[n, 15]` f32 timestamps, u32 categorical / text indices, packed bits for booleans and validity)
+with a per-column offset. The graph arrays and the text embedding table stay memory-mapped (no copy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from confluence.errors import StoreError
+from confluence.stypes import D_TIME, SemanticType
+
+INT64_MAX = np.iinfo(np.int64).max
+
+
+def readonly(a: np.ndarray, dtype: Any) -> np.ndarray:
+    """A C-contiguous read-only view (or copy) of `a` with `dtype`; keeps numba signatures uniform."""
+    out = np.ascontiguousarray(np.asarray(a), dtype=dtype)
+    if out.flags.writeable:
+        out = out.view()
+        out.flags.writeable = False
+    return out
+
+
+@dataclass
+class TaskData:
+    """One task's seeds and targets, as the kernels read them."""
+
+    name: str
+    index: int
+    target_stype: int
+    target_col: int
+    is_derived: bool
+    exclude_cols: np.ndarray  # int32
+    cat_block_start: int
+    cat_count: int
+    anchor_row: np.ndarray  # i64[n]
+    obs_time: np.ndarray  # i64[n]
+    tgt_f32: np.ndarray  # f32[n] (numerical) or f32[1]
+    tgt_ts: np.ndarray  # f32[n, 15] (timestamp) or f32[1, 15]
+    tgt_u32: np.ndarray  # u32[n] (categorical) or u32[1]
+    tgt_bits: np.ndarray  # u8 packed bits (boolean) or u8[1]
+    tgt_valid: np.ndarray  # u8 packed bits
+
+    @property
+    def num_seeds(self) -> int:
+        return int(self.anchor_row.shape[0])
+
+
+@dataclass
+class SamplerData:
+    """One database in the form the sampler kernels read (see module docstring)."""
+
+    name: str
+    d_t: int
+    num_rows: int
+    table_names: list[str]
+    column_names: list[str]  # by global column index ("table.column" or "task.target")
+    tab_row_off: np.ndarray  # i64[T+1]
+    tab_col_ptr: np.ndarray  # i64[T+1] into tab_cols
+    tab_cols: np.ndarray  # i32, global column ids of each table's non-ignored columns, in order
+    col_stype: np.ndarray  # i8[C]
+    col_off: np.ndarray  # i64[C]: element offset into the column's pool (byte offset for booleans)
+    col_voff: np.ndarray  # i64[C]: byte offset into valid_bits
+    num_pool: np.ndarray  # f32
+    ts_pool: np.ndarray  # f32[., 15]
+    u32_pool: np.ndarray  # u32 (categorical and text indices)
+    bool_bits: np.ndarray  # u8
+    valid_bits: np.ndarray  # u8
+    row_ncells: np.ndarray  # i32[N]: cells a row contributes (non-ignored columns minus NULL identifiers)
+    row_time: np.ndarray  # i64[N]
+    parent_indptr: np.ndarray
+    parent_indices: np.ndarray
+    child_indptr: np.ndarray
+    child_indices: np.ndarray
+    child_time: np.ndarray
+    max_parents: int
+    text_embeddings: np.ndarray  # f16[Vt, D_t], memory-mapped
+    tasks: list[TaskData]
+
+    def task(self, name: str) -> TaskData:
+        for t in self.tasks:
+            if t.name == name:
+                return t
+        known = ", ".join(t.name for t in self.tasks) or "none"
+        raise StoreError(f"database {self.name!r} has no task {name!r} (tasks: {known})")
+
+    def table_of_row(self, row: int) -> int:
+        return int(np.searchsorted(self.tab_row_off, row, side="right") - 1)
+
+    @classmethod
+    def from_store(cls, store: Any) -> SamplerData:
+        """Build the kernel arrays from a `confluence.store.Store` (or any object with its reader API)."""
+        n_cols = int(store.num_columns)
+        col_stype = np.full(n_cols, int(SemanticType.IGNORED), dtype=np.int8)
+        col_off = np.zeros(n_cols, dtype=np.int64)
+        col_voff = np.zeros(n_cols, dtype=np.int64)
+        column_names = [""] * n_cols
+        for c in store.columns:
+            col_stype[c.column_idx] = int(c.stype)
+            column_names[c.column_idx] = f"{c.table}.{c.name}" if c.table else f"{c.task}.{c.name}"
+        num, ts, u32, bools, valid = [], [], [], [], []
+        sizes = {"num": 0, "ts": 0, "u32": 0, "bool": 0, "valid": 0}
+        tab_row_off = [0]
+        tab_col_ptr = [0]
+        tab_cols: list[int] = []
+        row_ncells = np.zeros(int(store.num_rows), dtype=np.int32)
+        for t in store.tables:
+            if int(t.row_offset) != tab_row_off[-1]:
+                raise StoreError(f"table {t.name!r}: row_offset {t.row_offset} does not follow the previous tables")
+            n = int(t.num_rows)
+            cells = np.zeros(n, dtype=np.int32)
+            for c in t.columns:
+                st = SemanticType(int(c.stype))
+                if st == SemanticType.IGNORED:
+                    continue
+                ci = int(c.column_idx)
+                tab_cols.append(ci)
+                v = np.asarray(store.validity(t.name, c.name))
+                if v.shape[0] != (n + 7) // 8:
+                    raise StoreError(f"column {t.name}.{c.name}: validity has {v.shape[0]} bytes, expected {(n + 7) // 8}")
+                col_voff[ci] = sizes["valid"]
+                valid.append(v)
+                sizes["valid"] += v.shape[0]
+                if st == SemanticType.IDENTIFIER:
+                    cells += np.unpackbits(v, count=n, bitorder="little").astype(np.int32)
+                    continue
+                cells += 1
+                vals = np.asarray(store.values(t.name, c.name))
+                kind, want = {
+                    SemanticType.NUMERICAL: ("num", (n,)),
+                    SemanticType.TIMESTAMP: ("ts", (n, D_TIME)),
+                    SemanticType.BOOLEAN: ("bool", ((n + 7) // 8,)),
+                    SemanticType.CATEGORICAL: ("u32", (n,)),
+                    SemanticType.TEXT: ("u32", (n,)),
+                }[st]
+                if tuple(vals.shape) != want:
+                    raise StoreError(f"column {t.name}.{c.name}: values have shape {vals.shape}, expected {want}")
+                col_off[ci] = sizes[kind]
+                sizes[kind] += vals.shape[0]
+                {"num": num, "ts": ts, "u32": u32, "bool": bools}[kind].append(vals)
+            row_ncells[tab_row_off[-1] : tab_row_off[-1] + n] = cells
+            tab_row_off.append(tab_row_off[-1] + n)
+            tab_col_ptr.append(len(tab_cols))
+
+        def pool(parts: list[np.ndarray], dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
+            return readonly(np.concatenate(parts) if parts else np.zeros(shape, dtype=dtype), dtype)
+
+        parent_indptr = readonly(store.parent_indptr, np.int64)
+        tasks = [_task_data(store, ti) for ti in store.tasks]
+        return cls(
+            name=str(store.name),
+            d_t=int(store.d_t),
+            num_rows=int(store.num_rows),
+            table_names=[t.name for t in store.tables],
+            column_names=column_names,
+            tab_row_off=readonly(tab_row_off, np.int64),
+            tab_col_ptr=readonly(tab_col_ptr, np.int64),
+            tab_cols=readonly(np.array(tab_cols, dtype=np.int32), np.int32),
+            col_stype=readonly(col_stype, np.int8),
+            col_off=readonly(col_off, np.int64),
+            col_voff=readonly(col_voff, np.int64),
+            num_pool=pool(num, np.float32, (1,)),
+            ts_pool=pool(ts, np.float32, (1, D_TIME)),
+            u32_pool=pool(u32, np.uint32, (1,)),
+            bool_bits=pool(bools, np.uint8, (1,)),
+            valid_bits=pool(valid, np.uint8, (1,)),
+            row_ncells=readonly(row_ncells, np.int32),
+            row_time=readonly(store.row_time, np.int64),
+            parent_indptr=parent_indptr,
+            parent_indices=readonly(store.parent_indices, np.int64),
+            child_indptr=readonly(store.child_indptr, np.int64),
+            child_indices=readonly(store.child_indices, np.int64),
+            child_time=readonly(store.child_time, np.int64),
+            max_parents=int(np.max(np.diff(parent_indptr))) if parent_indptr.shape[0] > 1 else 0,
+            text_embeddings=readonly(store.text_embeddings, np.float16),
+            tasks=tasks,
+        )
+
+
+def _task_data(store: Any, info: Any) -> TaskData:
+    arrs = store.task_arrays(info.name)
+    st = SemanticType(int(info.target_stype))
+    if not st.can_be_target:
+        raise StoreError(f"task {info.name!r}: target stype {st.label} cannot be a target")
+    vals = np.asarray(arrs.target_values)
+    n = int(np.asarray(arrs.anchor_row).shape[0])
+    f32 = vals if st == SemanticType.NUMERICAL else np.zeros(1, np.float32)
+    ts = vals if st == SemanticType.TIMESTAMP else np.zeros((1, D_TIME), np.float32)
+    u32 = vals if st == SemanticType.CATEGORICAL else np.zeros(1, np.uint32)
+    bits = vals if st == SemanticType.BOOLEAN else np.zeros(1, np.uint8)
+    valid = np.asarray(arrs.target_valid)
+    if valid.shape[0] != (n + 7) // 8:
+        raise StoreError(f"task {info.name!r}: target validity has {valid.shape[0]} bytes for {n} seeds")
+    return TaskData(
+        name=str(info.name),
+        index=int(info.index),
+        target_stype=int(st),
+        target_col=int(info.target_column_idx),
+        is_derived=bool(info.is_derived),
+        exclude_cols=readonly(np.array(list(info.exclude_column_idxs), dtype=np.int32), np.int32),
+        cat_block_start=int(info.cat_block_start),
+        cat_count=int(info.cat_count),
+        anchor_row=readonly(arrs.anchor_row, np.int64),
+        obs_time=readonly(arrs.obs_time, np.int64),
+        tgt_f32=readonly(f32, np.float32),
+        tgt_ts=readonly(ts, np.float32),
+        tgt_u32=readonly(u32, np.uint32),
+        tgt_bits=readonly(bits, np.uint8),
+        tgt_valid=readonly(valid, np.uint8),
+    )

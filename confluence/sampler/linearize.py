@@ -1,0 +1,159 @@
+"""Linearization: visited rows -> the cell tensors of seed 000 sections 1-3, plus `fk_adj` (numba, nogil).
+
+Order: the target cell first (so it always fits in S), then the anchor row's other cells (excluded columns
+hidden), then every other row in visit order, each row's cells in column order. The last row may be cut at S.
+Text cells hold GLOBAL text indices here; `textgather` rewrites them batch-locally.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from confluence.sampler.walk import bit
+from confluence.stypes import D_TIME, SemanticType
+
+_IDENT = int(SemanticType.IDENTIFIER)
+_NUM = int(SemanticType.NUMERICAL)
+_TS = int(SemanticType.TIMESTAMP)
+_BOOL = int(SemanticType.BOOLEAN)
+_CAT = int(SemanticType.CATEGORICAL)
+_TEXT = int(SemanticType.TEXT)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _slot(key: int, cap: int) -> int:
+    return int((np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)) & (cap - 1)
+
+
+@njit(nogil=True, cache=True)
+def linearize_chunk(
+    lo: int,
+    hi: int,
+    seq_len: int,
+    rows: np.ndarray,  # i64[B, max_rows]
+    nrows: np.ndarray,  # i32[B]
+    seed_ids: np.ndarray,  # i64[B]
+    # task
+    target_stype: int,
+    target_col: int,
+    is_derived: bool,
+    exclude_cols: np.ndarray,
+    tgt_f32: np.ndarray,
+    tgt_ts: np.ndarray,
+    tgt_u32: np.ndarray,
+    tgt_bits: np.ndarray,
+    tgt_valid: np.ndarray,
+    # database
+    tab_row_off: np.ndarray,
+    tab_col_ptr: np.ndarray,
+    tab_cols: np.ndarray,
+    col_stype: np.ndarray,
+    col_off: np.ndarray,
+    col_voff: np.ndarray,
+    num_pool: np.ndarray,
+    ts_pool: np.ndarray,
+    u32_pool: np.ndarray,
+    bool_bits: np.ndarray,
+    valid_bits: np.ndarray,
+    p_ptr: np.ndarray,
+    p_idx: np.ndarray,
+    # outputs [B, S(, 15)] and fk_adj [B, R, R]
+    semantic_types: np.ndarray,
+    column_ids: np.ndarray,
+    seq_row_ids: np.ndarray,
+    is_null: np.ndarray,
+    numeric_values: np.ndarray,
+    timestamp_values: np.ndarray,
+    bool_values: np.ndarray,
+    categorical_embed_ids: np.ndarray,
+    text_embed_ids: np.ndarray,
+    is_target: np.ndarray,
+    is_padding: np.ndarray,
+    fk_adj: np.ndarray,
+    n_real: np.ndarray,  # i32[B]
+) -> None:
+    """Fill the cell tensors and `fk_adj` of sequences lo..hi-1 (outputs must be zeroed)."""
+    for b in range(lo, hi):
+        nr = nrows[b]
+        # sequence-local row map: a small open-addressing hash table (global row -> local id)
+        cap = 16
+        while cap < 2 * nr:
+            cap *= 2
+        hkeys = np.full(cap, -1, dtype=np.int64)
+        hvals = np.empty(cap, dtype=np.int32)
+        for i in range(nr):
+            h = _slot(rows[b, i], cap)
+            while hkeys[h] != -1:
+                h = (h + 1) & (cap - 1)
+            hkeys[h] = rows[b, i]
+            hvals[h] = i
+        # the target cell
+        sid = seed_ids[b]
+        semantic_types[b, 0] = target_stype
+        column_ids[b, 0] = target_col
+        is_target[b, 0] = True
+        if not bit(tgt_valid, 0, sid):
+            is_null[b, 0] = True
+        elif target_stype == _NUM:
+            numeric_values[b, 0] = tgt_f32[sid]
+        elif target_stype == _TS:
+            for k in range(D_TIME):
+                timestamp_values[b, 0, k] = tgt_ts[sid, k]
+        elif target_stype == _BOOL:
+            bool_values[b, 0] = bit(tgt_bits, 0, sid)
+        else:
+            categorical_embed_ids[b, 0] = tgt_u32[sid]
+        pos = 1
+        for i in range(nr):
+            if pos >= seq_len:
+                break
+            r = rows[b, i]
+            t = np.searchsorted(tab_row_off, r, side="right") - 1
+            lr = r - tab_row_off[t]
+            for kk in range(tab_col_ptr[t], tab_col_ptr[t + 1]):
+                if pos >= seq_len:
+                    break
+                c = tab_cols[kk]
+                if i == 0:
+                    if c == target_col:
+                        continue
+                    hidden = False
+                    for e in range(exclude_cols.shape[0]):
+                        if exclude_cols[e] == c:
+                            hidden = True
+                    if hidden:
+                        continue
+                s = col_stype[c]
+                valid = bit(valid_bits, col_voff[c], lr)
+                if s == _IDENT and not valid:
+                    continue  # a NULL identifier (e.g. a NULL foreign key) has no cell
+                semantic_types[b, pos] = s
+                column_ids[b, pos] = c
+                seq_row_ids[b, pos] = i
+                if not valid:
+                    is_null[b, pos] = True
+                elif s == _NUM:
+                    numeric_values[b, pos] = num_pool[col_off[c] + lr]
+                elif s == _TS:
+                    for k in range(D_TIME):
+                        timestamp_values[b, pos, k] = ts_pool[col_off[c] + lr, k]
+                elif s == _BOOL:
+                    bool_values[b, pos] = bit(bool_bits, col_off[c], lr)
+                elif s == _CAT:
+                    categorical_embed_ids[b, pos] = u32_pool[col_off[c] + lr]
+                elif s == _TEXT:
+                    text_embed_ids[b, pos] = u32_pool[col_off[c] + lr]
+                pos += 1
+            # F->P edges between rows that are both in the sequence
+            for e in range(p_ptr[r], p_ptr[r + 1]):
+                p = p_idx[e]
+                h = _slot(p, cap)
+                while hkeys[h] != -1:
+                    if hkeys[h] == p:
+                        fk_adj[b, i, hvals[h]] = True
+                        break
+                    h = (h + 1) & (cap - 1)
+        n_real[b] = pos
+        for j in range(pos, seq_len):
+            is_padding[b, j] = True

@@ -1,0 +1,66 @@
+"""Seed splits (hash / temporal, spec/tasks.md) and round-robin sharding over ranks."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from confluence.errors import ConfluenceError
+from confluence.sampler.config import SplitConfig
+from confluence.sampler.rng import hash_unit, stream_key
+
+SPLITS = ("train", "val", "test")
+INT64_MAX = np.iinfo(np.int64).max
+
+
+def split_index(name: str) -> int:
+    """0, 1, 2 for 'train', 'val', 'test'; ConfluenceError otherwise."""
+    try:
+        return SPLITS.index(name)
+    except ValueError:
+        raise ConfluenceError(f"unknown split {name!r} (expected one of: {', '.join(SPLITS)})") from None
+
+
+def hash_split(task_name: str, anchor_rows: np.ndarray, seed: int, fractions: tuple[float, float, float]) -> np.ndarray:
+    """Split id (0 train, 1 val, 2 test) per seed from a stable hash of (task name, split seed, anchor row).
+
+    Independent of the sampling seed and of the process: every seed with the same anchor row of a task lands in
+    the same split.
+    """
+    u = hash_unit(stream_key("split", task_name, seed), np.asarray(anchor_rows, dtype=np.int64))
+    out = np.full(u.shape[0], 2, dtype=np.int8)
+    out[u < fractions[0] + fractions[1]] = 1
+    out[u < fractions[0]] = 0
+    return out
+
+
+def temporal_split(obs_time: np.ndarray, t_val: int, t_test: int) -> np.ndarray:
+    """Split id per seed: obs <= t_val train, obs <= t_test val, later (or no cut-off) test."""
+    obs = np.asarray(obs_time, dtype=np.int64)
+    out = np.full(obs.shape[0], 2, dtype=np.int8)
+    out[obs <= t_test] = 1
+    out[obs <= t_val] = 0
+    return out
+
+
+def assign_splits(task_name: str, anchor_rows: np.ndarray, obs_time: np.ndarray, cfg: SplitConfig) -> np.ndarray:
+    """The split id of every seed of a task under `cfg`."""
+    cfg.check()
+    if cfg.mode == "hash":
+        return hash_split(task_name, anchor_rows, cfg.seed, cfg.fractions)
+    return temporal_split(obs_time, int(cfg.t_val), int(cfg.t_test))
+
+
+def shard(seed_ids: np.ndarray, rank: int, world_size: int) -> np.ndarray:
+    """Round-robin share of `rank`: the seeds at positions i with i % world_size == rank."""
+    if not 0 <= rank < world_size:
+        raise ConfluenceError(f"rank must be in 0..world_size-1, got rank={rank}, world_size={world_size}")
+    return np.asarray(seed_ids)[rank::world_size]
+
+
+def split_seed_ids(
+    task_name: str, anchor_rows: np.ndarray, obs_time: np.ndarray, cfg: SplitConfig, split: str, rank: int = 0,
+    world_size: int = 1,
+) -> np.ndarray:
+    """Seed indices (ascending) of `split` for this rank."""
+    ids = np.flatnonzero(assign_splits(task_name, anchor_rows, obs_time, cfg) == split_index(split)).astype(np.int64)
+    return shard(ids, rank, world_size)

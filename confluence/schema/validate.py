@@ -1,0 +1,295 @@
+"""Validate a metadata file against the data it describes (spec/metadata.md, "Validation").
+
+`validate_against_data` runs every check and raises one `MetadataError` listing all problems, each naming the
+table / column / task at fault. Checks that need no data (unknown stype, FK to a non-PK, a target stype that
+cannot be a target, ...) already happen in `confluence.schema.metadata.parse_metadata`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from confluence.errors import DataError, MetadataError
+from confluence.schema.metadata import DatabaseMeta, TableMeta, TaskMeta, load_metadata
+from confluence.sources.raw import RawDatabase, quote_ident
+from confluence.stypes import SemanticType
+
+__all__ = ["load_and_validate", "validate_against_data", "type_family"]
+
+
+def type_family(t: pa.DataType) -> str:
+    """Coarse family of an Arrow type: integer, float, decimal, bool, timestamp, string, binary, nested, other."""
+    if pa.types.is_integer(t):
+        return "integer"
+    if pa.types.is_floating(t):
+        return "float"
+    if pa.types.is_decimal(t):
+        return "decimal"
+    if pa.types.is_boolean(t):
+        return "bool"
+    if pa.types.is_timestamp(t) or pa.types.is_date(t):
+        return "timestamp"
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return "string"
+    if pa.types.is_dictionary(t):
+        return type_family(t.value_type)
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return "binary"
+    if pa.types.is_nested(t):
+        return "nested"
+    return "other"
+
+
+_NUMERIC = ("integer", "float", "decimal")
+# Key families that can be compared with each other (a FK must be comparable with its PK).
+_KEY_GROUP = {"integer": "number", "decimal": "number", "float": "number", "string": "string",
+              "timestamp": "timestamp", "bool": "bool", "binary": "binary"}
+
+
+def _example(value: str | None, family: str) -> str:
+    """Show a value fetched as VARCHAR (so no driver-side time-zone conversion is needed) for a message."""
+    if value is None:
+        return "NULL"
+    return repr(value) if family == "string" else value
+
+
+class _Checker:
+    def __init__(self, meta: DatabaseMeta, raw: RawDatabase):
+        self.meta, self.raw = meta, raw
+        self.problems: list[str] = []
+        self.schemas: dict[str, pa.Schema] = {}
+
+    def q(self, sql: str) -> list[tuple]:
+        return self.raw.fetchall(sql)
+
+    def q_safe(self, sql: str) -> tuple:
+        """A one-row query whose failure was already reported elsewhere: (0, None) when it fails."""
+        try:
+            return self.q(sql)[0]
+        except duckdb.Error:
+            return (0, None)
+
+    def run(self) -> None:
+        for name in self.raw.tables:
+            if name not in self.meta.tables:
+                self.problems.append(
+                    f"table '{name}': in the data but not in the metadata (list it, with 'ignored' columns"
+                    " if it should not be used)"
+                )
+        for table in self.meta.tables.values():
+            if table.name not in self.raw.tables:
+                self.problems.append(f"table '{table.name}': in the metadata but not in the data ({self.raw.path})")
+                continue
+            try:
+                self.schemas[table.name] = self.raw.schema(table.name)
+                self.check_columns(table)
+            except (DataError, duckdb.Error) as exc:
+                self.schemas.pop(table.name, None)
+                self.problems.append(f"table '{table.name}': its data cannot be read: {str(exc).strip()}")
+        for table in self.meta.tables.values():
+            if table.name in self.schemas:
+                try:
+                    self.check_primary_key(table)
+                    self.check_foreign_keys(table)
+                except duckdb.Error as exc:
+                    self.problems.append(f"table '{table.name}': its data cannot be read: {str(exc).strip()}")
+        for task in self.meta.tasks.values():
+            self.check_task(task)
+
+    # -- tables and columns --------------------------------------------------------------------------------
+    def check_columns(self, table: TableMeta) -> None:
+        schema = self.schemas[table.name]
+        for name in schema.names:
+            if name not in table.columns:
+                self.problems.append(
+                    f"column '{table.name}.{name}': in the data but not in the metadata"
+                    " (every column must be listed; use \"stype\": \"ignored\" to drop it)"
+                )
+        for col in table.columns.values():
+            where = f"column '{table.name}.{col.name}'"
+            if col.name not in schema.names:
+                self.problems.append(f"{where}: in the metadata but not in the data")
+                continue
+            if col.stype == SemanticType.IGNORED:
+                continue
+            dtype = schema.field(col.name).type
+            fam = type_family(dtype)
+            if col.name == table.temporal_column and fam != "timestamp":
+                self.problems.append(
+                    f"{where}: is the temporal_column of '{table.name}' but holds {dtype} data,"
+                    " not a timestamp or date"
+                )
+            elif col.stype == SemanticType.TIMESTAMP and fam != "timestamp":
+                self.problems.append(f"{where}: declared timestamp but holds {dtype} data, not a timestamp or date")
+            elif col.stype == SemanticType.NUMERICAL and fam not in _NUMERIC:
+                self.problems.append(f"{where}: declared numerical but holds non-numeric {dtype} data")
+            elif col.stype == SemanticType.BOOLEAN:
+                self.check_boolean(table.name, col.name, dtype, where)
+            elif fam in ("nested", "binary", "other"):
+                self.problems.append(
+                    f"{where}: holds {dtype} data, which only the 'ignored' stype can take"
+                )
+
+    def check_boolean(self, table: str, column: str, dtype: pa.DataType, where: str) -> None:
+        fam = type_family(dtype)
+        if fam == "bool":
+            return
+        if fam != "integer":
+            self.problems.append(f"{where}: declared boolean but holds {dtype} data (need bool or 0/1 integers)")
+            return
+        c = quote_ident(column)
+        n, example = self.q(
+            f"SELECT count(*), min({c}) FROM {quote_ident(table)} WHERE {c} IS NOT NULL AND {c} NOT IN (0, 1)"
+        )[0]
+        if n:
+            self.problems.append(
+                f"{where}: declared boolean but {n} row(s) hold integers other than 0/1 (e.g. {example})"
+            )
+
+    def check_primary_key(self, table: TableMeta) -> None:
+        pk = table.primary_key
+        if pk is None or pk not in self.schemas[table.name].names:
+            return
+        where = f"table '{table.name}': primary key '{pk}'"
+        c, t = quote_ident(pk), quote_ident(table.name)
+        fam = type_family(self.schemas[table.name].field(pk).type)
+        (nulls,) = self.q(f"SELECT count(*) FROM {t} WHERE {c} IS NULL")[0]
+        if nulls:
+            self.problems.append(f"{where} is NULL in {nulls} row(s)")
+        dup_keys, dup_rows, example = self.q(
+            f"SELECT count(*), coalesce(sum(n), 0), CAST(min(k) AS VARCHAR) FROM"
+            f" (SELECT {c} AS k, count(*) AS n FROM {t} WHERE {c} IS NOT NULL GROUP BY {c} HAVING count(*) > 1)"
+        )[0]
+        if dup_keys:
+            self.problems.append(
+                f"{where} is not unique: {dup_keys} value(s) repeat over {dup_rows} rows (e.g. {_example(example, fam)})"
+            )
+
+    def check_foreign_keys(self, table: TableMeta) -> None:
+        for col in table.foreign_keys():
+            target = self.meta.tables.get(col.fk_table or "")
+            if target is None or target.name not in self.schemas or col.name not in self.schemas[table.name].names:
+                continue
+            if col.fk_column not in self.schemas[target.name].names:
+                continue
+            mine = type_family(self.schemas[table.name].field(col.name).type)
+            theirs = type_family(self.schemas[target.name].field(col.fk_column).type)
+            if _KEY_GROUP.get(mine, mine) != _KEY_GROUP.get(theirs, theirs):
+                self.problems.append(
+                    f"column '{table.name}.{col.name}': foreign key holds {mine} values but"
+                    f" '{col.foreign_key}' holds {theirs} values; they can never match"
+                )
+
+    # -- tasks ---------------------------------------------------------------------------------------------
+    def check_task(self, task: TaskMeta) -> None:
+        where = f"task '{task.name}'"
+        if task.query.rstrip().endswith(";"):
+            self.problems.append(f"{where}: its query ends with ';' (it is run as a subquery; remove the ';')")
+            return
+        try:
+            schema = self.raw.sql(f"SELECT * FROM ({task.query}) LIMIT 0").to_arrow_table().schema
+        except duckdb.Error as exc:
+            self.problems.append(f"{where}: its query fails: {str(exc).strip()}")
+            return
+        cols = schema.names
+        missing = False
+        for field, name in (("anchor_key", task.anchor_key), ("target_column", task.target_column),
+                            ("observation_time_column", task.observation_time_column)):
+            if name is not None and name not in cols:
+                self.problems.append(
+                    f"{where}: {field} '{name}' is not a column of its query result (columns: {', '.join(cols)})"
+                )
+                missing = True
+        if missing:
+            return
+        if task.observation_time_column is not None:
+            dtype = schema.field(task.observation_time_column).type
+            if type_family(dtype) != "timestamp":
+                self.problems.append(
+                    f"{where}: observation_time_column '{task.observation_time_column}' holds {dtype} data,"
+                    " not a timestamp or date"
+                )
+            else:
+                o, k = quote_ident(task.observation_time_column), quote_ident(task.anchor_key)
+                n, example = self.q_safe(
+                    f"SELECT count(*), CAST(min({k}) AS VARCHAR) FROM ({task.query}) WHERE {o} IS NULL"
+                )
+                if n:
+                    fam = type_family(schema.field(task.anchor_key).type)
+                    self.problems.append(
+                        f"{where}: observation_time_column '{task.observation_time_column}' is NULL in {n} row(s)"
+                        f" (e.g. anchor_key {_example(example, fam)}); every seed needs an observation time"
+                    )
+        self.check_target_type(task, schema.field(task.target_column).type, where)
+        anchor = self.meta.tables.get(task.anchor_table)
+        if anchor is None or anchor.primary_key is None or anchor.name not in self.schemas:
+            return
+        if anchor.primary_key not in self.schemas[anchor.name].names:
+            return
+        key_fam = type_family(schema.field(task.anchor_key).type)
+        pk_fam = type_family(self.schemas[anchor.name].field(anchor.primary_key).type)
+        if _KEY_GROUP.get(key_fam, key_fam) != _KEY_GROUP.get(pk_fam, pk_fam):
+            self.problems.append(
+                f"{where}: anchor_key '{task.anchor_key}' holds {key_fam} values but the primary key"
+                f" '{anchor.name}.{anchor.primary_key}' holds {pk_fam} values"
+            )
+            return
+        k, pk = quote_ident(task.anchor_key), quote_ident(anchor.primary_key)
+        try:
+            total, unmatched, example = self.q(
+                f"SELECT count(*), count(*) FILTER (WHERE a.{pk} IS NULL), CAST(min(q.{k}) FILTER (WHERE a.{pk} IS NULL) AS VARCHAR)"
+                f" FROM ({task.query}) q LEFT JOIN {quote_ident(anchor.name)} a ON q.{k} = a.{pk}"
+            )[0]
+        except duckdb.Error as exc:
+            self.problems.append(f"{where}: its query fails: {str(exc).strip()}")
+            return
+        if total == 0:
+            self.problems.append(f"{where}: its query returns no rows, so the task has no seeds")
+        elif unmatched:
+            self.problems.append(
+                f"{where}: {unmatched} of {total} row(s) have an anchor_key '{task.anchor_key}' that matches no"
+                f" '{anchor.name}' row (e.g. {_example(example, key_fam)}; NULL keys count too)"
+            )
+
+    def check_target_type(self, task: TaskMeta, dtype: pa.DataType, where: str) -> None:
+        fam = type_family(dtype)
+        st = task.target_stype
+        ok = {
+            SemanticType.NUMERICAL: fam in _NUMERIC or fam == "bool",
+            SemanticType.TIMESTAMP: fam == "timestamp",
+            SemanticType.BOOLEAN: fam in ("bool", "integer"),
+            SemanticType.CATEGORICAL: fam in ("string", "integer", "bool", "decimal", "float", "timestamp"),
+        }.get(st, True)
+        if not ok:
+            self.problems.append(
+                f"{where}: target_column '{task.target_column}' holds {dtype} data, which cannot be a"
+                f" {st.label} target"
+            )
+        elif st == SemanticType.BOOLEAN and fam == "integer":
+            c = quote_ident(task.target_column)
+            n, example = self.q_safe(
+                f"SELECT count(*), min({c}) FROM ({task.query}) WHERE {c} IS NOT NULL AND {c} NOT IN (0, 1)"
+            )
+            if n:
+                self.problems.append(
+                    f"{where}: boolean target_column '{task.target_column}' holds integers other than 0/1"
+                    f" in {n} row(s) (e.g. {example})"
+                )
+
+
+def validate_against_data(meta: DatabaseMeta, raw: RawDatabase) -> None:
+    """Check `meta` against the data in `raw`; raise one MetadataError listing every problem found."""
+    checker = _Checker(meta, raw)
+    checker.run()
+    if checker.problems:
+        raise MetadataError(checker.problems)
+
+
+def load_and_validate(path: str | Path, raw: RawDatabase) -> DatabaseMeta:
+    """Load a metadata file (structural checks) and validate it against the data; returns the metadata."""
+    meta = load_metadata(path)
+    validate_against_data(meta, raw)
+    return meta

@@ -1,0 +1,1 @@
+"""Training of the relational transformer: optimizer, schedule, train step, loop, checkpoints, presets."""

@@ -1,0 +1,118 @@
+"""`confluence bench train`: step time, cells/s and model FLOP utilisation of forward + backward + update."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import jax
+import jax.numpy as jnp
+
+from confluence.model.config import ModelConfig
+from confluence.model.inputs import DbTables, batch_to_inputs
+from confluence.model.transformer import RelationalTransformer, count_params
+from confluence.training.data import SyntheticSource
+from confluence.training.presets import TrainConfig
+from confluence.training.step import Trainer, make_mesh, replicate, shard_inputs
+
+# Dense BF16 tensor-core peaks (no sparsity), FLOP/s, by substring of `device.device_kind`.
+GPU_PEAKS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12}
+
+
+def model_flops_per_step(cfg: ModelConfig, batch: int, seq: int, max_k: int) -> float:
+    """Analytic matmul FLOPs of forward + backward (3x forward) with the dense reference attention."""
+    d, f, n = cfg.d_model, cfg.d_ff, cfg.n_layers
+    per_tok_layer = 3 * (2 * 5 * d * d + 2 * 2 * seq * d) + 2 * 3 * d * f  # Q,K,V,O,gate + QK^T,PV + SwiGLU
+    per_tok_edge = 2 * d * (1 + cfg.d_time) + 2 * d * (3 + cfg.d_time + d)  # numerical/timestamp encoders + heads
+    fwd = batch * seq * (n * per_tok_layer + per_tok_edge) + 2 * batch * max_k * d
+    return 3.0 * fwd
+
+
+def measured_matmul_peak(dtype=jnp.float32, n: int = 1024, reps: int = 5) -> float:
+    """Achieved FLOP/s of a square matmul on the default device (the CPU "peak" the MFU is relative to)."""
+    a = jnp.ones((n, n), dtype)
+    f = jax.jit(lambda x: x @ x)
+    f(a).block_until_ready()
+    t = time.perf_counter()
+    for _ in range(reps):
+        r = f(a)
+    r.block_until_ready()
+    return 2 * n**3 * reps / (time.perf_counter() - t)
+
+
+@dataclass
+class BenchResult:
+    preset: str
+    device: str
+    num_devices: int
+    batch_size: int
+    seq_len: int
+    params: int
+    compile_s: float
+    step_s: float
+    steps_per_s: float
+    cells_per_s: float  # padded slots B*S per second
+    real_cells_per_s: float  # non-padding cells per second
+    model_flops_per_step: float
+    xla_flops_per_step: float | None
+    peak_flops: float
+    peak_source: str
+    mfu: float
+    compute_dtype: str
+    attention_impl: str
+
+
+def bench_train(cfg: TrainConfig, preset: str, steps: int = 5, peak_flops: float | None = None) -> BenchResult:
+    mesh = make_mesh()
+    src = SyntheticSource(1, d_t=cfg.model.d_t, batch_size=cfg.batch_size, seq_len=cfg.seq_len,
+                          max_rows=cfg.max_rows, seed=cfg.seed)
+    model = RelationalTransformer(cfg.model, key=jax.random.key(cfg.seed))
+    trainer = Trainer(model, cfg.optim, cfg.loss)
+    params, opt_state = trainer.init_state(model)
+    params, opt_state = replicate(params, mesh), replicate(opt_state, mesh)
+    db = src.databases[0]
+    tb = DbTables.build(db.name, db.column_embeddings, db.categorical_embeddings, db.max_k, cfg.loss.max_k)
+    tabs = replicate((tb.column_embeddings, tb.categorical_embeddings), mesh)
+    batches = [src.train_batch(t) for t in src.tasks]  # one per target type, same shapes
+    inputs = [shard_inputs(batch_to_inputs(b), mesh) for b in batches]
+    real = sum(int((~b.is_padding).sum()) for b in batches) / len(batches)
+
+    xla_flops = None
+    try:
+        cost = trainer._step.lower(params, opt_state, inputs[0], *tabs).compile().cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost
+        xla_flops = float(cost.get("flops")) if cost and cost.get("flops") is not None else None
+    except Exception:  # cost analysis is optional and backend-dependent
+        xla_flops = None
+    t0 = time.perf_counter()
+    params, opt_state, m = trainer.step(params, opt_state, [(inputs[0], *tabs)], 0)
+    jax.block_until_ready(m.loss)
+    compile_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for i in range(steps):
+        params, opt_state, m = trainer.step(params, opt_state, [(inputs[i % len(inputs)], *tabs)], i + 1)
+    jax.block_until_ready((params, m.loss))
+    step_s = (time.perf_counter() - t0) / steps
+
+    dev = jax.devices()[0]
+    if peak_flops is not None:
+        peak, source = peak_flops, "given (--peak-tflops)"
+    elif dev.platform == "gpu":
+        peak = next((v for k, v in GPU_PEAKS.items() if k in dev.device_kind), 989e12)
+        source = f"dense BF16 spec sheet of {dev.device_kind}"
+    else:
+        peak = measured_matmul_peak() * len(jax.devices())
+        source = "measured 1024x1024 float32 matmul on this CPU"
+    flops = model_flops_per_step(cfg.model, cfg.batch_size, cfg.seq_len, cfg.loss.max_k)
+    return BenchResult(
+        preset=preset, device=f"{dev.platform}:{dev.device_kind}", num_devices=len(jax.devices()),
+        batch_size=cfg.batch_size, seq_len=cfg.seq_len, params=count_params(model), compile_s=compile_s,
+        step_s=step_s, steps_per_s=1.0 / step_s, cells_per_s=cfg.batch_size * cfg.seq_len / step_s,
+        real_cells_per_s=real / step_s, model_flops_per_step=flops, xla_flops_per_step=xla_flops,
+        peak_flops=peak, peak_source=source, mfu=flops / step_s / peak, compute_dtype=cfg.model.compute_dtype,
+        attention_impl=cfg.model.attention_impl,
+    )
+
+
+def result_dict(r: BenchResult) -> dict:
+    return asdict(r)

@@ -1,0 +1,131 @@
+"""Atomic checkpoints: parameters, optimizer state, step, configuration, pipeline position and RNG state.
+
+Layout: `RUN/checkpoints/step_00000123/{state.eqx, meta.json}` and `RUN/checkpoints/LATEST` (name of the newest).
+A checkpoint is written into a temporary sibling directory, every file fsync'ed, then renamed into place and the
+directory fsync'ed; `LATEST` is replaced atomically last. A crash at any point leaves the previous checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import equinox as eqx
+import jax
+import numpy as np
+
+from confluence.errors import ConfluenceError
+
+STATE_FILE, META_FILE, LATEST = "state.eqx", "meta.json", "LATEST"
+
+
+class CheckpointError(ConfluenceError):
+    """A checkpoint is missing, incomplete or does not match the model / optimizer it is loaded into."""
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    step: int
+    meta: dict[str, Any]
+
+
+def _to_host(x):
+    if isinstance(x, jax.Array):
+        return np.asarray(x if x.is_fully_addressable else x.addressable_data(0))
+    return x
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(run_dir: Path, step: int, params, opt_state, meta: dict[str, Any], keep: int = 3) -> Path:
+    """Write checkpoint `step` atomically; prune to the newest `keep`. Only process 0 writes."""
+    ckpt_root = Path(run_dir) / "checkpoints"
+    final = ckpt_root / f"step_{step:08d}"
+    host_state = jax.tree.map(_to_host, (params, opt_state))
+    if jax.process_index() != 0:
+        return final
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    tmp = ckpt_root / f".tmp-step_{step:08d}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    eqx.tree_serialise_leaves(tmp / STATE_FILE, host_state)
+    full_meta = {"step": step, "saved_at": time.time(), **meta}
+    (tmp / META_FILE).write_text(json.dumps(full_meta, indent=2, default=_json_default))
+    for f in (tmp / STATE_FILE, tmp / META_FILE, tmp):
+        _fsync_path(f)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_path(ckpt_root)
+    latest_tmp = ckpt_root / f".{LATEST}.tmp"
+    latest_tmp.write_text(final.name + "\n")
+    _fsync_path(latest_tmp)
+    os.replace(latest_tmp, ckpt_root / LATEST)
+    _fsync_path(ckpt_root)
+    for old in sorted(p for p in ckpt_root.glob("step_*") if p.is_dir())[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _json_default(obj):
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating):
+        return float(obj)
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def resolve_checkpoint(path: Path) -> Path:
+    """A run directory (its LATEST checkpoint), a `checkpoints/` directory, or a checkpoint directory."""
+    path = Path(path)
+    for root in (path / "checkpoints", path):
+        latest = root / LATEST
+        if latest.is_file():
+            cand = root / latest.read_text().strip()
+            if (cand / STATE_FILE).is_file():
+                return cand
+    if (path / STATE_FILE).is_file() and (path / META_FILE).is_file():
+        return path
+    raise CheckpointError(f"no checkpoint found at {path} (expected a run dir, its checkpoints/ or a step_* dir)")
+
+
+def read_meta(path: Path) -> Checkpoint:
+    ckpt = resolve_checkpoint(path)
+    meta = json.loads((ckpt / META_FILE).read_text())
+    return Checkpoint(ckpt, int(meta["step"]), meta)
+
+
+def load_state(path: Path, like_params, like_opt_state=None):
+    """Load (params, opt_state) shaped like the given trees; `like_opt_state=None` loads parameters only."""
+    ckpt = resolve_checkpoint(path)
+    try:
+        if like_opt_state is None:
+            params, _ = _load_params_only(ckpt, like_params)
+            return params, None
+        return eqx.tree_deserialise_leaves(ckpt / STATE_FILE, (like_params, like_opt_state))
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise CheckpointError(
+            f"checkpoint {ckpt}: does not match this model / optimizer ({exc}); check the model config"
+        ) from exc
+
+
+def _load_params_only(ckpt: Path, like_params):
+    """The params are the first leaves of the file; read them and ignore the optimizer state that follows."""
+    with open(ckpt / STATE_FILE, "rb") as f:
+        params = eqx.tree_deserialise_leaves(f, like_params)
+    return params, None

@@ -1,0 +1,140 @@
+"""The jitted train / eval steps and data parallelism over a device mesh.
+
+Parameters (float32 master weights) and optimizer state are replicated over a 1-D mesh with axis "data"; batch
+tensors are sharded along their leading (batch) axis. The loss is a mean over the global batch, so XLA inserts the
+gradient all-reduce. The per-database embedding tables are step INPUTS (replicated), so one compiled step serves
+every database and task whose padded shapes agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from confluence.model.inputs import BATCH_AXIS_FIELDS
+from confluence.model.loss import LossConfig, compute_loss
+from confluence.model.transformer import RelationalTransformer
+from confluence.training.optim import OptimConfig, lr_multiplier, make_optimizer
+
+DATA_AXIS = "data"
+
+
+def make_mesh(devices: list | None = None) -> Mesh:
+    """A 1-D mesh over `devices` (default: every device of every process) with axis "data"."""
+    devs = np.asarray(devices if devices is not None else jax.devices())
+    return Mesh(devs, (DATA_AXIS,))
+
+
+def replicate(tree, mesh: Mesh):
+    """Place every array leaf of `tree` replicated on all devices of `mesh`."""
+    sharding = NamedSharding(mesh, PartitionSpec())
+    return jax.tree.map(lambda x: jax.device_put(x, sharding) if eqx.is_array(x) else x, tree)
+
+
+def shard_inputs(inputs: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+    """Shard the batch-axis tensors over "data" and replicate the rest. With several processes each process
+    passes its local part of the batch (global batch = concatenation over processes)."""
+    n = mesh.devices.size
+    local_n = n // jax.process_count()
+    out = {}
+    for name, x in inputs.items():
+        if name in BATCH_AXIS_FIELDS:
+            if x.shape[0] % local_n:
+                raise ValueError(
+                    f"batch field {name!r}: local batch size {x.shape[0]} is not divisible by the {local_n} local "
+                    "devices of the data-parallel mesh; choose batch_size as a multiple of the device count"
+                )
+            spec = PartitionSpec(DATA_AXIS)
+        else:
+            spec = PartitionSpec()
+        sharding = NamedSharding(mesh, spec)
+        if jax.process_count() > 1 and spec != PartitionSpec():
+            out[name] = jax.make_array_from_process_local_data(sharding, x)
+        else:
+            out[name] = jax.device_put(x, sharding)
+    return out
+
+
+class StepMetrics(NamedTuple):
+    loss: jax.Array
+    null_loss: jax.Array
+    type_loss: jax.Array
+    grad_norm: jax.Array
+    lr_scale: jax.Array  # warmup * decay multiplier of the update just applied
+
+
+class Trainer:
+    """Holds the model skeleton, the optimizer and the compiled steps; the state (params, opt_state) is explicit."""
+
+    def __init__(self, model: RelationalTransformer, optim: OptimConfig, loss: LossConfig):
+        params, self.static = eqx.partition(model, eqx.is_inexact_array)
+        self.optim_cfg, self.loss_cfg = optim, loss
+        self.optimizer = make_optimizer(params, optim)
+        self._step = jax.jit(self._train_step, donate_argnums=(0, 1))
+        self._grad = jax.jit(self._grads)
+        self._apply = jax.jit(self._apply_grads, donate_argnums=(0, 1))
+        self._eval = jax.jit(self._eval_loss)
+
+    # -- pure functions --------------------------------------------------------------------------------------------
+    def _loss(self, params, inputs, col_tab, cat_tab):
+        model = eqx.combine(params, self.static)
+        out = model(inputs, col_tab, cat_tab)
+        parts = compute_loss(out, inputs, model.encoder, cat_tab, self.loss_cfg)
+        return parts.loss, parts
+
+    def _grads(self, params, inputs, col_tab, cat_tab):
+        (_, parts), grads = jax.value_and_grad(self._loss, has_aux=True)(params, inputs, col_tab, cat_tab)
+        return grads, parts
+
+    def _apply_grads(self, params, opt_state, grads):
+        grad_norm = optax.global_norm(grads)
+        updates, opt_state = self.optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return params, opt_state, grad_norm
+
+    def _train_step(self, params, opt_state, inputs, col_tab, cat_tab):
+        grads, parts = self._grads(params, inputs, col_tab, cat_tab)
+        params, opt_state, grad_norm = self._apply_grads(params, opt_state, grads)
+        return params, opt_state, (parts.loss, parts.null_loss, parts.type_loss, grad_norm)
+
+    def _eval_loss(self, params, inputs, col_tab, cat_tab):
+        _, parts = self._loss(params, inputs, col_tab, cat_tab)
+        return parts.loss, jnp.sum(parts.weight)
+
+    # -- public API ------------------------------------------------------------------------------------------------
+    def init_state(self, model: RelationalTransformer) -> tuple[Any, Any]:
+        params = eqx.filter(model, eqx.is_inexact_array)
+        return params, self.optimizer.init(params)
+
+    def model(self, params) -> RelationalTransformer:
+        return eqx.combine(params, self.static)
+
+    def step(self, params, opt_state, micro: list[tuple[dict, jax.Array, jax.Array]], step_index: int):
+        """One optimizer update from one or more micro-batches `(inputs, column_table, category_table)`.
+        Gradients of several micro-batches are averaged in FP32 before clipping and the update."""
+        if len(micro) == 1:
+            params, opt_state, (loss, nl, tl, gn) = self._step(params, opt_state, *micro[0])
+        else:
+            acc, losses = None, []
+            for inputs, col_tab, cat_tab in micro:
+                g, parts = self._grad(params, inputs, col_tab, cat_tab)
+                acc = g if acc is None else jax.tree.map(jnp.add, acc, g)
+                losses.append(parts)
+            acc = jax.tree.map(lambda g: g / len(micro), acc)
+            params, opt_state, gn = self._apply(params, opt_state, acc)
+            loss = sum(p.loss for p in losses) / len(micro)
+            nl = sum(p.null_loss for p in losses) / len(micro)
+            tl = sum(p.type_loss for p in losses) / len(micro)
+        lr = lr_multiplier(step_index + 1, self.optim_cfg.warmup_steps, self.optim_cfg.total_steps,
+                           self.optim_cfg.final_lr_fraction)
+        return params, opt_state, StepMetrics(loss, nl, tl, gn, lr)
+
+    def eval_loss(self, params, inputs, col_tab, cat_tab) -> tuple[jax.Array, jax.Array]:
+        """(mean loss, number of counted sequences) of one batch, no update."""
+        return self._eval(params, inputs, col_tab, cat_tab)

@@ -1,0 +1,97 @@
+"""Value encoding: each type path, null gating, target masking priority, padding -> h0 = 0."""
+
+import jax.numpy as jnp
+import numpy as np
+
+from confluence.stypes import SemanticType as ST
+from tests.conftest_model import D_T, TINY, tiny_model
+
+COL = np.random.default_rng(0).standard_normal((6, D_T)).astype(np.float16)
+CAT = np.random.default_rng(1).standard_normal((5, D_T)).astype(np.float16)
+TXT = np.random.default_rng(2).standard_normal((3, D_T)).astype(np.float16)
+
+
+def _inputs(stypes, **over):
+    s = len(stypes)
+    inp = {
+        "semantic_types": np.array([stypes], np.int8),
+        "column_ids": np.arange(s, dtype=np.int32)[None] % 6,
+        "is_null": np.zeros((1, s), bool),
+        "numeric_values": np.zeros((1, s), np.float32),
+        "timestamp_values": np.zeros((1, s, 15), np.float32),
+        "bool_values": np.zeros((1, s), bool),
+        "categorical_embed_ids": np.zeros((1, s), np.uint32),
+        "text_embed_ids": np.zeros((1, s), np.uint32),
+        "is_target": np.zeros((1, s), bool),
+        "is_padding": np.zeros((1, s), bool),
+        "text_batch_embeddings": TXT,
+    }
+    for k, v in over.items():
+        inp[k] = v
+    return inp
+
+
+def _col(enc, c):
+    return np.asarray(enc.column_name_encoder(jnp.asarray(COL[c], jnp.float32)))
+
+
+def test_each_type_path_matches_its_encoder():
+    enc = tiny_model().encoder
+    ts = np.linspace(-1, 1, 15, dtype=np.float32)
+    stypes = [ST.IDENTIFIER, ST.NUMERICAL, ST.TIMESTAMP, ST.BOOLEAN, ST.CATEGORICAL, ST.TEXT]
+    inp = _inputs(
+        stypes,
+        numeric_values=np.array([[0, 1.5, 0, 0, 0, 0]], np.float32),
+        timestamp_values=np.stack([np.zeros(15), np.zeros(15), ts, np.zeros(15), np.zeros(15), np.zeros(15)])[None]
+        .astype(np.float32),
+        bool_values=np.array([[0, 0, 0, 1, 0, 0]], bool),
+        categorical_embed_ids=np.array([[0, 0, 0, 0, 3, 0]], np.uint32),
+        text_embed_ids=np.array([[0, 0, 0, 0, 0, 2]], np.uint32),
+    )
+    out = np.asarray(enc(inp, jnp.asarray(COL), jnp.asarray(CAT)))[0]
+    f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    expect = [
+        np.asarray(enc.identifier_emb),
+        np.asarray(enc.numerical_encoder(f32([1.5]))),
+        np.asarray(enc.timestamp_encoder(f32(ts))),
+        np.asarray(enc.boolean_encoder[1]),
+        np.asarray(enc.categorical_encoder(f32(CAT[3]))),
+        np.asarray(enc.text_encoder(f32(TXT[2]))),
+    ]
+    for i, e in enumerate(expect):
+        np.testing.assert_allclose(out[i], _col(enc, i) + e, rtol=1e-5, atol=1e-6, err_msg=f"stype {stypes[i]!r}")
+    # Boolean false uses row 0, a different vector.
+    inp["bool_values"][0, 3] = False
+    out0 = np.asarray(enc(inp, jnp.asarray(COL), jnp.asarray(CAT)))[0]
+    np.testing.assert_allclose(out0[3], _col(enc, 3) + np.asarray(enc.boolean_encoder[0]), rtol=1e-5, atol=1e-6)
+
+
+def test_null_gating_and_target_mask_priority():
+    enc = tiny_model().encoder
+    stypes = [ST.NUMERICAL] * 4
+    inp = _inputs(
+        stypes,
+        numeric_values=np.array([[2.0, 2.0, 2.0, 2.0]], np.float32),
+        is_null=np.array([[False, True, False, True]]),
+        is_target=np.array([[False, False, True, True]]),
+    )
+    out = np.asarray(enc(inp, jnp.asarray(COL), jnp.asarray(CAT)))[0]
+    np.testing.assert_allclose(out[1], _col(enc, 1) + np.asarray(enc.null_emb), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out[2], _col(enc, 2) + np.asarray(enc.mask_emb), rtol=1e-5, atol=1e-6)
+    # null AND target: the mask embedding wins; the column encoding is kept.
+    np.testing.assert_allclose(out[3], _col(enc, 3) + np.asarray(enc.mask_emb), rtol=1e-5, atol=1e-6)
+    # The value of a null or target cell does not leak into the encoding.
+    inp2 = dict(inp, numeric_values=np.array([[2.0, -7.0, 9.0, 5.0]], np.float32))
+    out2 = np.asarray(enc(inp2, jnp.asarray(COL), jnp.asarray(CAT)))[0]
+    np.testing.assert_array_equal(out[1:], out2[1:])
+
+
+def test_padding_positions_get_zero_h0():
+    model = tiny_model()
+    inp = _inputs([ST.NUMERICAL, ST.TEXT, ST.BOOLEAN], is_padding=np.array([[False, True, True]]),
+                  numeric_values=np.array([[1.0, 3.0, 0]], np.float32))
+    x = model.encoder(inp, jnp.asarray(COL), jnp.asarray(CAT))
+    assert not np.any(np.asarray(x)[0, 1:])
+    h0 = np.asarray(model.h0_norm(x))
+    assert not np.any(h0[0, 1:]) and np.all(np.isfinite(h0))
+    assert TINY.d_model == h0.shape[-1]

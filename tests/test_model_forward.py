@@ -1,0 +1,100 @@
+"""Whole forward pass: output structure, padding never changes a non-padding output, target values never leak."""
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from confluence.model.heads import ModelOutput
+from confluence.model.inputs import batch_to_inputs
+from tests.conftest_model import TINY, tables, tiny_batch, tiny_db, tiny_model
+
+
+def _forward(model, batch, db):
+    col, cat = tables(db)
+    return jax.jit(lambda m, i: m(i, col, cat))(model, batch_to_inputs(batch))
+
+
+def _pad_batch(batch, extra, rng):
+    """Append `extra` padding positions full of garbage values; permutations keep padding last."""
+    b, s = batch.semantic_types.shape
+    new = {}
+    for f in dataclasses.fields(batch):
+        x = getattr(batch, f.name)
+        if isinstance(x, np.ndarray) and x.ndim >= 2 and x.shape[:2] == (b, s) and f.name != "fk_adj":
+            if f.name in ("col_perm", "out_perm", "in_perm"):
+                tail = np.tile(np.arange(s, s + extra, dtype=x.dtype), (b, 1))
+            elif f.name == "is_padding":
+                tail = np.ones((b, extra), bool)
+            elif f.name == "is_target":
+                tail = np.zeros((b, extra), bool)
+            elif x.dtype == bool:
+                tail = rng.random((b, extra) + x.shape[2:]) < 0.5
+            elif f.name == "semantic_types":
+                tail = rng.integers(0, 6, (b, extra)).astype(x.dtype)
+            elif f.name == "seq_row_ids":
+                tail = rng.integers(0, batch.num_rows, (b, extra)).astype(x.dtype)
+            elif np.issubdtype(x.dtype, np.integer):
+                tail = rng.integers(0, 3, (b, extra) + x.shape[2:]).astype(x.dtype)
+            else:
+                tail = (rng.standard_normal((b, extra) + x.shape[2:]) * 50).astype(x.dtype)
+            x = np.concatenate([x, tail], axis=1)
+        new[f.name] = x
+    out = type(batch)(**new)
+    out.validate()
+    return out
+
+
+def test_output_structure_and_dtypes():
+    db = tiny_db()
+    batch = tiny_batch(db, task=3)
+    out = _forward(tiny_model(), batch, db)
+    assert isinstance(out, ModelOutput)
+    b, s = batch.semantic_types.shape
+    assert out.h.shape == (b, s, TINY.d_model) and out.cat_preds.shape == (b, s, TINY.d_model)
+    assert out.null_logits.shape == out.num_preds.shape == out.bool_logits.shape == (b, s)
+    assert out.ts_preds.shape == (b, s, 15)
+    for x in out:
+        assert x.dtype == np.float32 and np.all(np.isfinite(np.asarray(x)))
+
+
+def test_padding_never_changes_a_non_padding_output():
+    db = tiny_db()
+    rng = np.random.default_rng(0)
+    batch = tiny_batch(db, task=0, seed=3, s=32, r=3)
+    assert batch.is_padding.any()  # the batch already has padding; also fill it with garbage
+    garbage = dataclasses.replace(batch, numeric_values=np.where(batch.is_padding, 99.0, batch.numeric_values)
+                                  .astype(np.float32),
+                                  column_ids=np.where(batch.is_padding, 2, batch.column_ids).astype(np.int32))
+    longer = _pad_batch(batch, 16, rng)
+    model = tiny_model()
+    ref = _forward(model, batch, db)
+    for other in (_forward(model, garbage, db), _forward(model, longer, db)):
+        keep = ~batch.is_padding
+        for name, a, c in zip(ModelOutput._fields, ref, other, strict=True):
+            np.testing.assert_allclose(np.asarray(a)[keep], np.asarray(c)[:, :32][keep], rtol=2e-5, atol=2e-5,
+                                       err_msg=name)
+
+
+def test_target_value_does_not_leak_into_the_outputs():
+    db = tiny_db()
+    batch = tiny_batch(db, task=0, seed=4)
+    changed = dataclasses.replace(batch, numeric_values=np.where(batch.is_target, 123.0, batch.numeric_values)
+                                  .astype(np.float32), is_null=batch.is_null ^ batch.is_target)
+    model = tiny_model()
+    a, c = _forward(model, batch, db), _forward(model, changed, db)
+    np.testing.assert_array_equal(np.asarray(a.num_preds), np.asarray(c.num_preds))
+
+
+def test_bf16_forward_is_close_to_fp32():
+    db = tiny_db()
+    batch = tiny_batch(db, task=1)
+    m32 = tiny_model()
+    m16 = dataclasses.replace(m32.cfg, compute_dtype="bfloat16")
+    from confluence.model.transformer import RelationalTransformer
+
+    mb = RelationalTransformer(m16, key=jax.random.key(0))
+    a, c = _forward(m32, batch, db), _forward(mb, batch, db)
+    keep = ~batch.is_padding
+    err = np.abs(np.asarray(a.h)[keep] - np.asarray(c.h)[keep]).max()
+    assert err < 0.1 and np.all(np.isfinite(np.asarray(c.h)))

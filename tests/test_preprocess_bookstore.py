@@ -1,0 +1,208 @@
+"""Acceptance tests on the bookstore: every stype's encoding, categorical blocks, both CSR directions with
+time-sorted children, the observation-time cascade, dangling keys, exclude_columns, derived targets."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import numpy as np
+import pytest
+
+from confluence.preprocess import preprocess
+from confluence.store import Store, unpack_bits
+from confluence.store.format import INT64_MAX, INT64_MIN
+from tests.conftest_store import HashEncoder, bookstore_tables, write_bookstore
+
+UTC = dt.UTC
+
+
+def us(*args: int) -> int:
+    return (dt.datetime(*args, tzinfo=UTC) - dt.datetime(1970, 1, 1, tzinfo=UTC)) // dt.timedelta(microseconds=1)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Store:
+    d = tmp_path_factory.mktemp("bookstore")
+    src, meta = write_bookstore(d)
+    return Store.open(preprocess(src, meta, d / "store", encoder=HashEncoder(), progress=False))
+
+
+def bits(store: Store, table: str, column: str) -> list[int]:
+    n = store.table(table).num_rows
+    return unpack_bits(store.validity(table, column), n).astype(int).tolist()
+
+
+def test_layout_rows_and_columns(store):
+    assert [(t.name, t.num_rows, t.row_offset) for t in store.tables] == [
+        ("customers", 4, 0), ("books", 3, 4), ("orders", 6, 7)]
+    assert store.num_rows == 13
+    # non-ignored table columns in metadata order (customers.notes is ignored), then derived targets
+    names = [(c.table or c.task, c.name) for c in store.columns]
+    assert names[:6] == [("customers", "customer_id"), ("customers", "country"), ("customers", "age"),
+                         ("customers", "is_premium"), ("customers", "bio"), ("customers", "signed_up_at")]
+    assert names[17:] == [("orders_next_30d", "n"), ("country_upper", "country_uc"), ("book_expensive", "expensive")]
+    assert store.num_columns == 20 and store.d_t == 16
+    assert store.values("orders", "order_id") is None  # identifier: presence only
+    assert bits(store, "orders", "customer_id") == [1, 1, 1, 1, 0, 1]
+
+
+def test_numerical_zscore(store):
+    std = np.std([30.0, 50.0, 40.0])
+    np.testing.assert_allclose(store.values("customers", "age"), [-10 / std, 0, 10 / std, 0], rtol=1e-6)
+    assert bits(store, "customers", "age") == [1, 0, 1, 1]
+    stats = store.table("customers").column("age").stats
+    assert stats["mean"] == 40.0 and stats["null_count"] == 1 and stats["count"] == 3
+    # NaN counts as null
+    assert bits(store, "orders", "rating") == [1, 0, 1, 1, 0, 1]
+
+
+def test_boolean_bits(store):
+    assert unpack_bits(store.values("customers", "is_premium"), 4).tolist() == [True, False, False, True]
+    assert bits(store, "customers", "is_premium") == [1, 1, 0, 1]
+    assert store.table("customers").column("is_premium").stats == {"null_count": 1, "true_count": 2,
+                                                                   "false_count": 1}
+    assert unpack_bits(store.values("orders", "gift"), 6).tolist() == [True, False, False, True, False, False]
+
+
+def test_categorical_blocks_contiguous_and_sorted(store):
+    country = store.table("customers").column("country").stats
+    status = store.table("orders").column("status").stats
+    assert country["categories"] == ["de", "fr"] and country["cat_emb_start"] == 0
+    assert status["categories"] == ["1", "2", "10"] and status["cat_emb_start"] == 2  # numeric order
+    assert store.values("customers", "country").tolist() == [1, 0, 1, 0]
+    assert bits(store, "customers", "country") == [1, 1, 1, 0]
+    assert store.values("orders", "status").tolist() == [4, 3, 2, 3, 0, 4]
+    upper = store.task("country_upper")
+    assert (upper.cat_block_start, upper.cat_count) == (5, 2)  # derived target: own block after the columns
+    assert upper.stats["categories"] == ["DE", "FR"]
+    assert store.max_k == 3 and store.meta["num_categories"] == 7
+    enc = HashEncoder()
+    want = ["country is de", "country is fr", "status is 1", "status is 2", "status is 10",
+            "country_uc is DE", "country_uc is FR"]
+    np.testing.assert_array_equal(store.categorical_embeddings, enc.encode(want).astype(np.float16))
+
+
+def test_text_first_seen_order(store):
+    assert store.values("customers", "bio").tolist() == [0, 0, 1, 0]
+    assert store.values("books", "title").tolist() == [2, 3, 1]  # "reads a lot" interned once
+    enc = HashEncoder()
+    np.testing.assert_array_equal(store.text_embeddings,
+                                  enc.encode(["likes books", "reads a lot", "Dune", "Emma"]).astype(np.float16))
+    assert store.table("customers").column("bio").stats == {"null_count": 1, "distinct": 2}
+
+
+def test_column_name_embeddings(store):
+    assert store.columns[4].text == "bio of customers: free-form biography"
+    assert store.columns[17].text == "n of orders_next_30d: orders in the first 30 days"
+    enc = HashEncoder()
+    np.testing.assert_array_equal(store.column_embeddings,
+                                  enc.encode([c.text for c in store.columns]).astype(np.float16))
+
+
+def test_timestamps_and_database_wide_zscore(store):
+    raw = [us(2020, 1, 1), us(2020, 2, 1), us(2020, 3, 1), us(2020, 4, 1),
+           us(1965, 8, 1), us(1815, 12, 23),
+           us(2020, 1, 5, 10, 30, 15), us(2020, 1, 3), us(2020, 2, 10), us(2020, 3, 1), us(2020, 1, 3)]
+    mean, std = np.mean(np.array(raw, dtype=np.float64)), np.std(np.array(raw, dtype=np.float64))
+    assert store.meta["timestamp_stats"]["mean"] == pytest.approx(mean, rel=1e-12)
+    assert store.meta["timestamp_stats"]["std"] == pytest.approx(std, rel=1e-9)
+    v = store.values("orders", "ordered_at")
+    assert v.shape == (6, 15)
+    np.testing.assert_allclose(v[0, 14], (us(2020, 1, 5, 10, 30, 15) - mean) / std, rtol=1e-6)
+    np.testing.assert_allclose(v[0, 0:4], [1.0, 0.0, 0.0, -1.0], atol=1e-6)  # second 15, minute 30
+    assert not v[4].any() and bits(store, "orders", "ordered_at") == [1, 1, 1, 1, 0, 1]
+    pub = store.values("books", "published")
+    np.testing.assert_allclose(pub[1, 14], (us(1815, 12, 23) - mean) / std, rtol=1e-6)
+    sat = dt.date(1815, 12, 23).weekday()
+    np.testing.assert_allclose(pub[1, 6:8], [np.sin(2 * np.pi * sat / 7), np.cos(2 * np.pi * sat / 7)], atol=1e-6)
+
+
+def test_row_time(store):
+    assert store.row_time.tolist() == [
+        us(2020, 1, 1), us(2020, 2, 1), us(2020, 3, 1), us(2020, 4, 1),
+        INT64_MIN, INT64_MIN, INT64_MIN,  # books: static table
+        us(2020, 1, 5, 10, 30, 15), us(2020, 1, 3), us(2020, 2, 10), us(2020, 3, 1), INT64_MAX, us(2020, 1, 3)]
+    assert store.table("orders").null_time_rows == 1
+
+
+def test_parent_csr(store):
+    assert store.parent_indptr.tolist() == [0] * 8 + [2, 4, 6, 7, 8, 10]
+    assert store.parent_indices.tolist() == [0, 4, 0, 5, 1, 4, 6, 5, 0, 6]
+    assert store.parent_column.tolist() == [11, 12, 11, 12, 11, 12, 12, 12, 11, 12]
+
+
+def test_child_csr_sorted_by_time(store):
+    indptr = store.child_indptr.tolist()
+    children = {r: store.child_indices[indptr[r]:indptr[r + 1]].tolist() for r in range(13)}
+    assert children[0] == [8, 12, 7]  # 01-03 (row 8), 01-03 (row 12), 01-05
+    assert children[1] == [9]
+    assert children[2] == [] and children[3] == []
+    assert children[4] == [7, 9]
+    assert children[5] == [8, 11]  # row 11 has a NULL time: last
+    assert children[6] == [12, 10]
+    assert all(children[r] == [] for r in range(7, 13))
+    np.testing.assert_array_equal(store.child_time, store.row_time[store.child_indices])
+    for r in range(13):
+        t = store.child_time[indptr[r]:indptr[r + 1]]
+        assert (np.diff(t) >= 0).all()
+    assert store.child_column[indptr[0]:indptr[1]].tolist() == [11, 11, 11]
+    # every parent edge appears once as a child edge
+    pe = sorted(zip(np.repeat(np.arange(13), np.diff(store.parent_indptr)), store.parent_indices, strict=True))
+    ce = sorted(zip(store.child_indices, np.repeat(np.arange(13), np.diff(store.child_indptr)), strict=True))
+    assert pe == ce
+
+
+def test_dangling_counted(store):
+    assert store.meta["graph"]["dangling"] == {"orders.customer_id": 1, "orders.book_id": 0}
+    assert store.meta["graph"]["num_parent_edges"] == 10
+
+
+def test_cell_masking_task(store):
+    info = store.task("order_rating")
+    arr = store.task_arrays("order_rating")
+    assert not info.is_derived and info.target_column_idx == 13
+    assert arr.anchor_row.tolist() == [7, 9, 10, 11, 12]  # NaN passes "IS NOT NULL" but is a null target
+    assert arr.obs_time.tolist() == [us(2020, 1, 5, 10, 30, 15), us(2020, 2, 10), us(2020, 3, 1), INT64_MAX,
+                                     us(2020, 1, 3)]  # cascade step 2: the anchor's temporal column
+    assert unpack_bits(arr.target_valid, 5).tolist() == [True, True, True, False, True]
+    col = store.table("orders").column("rating").stats
+    z = (np.array([5.0, 3.0, 4.0, 1.0]) - col["mean"]) / col["std"]  # the column's statistics
+    np.testing.assert_allclose(arr.target_values, [z[0], z[1], z[2], 0.0, z[3]], rtol=1e-6)
+    assert info.num_seeds == 5 and info.observation_time == "anchor_temporal_column"
+
+
+def test_exclude_columns_and_categorical_cell_masking(store):
+    info = store.task("order_status")
+    assert info.exclude_column_idxs == [12, 13]
+    assert (info.cat_block_start, info.cat_count, info.target_column_idx) == (2, 3, 14)
+    arr = store.task_arrays("order_status")
+    assert arr.target_values.tolist() == [4, 3, 2, 3, 0, 4]
+
+
+def test_derived_numerical_with_observation_column(store):
+    info = store.task("orders_next_30d")
+    arr = store.task_arrays("orders_next_30d")
+    assert info.is_derived and info.target_column_idx == 17 and info.observation_time == "observation_time_column"
+    assert arr.anchor_row.tolist() == [0, 1, 2, 3]
+    assert arr.obs_time.tolist() == [us(2020, 1, 31), us(2020, 3, 2), us(2020, 3, 31), us(2020, 5, 1)]
+    counts = np.array([3.0, 1.0, 0.0, 0.0])  # c1: orders 100, 101, 105 within 30 days; c2: 102
+    assert info.stats["mean"] == 1.0 and info.stats["std"] == pytest.approx(np.sqrt(1.5))
+    np.testing.assert_allclose(arr.target_values, (counts - 1.0) / np.sqrt(1.5), rtol=1e-6)
+    assert store.columns[17].stats == info.stats
+
+
+def test_derived_categorical_and_no_cutoff(store):
+    arr = store.task_arrays("country_upper")
+    assert arr.target_values.tolist() == [6, 5, 6, 0]
+    assert unpack_bits(arr.target_valid, 4).tolist() == [True, True, True, False]
+    book = store.task_arrays("book_expensive")
+    assert book.anchor_row.tolist() == [4, 5, 6]
+    assert book.obs_time.tolist() == [INT64_MAX] * 3  # static anchor table: no cut-off
+    assert store.task("book_expensive").observation_time == "none"
+    assert unpack_bits(book.target_values, 3).tolist() == [False, True, True]
+
+
+def test_database_metadata_embedded(store):
+    assert store.meta["database"]["name"] == "bookstore"
+    assert list(store.meta)[:3] == ["format_version", "confluence_version", "name"]
+    assert set(bookstore_tables()) == {t.name for t in store.tables}

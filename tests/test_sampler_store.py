@@ -1,0 +1,121 @@
+"""The sampler on real processed stores: the preprocessed bookstore, the CLI, and (slow) nycflights13."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from confluence.cli.main import app
+from confluence.preprocess.pipeline import preprocess
+from confluence.sampler.config import SamplerConfig
+from confluence.sampler.data import SamplerData
+from confluence.sampler.sampler import Sampler
+from confluence.store import Store
+from confluence.stypes import SemanticType
+from tests.conftest_store import HashEncoder, write_bookstore
+
+
+@pytest.fixture(scope="module")
+def bookstore_path(tmp_path_factory):
+    d = tmp_path_factory.mktemp("sampler_store")
+    src, meta = write_bookstore(d)
+    return preprocess(src, meta, d / "store", encoder=HashEncoder(16), progress=False)
+
+
+def _bit(bits, i):
+    return bool((bits[i >> 3] >> (i & 7)) & 1)
+
+
+def test_every_task_of_the_preprocessed_bookstore(bookstore_path):
+    store = Store.open(bookstore_path)
+    data = SamplerData.from_store(store)
+    s = Sampler([data], SamplerConfig(batch_size=4, seq_len=48, max_rows=16, row_buckets=(16,), text_buckets=(8,)))
+    for info in store.tasks:
+        arrs = store.task_arrays(info.name)
+        ids = np.arange(min(4, info.num_seeds))
+        res = s.build(info.name, ids)
+        b = res.batch
+        b.validate()
+        assert b.target_stype == int(info.target_stype) and b.task_idx == info.index
+        for i, sid in enumerate(ids):
+            assert b.is_target[i].sum() == 1 and b.column_ids[i, 0] == info.target_column_idx
+            assert b.anchor_rows[i] == arrs.anchor_row[sid] and b.obs_times[i] == arrs.obs_time[sid]
+            assert b.is_null[i, 0] == (not _bit(arrs.target_valid, int(sid)))
+            if not b.is_null[i, 0]:
+                if info.target_stype == SemanticType.NUMERICAL:
+                    assert b.numeric_values[i, 0] == arrs.target_values[sid]
+                elif info.target_stype == SemanticType.CATEGORICAL:
+                    k = int(b.categorical_embed_ids[i, 0]) - b.cat_block_start
+                    assert 0 <= k < b.cat_count and b.cat_count == info.cat_count
+                elif info.target_stype == SemanticType.BOOLEAN:
+                    assert b.bool_values[i, 0] == _bit(arrs.target_values, int(sid))
+            # no context row after the observation time
+            rows = res.rows[i, 1 : res.nrows[i]]
+            assert (store.row_time[rows] <= b.obs_times[i]).all()
+            # excluded columns are hidden on the anchor row
+            anchor_cols = set(b.column_ids[i][(b.seq_row_ids[i] == 0) & ~b.is_padding[i]].tolist())
+            assert not anchor_cols & set(info.exclude_column_idxs)
+        text = (b.semantic_types == SemanticType.TEXT) & ~b.is_null & ~b.is_padding
+        for i, p in zip(*np.nonzero(text), strict=True):
+            row = int(res.rows[i, b.seq_row_ids[i, p]])
+            col = store.columns[int(b.column_ids[i, p])]
+            t = store.table(col.table)
+            gid = int(store.values(t.name, col.name)[row - t.row_offset])
+            assert np.array_equal(b.text_batch_embeddings[b.text_embed_ids[i, p]], store.text_embeddings[gid])
+
+
+def test_order_status_excludes_rating_and_book(bookstore_path):
+    store = Store.open(bookstore_path)
+    info = store.task("order_status")
+    assert info.exclude_column_idxs  # rating, book_id
+    b = Sampler([store], SamplerConfig(batch_size=2, seq_len=64, max_rows=16, row_buckets=(16,))).batch_for_seeds(
+        "order_status", np.array([0, 1]))
+    for i in range(2):
+        anchor_cols = b.column_ids[i][(b.seq_row_ids[i] == 0) & ~b.is_padding[i]]
+        for c in info.exclude_column_idxs:
+            assert c not in anchor_cols
+
+
+def test_cli_show_and_bench(bookstore_path, tmp_path):
+    r = CliRunner().invoke(app, ["sample", "show", "--db", str(bookstore_path), "--task", "order_rating",
+                                 "--seed-index", "1", "--seq-len", "64"])
+    assert r.exit_code == 0, r.output
+    for needle in ("rows (", "cells (", "TARGET", "outbound mask", "inbound mask", "column mask", "orders"):
+        assert needle in r.output
+    r = CliRunner().invoke(app, ["sample", "show", "--db", str(bookstore_path), "--task", "nope"])
+    assert r.exit_code == 2 and "nope" in r.output
+    out = tmp_path / "bench.json"
+    r = CliRunner().invoke(app, ["bench", "sampler", "--db", str(bookstore_path), "--batch-size", "4", "--seq-len",
+                                 "64", "--batches", "3", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    res = json.loads(out.read_text())
+    assert {"sequences_per_s", "cells_per_s", "slots_per_s", "phases"} <= set(res)
+    assert set(res["phases"]) == {"walk", "linearize", "permutations", "text", "collation"}
+    assert res["slots_per_s"] >= res["cells_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_nycflights13_demo_store(tmp_path):
+    from confluence.demo import build_nycflights13, demo_metadata_path
+    from confluence.textenc.default import StaticEncoder
+
+    raw = build_nycflights13(tmp_path / "nycflights13")
+    path = preprocess(raw, demo_metadata_path(), tmp_path / "store", encoder=StaticEncoder(), progress=False)
+    store = Store.open(path)
+    s = Sampler([store], SamplerConfig(batch_size=8, seq_len=1024, threads=2))
+    rng = np.random.default_rng(0)
+    for e in s.entries:
+        ids = rng.integers(0, e.task.num_seeds, 8)
+        res = s.build(e.task.name, ids)
+        b = res.batch
+        b.validate()
+        for i in range(8):
+            rows = res.rows[i, 1 : res.nrows[i]]
+            assert (store.row_time[rows] <= b.obs_times[i]).all()
+            n = int(res.n_real[i])
+            for perm in (b.col_perm[i], b.out_perm[i], b.in_perm[i]):
+                assert np.array_equal(np.sort(perm), np.arange(b.seq_len)) and (perm[n:] >= n).all()
+    s.close()

@@ -1,0 +1,164 @@
+"""The walk and the batch tensors on the bookstore of seed 000 section 4, and walk properties on random databases."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from confluence.sampler.config import SamplerConfig
+from confluence.sampler.sampler import Sampler
+from confluence.sampler.walk import VIA_CHILD, VIA_PARENT, VIA_SEED
+from confluence.stypes import SemanticType
+from tests.conftest_sampler import bookstore, random_store
+
+CFG = SamplerConfig(batch_size=4, seq_len=128, width=16, max_rows=32, row_buckets=(8, 16, 32), text_buckets=(4, 16))
+
+
+def _local_of(res, b):
+    return {int(r): i for i, r in enumerate(res.rows[b, : res.nrows[b]])}
+
+
+def test_bookstore_fk_adj_and_visibility():
+    store = bookstore()
+    off = store.offsets
+    cust23, book42 = off["customers"], off["books"]
+    order = {oid: off["orders"] + i for i, oid in enumerate([1, 7, 12, 5, 99])}
+    res = Sampler([store], CFG).build("rating", np.array([0]))
+    loc = _local_of(res, 0)
+    # exactly the six rows of the example: order 99 is after order 1's observation time
+    assert set(loc) == {order[1], cust23, book42, order[7], order[12], order[5]}
+    assert res.rows[0, 0] == order[1]  # the seed first
+    assert set(res.rows[0, 1:3]) == {cust23, book42}  # parents first
+    adj = res.batch.fk_adj[0]
+    edges = {(int(res.rows[0, i]), int(res.rows[0, j])) for i, j in zip(*np.nonzero(adj), strict=True)}
+    assert edges == {(order[1], cust23), (order[1], book42), (order[7], cust23), (order[12], cust23), (order[5], book42)}
+    g = {v: k for k, v in loc.items()}  # local -> global
+
+    def outbound(row):
+        i = loc[row]
+        return {g[j] for j in range(len(loc)) if i == j or adj[i, j]}
+
+    def inbound(row):
+        i = loc[row]
+        return {g[j] for j in range(len(loc)) if adj[j, i]}
+
+    assert outbound(order[1]) == {order[1], cust23, book42}
+    assert outbound(cust23) == {cust23}
+    assert outbound(order[7]) == {order[7], cust23}
+    assert inbound(cust23) == {order[1], order[7], order[12]}
+    assert inbound(book42) == {order[1], order[5]}
+    assert inbound(order[7]) == set()
+
+
+def test_bookstore_cells_and_target():
+    store = bookstore()
+    res = Sampler([store], CFG).build("rating", np.array([0, 1]))
+    b = res.batch
+    b.validate()
+    rating_col = store.task("rating").target_column_idx
+    for s in range(2):
+        assert b.is_target[s].sum() == 1 and b.is_target[s, 0]
+        assert b.column_ids[s, 0] == rating_col and b.semantic_types[s, 0] == SemanticType.NUMERICAL
+        # the target column appears once (as the target), not also as a plain cell of the anchor row
+        anchor_cells = b.column_ids[s][(b.seq_row_ids[s] == 0) & ~b.is_padding[s]]
+        assert (anchor_cells == rating_col).sum() == 1
+    assert b.numeric_values[0, 0] == np.float32(4.0) and not b.is_null[0, 0]
+    # order 7 has rating 5.0; order 12's NULL rating is a null cell elsewhere
+    assert b.numeric_values[1, 0] == np.float32(5.0)
+    assert not b.is_padding[0, : res.n_real[0]].any() and b.is_padding[0, res.n_real[0] :].all()
+    # NULL foreign keys have no cell: order 7 (local row of seq 0) has no book_id cell
+    loc = _local_of(res, 0)
+    o7 = loc[store.offsets["orders"] + 1]
+    book_fk = [c.column_idx for c in store.columns if c.table == "orders" and c.name == "book_id"][0]
+    assert book_fk not in b.column_ids[0][(b.seq_row_ids[0] == o7) & ~b.is_padding[0]]
+
+
+def test_derived_boolean_target_and_exclusion():
+    store = bookstore()
+    res = Sampler([store], CFG).build("will_reorder", np.array([0, 1, 2]))
+    b = res.batch
+    tcol = store.task("will_reorder").target_column_idx
+    assert (b.column_ids[:3, 0] == tcol).all() and b.target_stype == SemanticType.BOOLEAN
+    assert list(b.bool_values[:3, 0]) == [True, False, False]
+    assert (b.column_ids[b.is_target] == tcol).all()
+
+
+def test_categorical_target_block():
+    store = bookstore()
+    b = Sampler([store], CFG).batch_for_seeds("country", np.array([0]))
+    ti = store.task("country")
+    assert b.cat_block_start == ti.cat_block_start and b.cat_count == 2
+    assert b.categorical_embed_ids[0, 0] == ti.cat_block_start + 1
+    assert list(b.seq_valid) == [True, False, False, False]
+
+
+def test_width_bound():
+    store = bookstore(extra_orders=60)
+    res = Sampler([store], SamplerConfig(batch_size=1, seq_len=4096, width=5, max_rows=256)).build(
+        "country", np.array([0])
+    )
+    # the customer is the seed (no cut-off): 5 of its 65 orders, then book 42 (their parent) and 5 of its orders
+    n = res.nrows[0]
+    from_seed = (res.via[0, :n] == VIA_CHILD) & (res.src[0, :n] == 0)
+    assert from_seed.sum() == 5
+    for i in range(n):
+        assert ((res.via[0, :n] == VIA_CHILD) & (res.src[0, :n] == i)).sum() <= 5
+
+
+def _check_walk(store, res, seq_len, width, max_rows):
+    d_rt = store.row_time
+    pptr, pidx = store.parent_indptr, store.parent_indices
+    cptr, cidx = store.child_indptr, store.child_indices
+    for b in range(res.rows.shape[0]):
+        n = int(res.nrows[b])
+        rows = res.rows[b, :n]
+        obs = res.batch.obs_times[b]
+        assert rows[0] == res.batch.anchor_rows[b] and res.via[b, 0] == VIA_SEED
+        assert len(set(rows.tolist())) == n  # each row at most once
+        assert n <= max_rows
+        # temporal leakage: no context row after the observation time
+        assert (d_rt[rows[1:]] <= obs).all()
+        pos = {int(r): i for i, r in enumerate(rows)}
+        # every row was reached through a real edge of the row named in `src`
+        for i in range(1, n):
+            j = int(res.src[b, i])
+            assert 0 <= j < i
+            if res.via[b, i] == VIA_PARENT:
+                assert rows[i] in pidx[pptr[rows[j]] : pptr[rows[j] + 1]]
+            else:
+                assert rows[i] in cidx[cptr[rows[j]] : cptr[rows[j] + 1]]
+        # width: at most `width` children reached through any one row
+        for j in range(n):
+            assert ((res.via[b, :n] == VIA_CHILD) & (res.src[b, :n] == j)).sum() <= width
+        # parents first: after row j, every visible parent of j is visited before any later child-heap row
+        child_pos = [i for i in range(n) if res.via[b, i] == VIA_CHILD]
+        for j in range(n):
+            nxt = [i for i in child_pos if i > j]
+            for p in pidx[pptr[rows[j]] : pptr[rows[j] + 1]]:
+                if d_rt[p] > obs:
+                    continue
+                if nxt:
+                    assert int(p) in pos and pos[int(p)] < nxt[0], (b, j, p)
+        # fewest hops: child-heap rows come out in non-decreasing hop order
+        hops = res.hops[b, child_pos]
+        assert (np.diff(hops) >= 0).all()
+        # the stop rule: S cells reached, R capped, or the frontier was empty (then every parent is in)
+        assert res.n_real[b] <= seq_len
+        if res.n_real[b] < seq_len and n < max_rows:
+            for j in range(n):
+                for p in pidx[pptr[rows[j]] : pptr[rows[j] + 1]]:
+                    assert d_rt[p] > obs or int(p) in pos
+
+
+@given(seed=st.integers(0, 10_000), width=st.integers(0, 4), seq_len=st.sampled_from([16, 64, 512]))
+def test_walk_properties_random_databases(seed, width, seq_len):
+    store = random_store(seed)
+    cfg = SamplerConfig(batch_size=6, seq_len=seq_len, width=width, max_rows=64, row_buckets=(8, 64), text_buckets=(8,))
+    s = Sampler([store], cfg)
+    rng = np.random.default_rng(seed)
+    for e in s.entries:
+        ids = rng.integers(0, e.task.num_seeds, min(6, e.task.num_seeds))
+        res = s.build(e.task.name, ids)
+        res.batch.validate()
+        _check_walk(store, res, seq_len, width, 64)

@@ -1,0 +1,59 @@
+"""`confluence preprocess` / `confluence inspect` / the demo step runner."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from typer.testing import CliRunner
+
+from confluence.cli.demo_cmds import DemoContext, run_demo
+from confluence.cli.main import app
+from confluence.preprocess import pipeline
+from tests.conftest_store import HashEncoder, write_bookstore
+
+
+def test_preprocess_then_inspect(tmp_path, monkeypatch):
+    src, meta = write_bookstore(tmp_path)
+    monkeypatch.setattr(pipeline, "_load_encoder", lambda spec: HashEncoder())
+    out = tmp_path / "store"
+    r = CliRunner().invoke(app, ["preprocess", str(src), "--metadata", str(meta), "--out", str(out), "--quiet",
+                                 "--memory-limit-mb", "256", "--threads", "1"],
+                            env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert f"wrote {out}" in r.output and "orders_next_30d" in r.output
+    r = CliRunner().invoke(app, ["inspect", str(out)], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    for text in ("bookstore", "customers", "orders.customer_id", "1 dangling", "order_status", "cell masking",
+                 "derived", "k=2 null=1 [DE, FR]"):
+        assert text in r.output, text
+
+
+def test_inspect_reports_errors_without_traceback(tmp_path):
+    r = CliRunner().invoke(app, ["inspect", str(tmp_path)])
+    assert r.exit_code == 1
+    assert "not a processed store" in r.output and "Traceback" not in r.output
+
+
+def test_preprocess_bad_metadata_exits_1(tmp_path, monkeypatch):
+    src, meta = write_bookstore(tmp_path)
+    meta.write_text(meta.read_text().replace('"stype": "ignored"', '"stype": "nonsense"'))
+    monkeypatch.setattr(pipeline, "_load_encoder", lambda spec: HashEncoder())
+    r = CliRunner().invoke(app, ["preprocess", str(src), "-m", str(meta), "-o", str(tmp_path / "s"), "-q"])
+    assert r.exit_code == 1 and "unknown stype 'nonsense'" in r.output
+    assert not (tmp_path / "s").exists()
+
+
+def test_demo_runs_steps_in_order(tmp_path):
+    seen: list[str] = []
+
+    def first(ctx: DemoContext) -> None:
+        seen.append("first")
+        ctx.extra["x"] = 1
+
+    def second(ctx: DemoContext) -> None:
+        seen.append(f"second {ctx.extra['x']}")
+
+    run_demo(DemoContext(out=Path(tmp_path), console=Console(file=open("/dev/null", "w"))),  # noqa: SIM115
+             [("a", first), ("b", second)])
+    assert seen == ["first", "second 1"]

