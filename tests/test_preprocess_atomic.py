@@ -180,3 +180,15 @@ def test_metadata_json_is_stable(tmp_path):
     m = json.loads((out / "metadata.json").read_text())
     assert list(m["files"]) == sorted(m["files"])
     assert "time" not in json.dumps(m["text_encoder"])
+
+
+def test_refuses_to_replace_a_directory_that_is_not_a_store(tmp_path):
+    src, meta = write_bookstore(tmp_path)
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("do not delete")
+    with pytest.raises(StoreError, match="is not empty and is not a processed store; refusing"):
+        run(src, meta, precious)
+    assert (precious / "thesis.tex").read_text() == "do not delete"
+    (tmp_path / "empty").mkdir()
+    Store.open(run(src, meta, tmp_path / "empty"))

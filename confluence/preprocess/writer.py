@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.format import open_memmap
 
+from confluence.errors import StoreError
 from confluence.store import format as fmt
 
 
@@ -23,6 +24,7 @@ class StoreWriter:
 
     def __init__(self, out: str | Path):
         self.out = Path(out).absolute()
+        _check_replaceable(self.out)
         self.tmp = self.out.parent / f"{self.out.name}.tmp-{os.getpid()}"
         if self.tmp.exists():
             shutil.rmtree(self.tmp)
@@ -88,6 +90,14 @@ class StoreWriter:
         """Remove the temporary directory (after an error)."""
         self._open.clear()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _check_replaceable(out: Path) -> None:
+    """Only an empty directory or an earlier store may be replaced; never a directory of other files."""
+    if out.is_file() or out.is_symlink():
+        raise StoreError(f"{out}: exists and is not a directory; choose another --out")
+    if out.is_dir() and any(out.iterdir()) and not (out / fmt.METADATA_FILE).is_file():
+        raise StoreError(f"{out}: exists, is not empty and is not a processed store; refusing to replace it")
 
 
 def _fsync_dir(path: Path) -> None:
