@@ -145,3 +145,13 @@ def test_several_databases_and_weights():
     cfg0 = SamplerConfig(batch_size=4, seq_len=32, max_rows=16, row_buckets=(16,), batches_per_epoch=20,
                          task_weights={"x_t0": 1.0, "x_t1": 0.0}, tasks=("random1/x_t0", "random2/x_t1"))
     assert {b.db_idx for b in Sampler([s1, s2], cfg0).batches("train", 0)} == {0}
+
+
+def test_render_text():
+    s = Sampler([bookstore()], CFG)
+    text = s.render("rating", 0)
+    assert "TARGET" in text and "outbound mask" in text and "inbound mask" in text and "column mask" in text
+    assert "r1 <- {" in text and "customers" in text and "orders.rating" in text
+    import confluence.sampler as pkg
+
+    assert pkg.Sampler is Sampler
