@@ -192,3 +192,14 @@ def test_refuses_to_replace_a_directory_that_is_not_a_store(tmp_path):
     assert (precious / "thesis.tex").read_text() == "do not delete"
     (tmp_path / "empty").mkdir()
     Store.open(run(src, meta, tmp_path / "empty"))
+
+
+def test_timestamp_out_of_range_names_the_row(tmp_path):
+    from tests.conftest_store import bookstore_tables
+
+    cust = bookstore_tables()["customers"]
+    far = pa.array([0, 86_400, 400_000_000_000, 0], pa.timestamp("s"))  # row 2 is in the year 14645
+    src, meta = _with_table(tmp_path, "customers", cust.set_column(6, "signed_up_at", far))
+    with pytest.raises(DataError, match="table 'customers', column 'signed_up_at', row 2: timestamp out of range"):
+        run(src, meta, tmp_path / "s", validate=False)
+    assert not (tmp_path / "s").exists()
