@@ -156,7 +156,7 @@ def test_task_errors_name_the_task(tmp_path):
     m = copy.deepcopy(BOOKSTORE_METADATA)
     m["tasks"] = {"bad": {"query": "SELECT order_id, 'x' || status AS s FROM orders", "anchor_table": "orders",
                           "anchor_key": "order_id", "target_column": "s", "target_stype": "numerical"}}
-    with pytest.raises(DataError, match="task 'bad' target_column 's'.*non-number 'x10'"):
+    with pytest.raises(DataError, match="task 'bad', result column 's', row 0: numerical column holds the non-number 'x10'"):
         run(src, parse_metadata(m), tmp_path / "s", validate=False)
     m["tasks"] = {"bad": {"query": "SELECT order_id FROM orders", "anchor_table": "orders",
                           "anchor_key": "order_id", "target_column": "rating", "target_stype": "numerical"}}
@@ -203,3 +203,13 @@ def test_timestamp_out_of_range_names_the_row(tmp_path):
     with pytest.raises(DataError, match="table 'customers', column 'signed_up_at', row 2: timestamp out of range"):
         run(src, meta, tmp_path / "s", validate=False)
     assert not (tmp_path / "s").exists()
+
+
+def test_cell_masking_value_outside_the_column_categories(tmp_path):
+    src, _ = write_bookstore(tmp_path)
+    m = copy.deepcopy(BOOKSTORE_METADATA)
+    m["tasks"] = {"shifted": {"query": "SELECT order_id, status * 3 AS status FROM orders", "anchor_table": "orders",
+                              "anchor_key": "order_id", "target_column": "status", "target_stype": "categorical"}}
+    with pytest.raises(DataError, match="task 'shifted', result column 'status', row 0: target value 30 is not a"
+                                        " category of column 'orders.status'"):
+        run(src, parse_metadata(m), tmp_path / "s")
