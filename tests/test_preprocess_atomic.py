@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -213,3 +214,32 @@ def test_cell_masking_value_outside_the_column_categories(tmp_path):
     with pytest.raises(DataError, match="task 'shifted', result column 'status', row 0: target value 30 is not a"
                                         " category of column 'orders.status'"):
         run(src, parse_metadata(m), tmp_path / "s")
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_leftovers_of_a_killed_run_are_cleaned(tmp_path):
+    from confluence.preprocess.writer import recover_leftovers
+
+    src, meta = write_bookstore(tmp_path)
+    out = run(src, meta, tmp_path / "store")
+    before = digest(out)
+    pid = _dead_pid()
+    # killed between the two renames of a swap: the old store sits at .old-<pid>, no store at out
+    (tmp_path / f"store.tmp-{pid}").mkdir()
+    (tmp_path / f"store.tmp-{pid}" / "junk.npy").write_bytes(b"x")
+    out.rename(tmp_path / f"store.old-{pid}")
+    alive = tmp_path / f"store.tmp-{os.getpid()}"
+    alive.mkdir()  # a live process's directory is left alone
+    recover_leftovers(out)
+    assert digest(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("store")) == [
+        "store", f"store.tmp-{os.getpid()}"]
+    alive.rmdir()
