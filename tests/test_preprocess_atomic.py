@@ -16,6 +16,7 @@ import pytest
 from confluence.errors import DataError, MetadataError, StoreError
 from confluence.preprocess import pipeline, preprocess
 from confluence.schema.metadata import parse_metadata
+from confluence.sources import open_source
 from confluence.store import Store
 from tests.conftest_store import BOOKSTORE_METADATA, HashEncoder, write_bookstore
 
@@ -243,3 +244,17 @@ def test_leftovers_of_a_killed_run_are_cleaned(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("store")) == [
         "store", f"store.tmp-{os.getpid()}"]
     alive.rmdir()
+
+
+def test_unreadable_column_is_a_data_error(tmp_path):
+    src, meta = write_bookstore(tmp_path)
+    raw = open_source(src)
+    # a view whose column fails at read time (a cast that fails on one row only)
+    sql = (
+        "CREATE OR REPLACE VIEW books AS SELECT book_id, title,"
+        " CAST(CASE WHEN book_id = 'b3' THEN 'oops' ELSE '1.5' END AS DOUBLE) AS price, published"
+        f" FROM read_parquet('{src / 'books.parquet'}')"
+    )
+    raw.con.execute(sql)
+    with pytest.raises(DataError, match="table 'books', column 'price': cannot read it: Conversion Error"):
+        run(raw, meta, tmp_path / "s", validate=False)

@@ -51,6 +51,8 @@ class ColumnPlan:
 
 @dataclass
 class TablePlan:
+    """One table: its rows are global rows `row_offset ..`; `keys` is set when it has a primary key."""
+
     meta: TableMeta
     index: int
     num_rows: int
@@ -67,11 +69,11 @@ def batch_rows_for(memory_limit_mb: int) -> int:
 
 
 def scan(con: duckdb.DuckDBPyConnection, table: str, column: str, batch_rows: int) -> Iterator[tuple[int, pa.Array]]:
-    """Stream one column in row order as (first local row, Arrow array) batches."""
-    reader = arrow_reader(con, f"SELECT {quote(column)} FROM {quote(table)}", batch_rows)
+    """Stream one column in row order as (first local row, Arrow array) batches; every batch but the last
+    holds a multiple of 8 rows (bit arrays are written per byte)."""
     row0 = 0
     carry: pa.Array | None = None
-    for batch in reader:
+    for batch in _read(con, table, column, batch_rows):
         arr = batch.column(0)
         if carry is not None:
             arr = pa.concat_arrays([carry, arr])
@@ -85,6 +87,25 @@ def scan(con: duckdb.DuckDBPyConnection, table: str, column: str, batch_rows: in
             row0 += len(arr)
     if carry is not None and len(carry):
         yield row0, carry
+
+
+def _read(con: duckdb.DuckDBPyConnection, table: str, column: str, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """The raw record batches of one column; read failures become a DataError naming the column."""
+    def fail(exc: Exception) -> DataError:
+        return DataError(f"table '{table}', column '{column}': cannot read it: {str(exc).splitlines()[0]}")
+
+    try:
+        it = iter(arrow_reader(con, f"SELECT {quote(column)} FROM {quote(table)}", batch_rows))
+    except (duckdb.Error, pa.ArrowException) as exc:
+        raise fail(exc) from None
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        except (duckdb.Error, pa.ArrowException) as exc:
+            raise fail(exc) from None
+        yield batch
 
 
 def make_plan(db: DatabaseMeta, con: duckdb.DuckDBPyConnection) -> tuple[list[TablePlan], list[ColumnPlan]]:
