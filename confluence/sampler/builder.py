@@ -29,6 +29,7 @@ from confluence.sampler.walk import anchor_cells_chunk, walk_chunk
 from confluence.stypes import D_TIME
 
 PHASES = ("walk", "linearize", "permutations", "text", "collation")
+_PARALLEL_GATHER_MIN = 512  # distinct texts in a batch from which the gather is split over the workers
 
 
 @dataclass
@@ -211,9 +212,21 @@ class BatchBuilder:
         uniq = dedup_text(out["semantic_types"], out["is_null"], out["text_embed_ids"])
         u_pad = bucket_size(uniq.shape[0], cfg.text_buckets)
         text = np.zeros((u_pad, d.d_t), dtype=np.float16)
-        gather_rows(d.text_embeddings.view(np.uint16), uniq, text.view(np.uint16))  # numba has no f16
+        table16, text16 = d.text_embeddings.view(np.uint16), text.view(np.uint16)  # numba has no float16
+        gather_cpu: list[float] = []
+        # the gather is mostly page faults of the mmapped table: spread them over the workers
+        if uniq.shape[0] >= _PARALLEL_GATHER_MIN and self.config.threads > 1:
+
+            def gather(lo: int, hi: int, _s: _Scratch) -> None:
+                c1 = time.thread_time()
+                gather_rows(table16, uniq[lo:hi], text16[lo:hi])
+                gather_cpu.append(time.thread_time() - c1)
+
+            self._parallel(uniq.shape[0], gather)
+        else:
+            gather_rows(table16, uniq, text16)
         timings["text"] += time.perf_counter() - t0
-        cpu_parts["text"][0] = time.thread_time() - c0
+        cpu_parts["text"][0] = time.thread_time() - c0 + sum(gather_cpu)
         c0 = time.thread_time()
 
         t0 = time.perf_counter()
