@@ -117,6 +117,12 @@ def test_store_built_with_trained_encoder(run: Path, tmp_path: Path) -> None:
     col_texts = [c["text"] for c in store.meta["columns"]]
     expect = enc.encode(col_texts).astype(np.float16)
     np.testing.assert_array_equal(np.asarray(store.column_embeddings), expect)
+    # and the store's text values (column texts, categories, raw text cells via the source) as a corpus
+    n_text_cells = sum(c["stats"]["distinct"] for t in store.meta["tables"] for c in t["columns"]
+                       if c["stype"] == "text")
+    m1 = prepare_corpus(out, tmp_path / "from_store", max_seq_len=16, vocab_size=280)
+    m2 = prepare_corpus(out, tmp_path / "from_store_src", source=src, max_seq_len=16, vocab_size=280)
+    assert m1.num_documents >= len(col_texts) and m2.num_documents == m1.num_documents + n_text_cells
 
 
 def test_cli_train_on_four_devices_float16_rope_causal_and_embed(tmp_path: Path) -> None:
