@@ -96,8 +96,11 @@ def test_trained_encoder_is_a_frozen_text_encoder(run: Path) -> None:
     np.testing.assert_allclose(single[0], a[3], atol=1e-5)
     # not collapsed: distinct texts get distinct embeddings
     assert np.linalg.matrix_rank(a[:20], tol=1e-3) > 5
-    # the checkpoint directory works too and gives the same fingerprint
-    assert load_lejepa_encoder(latest_checkpoint(run)).fingerprint == enc.fingerprint
+    # the checkpoint directory is self-contained (config + tokenizer) and gives the same fingerprint
+    ckpt = latest_checkpoint(run)
+    assert {p.name for p in ckpt.iterdir()} >= {"params.eqx", "opt_state.eqx", "state.json", "config.json",
+                                                "tokenizer.json"}
+    assert load_lejepa_encoder(ckpt).fingerprint == enc.fingerprint
     with pytest.raises(ConfluenceError, match="neither"):
         load_lejepa_encoder(run / "checkpoints")
 
