@@ -12,6 +12,7 @@ from typing import Any
 
 import duckdb
 import numpy as np
+import pyarrow as pa
 
 import confluence
 from confluence.errors import ConfluenceError
@@ -108,12 +109,27 @@ def _load_encoder(spec: str | None) -> TextEncoder:
     return registry.load_encoder(spec)
 
 
+def write_primary_keys(writer: StoreWriter, tables: list) -> None:
+    """Keep each table's primary-key values (row order) so predictions can name their anchors and users can name
+    anchors by key. Integer keys are int64; anything else is stored as fixed-width unicode text."""
+    for tp in tables:
+        if tp.keys is None:
+            continue
+        keys = tp.keys.keys
+        if pa.types.is_integer(keys.type):
+            arr = np.asarray(keys.to_numpy(zero_copy_only=False), dtype=np.int64)
+        else:
+            arr = np.asarray(keys.cast(pa.string()).to_pylist(), dtype=np.str_)
+        writer.save(fmt.keys_file(tp.meta.name), arr)
+
+
 def _run(db: DatabaseMeta, con: duckdb.DuckDBPyConnection, writer: StoreWriter, encoder: TextEncoder,
          cache: Any, batch_rows: int, rep: Reporter) -> dict[str, Any]:
     tables, columns = make_plan(db, con)
     by_name = {tp.meta.name: tp for tp in tables}
     num_rows = sum(tp.num_rows for tp in tables)
     load_primary_keys(con, tables, batch_rows, rep)
+    write_primary_keys(writer, tables)
     ts_all, cat_texts = statistics_pass(con, tables, columns, batch_rows, rep)
     ts_mean, ts_std = float(ts_all.mean), float(ts_all.std)
 
@@ -238,7 +254,7 @@ def _metadata(db: DatabaseMeta, encoder: TextEncoder, tables: list[TablePlan], c
     table_entries = [
         {"name": tp.meta.name, "index": tp.index, "num_rows": tp.num_rows, "row_offset": tp.row_offset,
          "primary_key": tp.meta.primary_key, "temporal_column": tp.meta.temporal_column,
-         "null_time_rows": tp.null_time_rows,
+         "null_time_rows": tp.null_time_rows, "key_type": str(tp.keys.keys.type) if tp.keys is not None else None,
          "columns": [{"name": c.meta.name, "stype": c.stype.label, "column_idx": c.column_idx,
                       "foreign_key": c.meta.foreign_key, "stats": column_stats(c)} for c in tp.columns]}
         for tp in tables

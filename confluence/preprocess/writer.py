@@ -36,7 +36,8 @@ class StoreWriter:
     def _register(self, rel: str, dtype: np.dtype, shape: tuple[int, ...]) -> Path:
         if rel in self.files:
             raise ValueError(f"store file '{rel}' written twice")
-        self.files[rel] = {"dtype": np.dtype(dtype).name,
+        dt = np.dtype(dtype)
+        self.files[rel] = {"dtype": dt.str if dt.kind == "U" else dt.name,  # "<U6": names like str192 don't parse
                            "shape": [int(s) for s in shape]}
         path = self.tmp / rel
         path.parent.mkdir(parents=True, exist_ok=True)
