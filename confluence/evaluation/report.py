@@ -37,6 +37,11 @@ def plot_training_curves(csv_path: Path, png_path: Path) -> Path | None:
         rows = list(csv.DictReader(fh))
     if not rows or "step" not in rows[0]:
         return None
+    if "tag" in rows[0] and "value" in rows[0]:  # long format (step, wall_time, tag, value): pivot by step
+        wide: dict[str, dict[str, str]] = {}
+        for r in rows:
+            wide.setdefault(r["step"], {"step": r["step"]})[r["tag"]] = r["value"]
+        rows = list(wide.values())
     series: dict[str, tuple[list[float], list[float]]] = {}
     for r in rows:
         try:
@@ -54,9 +59,11 @@ def plot_training_curves(csv_path: Path, png_path: Path) -> Path | None:
                 series.setdefault(k, ([], []))
                 series[k][0].append(step)
                 series[k][1].append(fv)
-    loss_keys = sorted(k for k in series if "loss" in k)
-    other = sorted(k for k in series if "loss" not in k and k in ("lr_muon", "lr_adamw", "grad_norm", "cells_per_s"))
-    panels = [("losses", loss_keys)] + [(k, [k]) for k in other]
+    train_keys = sorted(k for k in series if "loss" in k and not k.startswith("val"))
+    val_keys = sorted(k for k in series if "loss" in k and k.startswith("val"))
+    other = sorted(k for k in series if "loss" not in k and k.split("/")[-1] in
+                   ("lr_muon", "lr_adamw", "muon", "adamw", "grad_norm", "cells_per_s"))
+    panels = [("losses", train_keys), ("validation losses", val_keys)] + [(k, [k]) for k in other]
     panels = [p for p in panels if p[1]]
     if not panels:
         return None
@@ -66,7 +73,7 @@ def plot_training_curves(csv_path: Path, png_path: Path) -> Path | None:
             ax.plot(series[k][0], series[k][1], label=k, lw=1.2)
         ax.set_title(title)
         ax.set_xlabel("step")
-        if title == "losses":
+        if "losses" in title:
             ax.set_yscale("log")
             ax.legend(fontsize=7, ncol=2)
         ax.grid(alpha=0.3)
