@@ -57,6 +57,7 @@ def categorical_logits(
     max_k: int,
 ) -> jax.Array:
     """[B, D] predictions -> [B, max_K] logits over the target's category block; entries k >= K are -1e9."""
+    category_table = jnp.asarray(category_table)
     k = jnp.arange(max_k, dtype=jnp.int32)
     rows = jnp.clip(block_start + k, 0, category_table.shape[0] - 1)
     proj = encoder.categorical_encoder(category_table[rows].astype(jnp.float32))  # [max_K, D] in FP32
@@ -70,6 +71,7 @@ def compute_loss(
     cfg: LossConfig,
 ) -> LossParts:
     """The batch loss and its parts. `encoder` must be the float32 (master) value encoder."""
+    inputs = {k: jnp.asarray(v) for k, v in inputs.items()}
     is_target = inputs["is_target"]
     b = is_target.shape[0]
     t = jnp.argmax(is_target, axis=1)  # [B] the target position (exactly one per valid sequence)

@@ -132,6 +132,8 @@ def train(
     window_cells, window_wait, window_t0 = 0, 0.0, time.perf_counter()
     window_losses: list[tuple[str, jax.Array]] = []  # device scalars, read at log time (no per-step sync)
     bar = _progress(progress, stop_at, step)
+    if step == 0 and stop_at > 0:
+        log.write(0, validate())  # the untrained model's validation loss, as a baseline
     try:
         while step < stop_at:
             micro, stypes = [], []
