@@ -23,14 +23,15 @@ def test_cli_bench_attention_writes_json(tmp_path):
     assert result.exit_code == 0, result.output
     assert "outbound" in result.output and "end-to-end training" in result.output
     report = json.loads(out.read_text())
-    assert report["backend"] == "cpu" and report["kernel_mode"] == "interpret"
+    assert report["backend"] == jax.default_backend()
+    assert report["kernel_mode"] == ("compiled" if jax.default_backend() == "gpu" else "interpret")
     assert [(r["seq_len"], r["kind"]) for r in report["rows"]] == [
         (80, "outbound"),
         (80, "inbound"),
         (80, "column"),
     ]
     for row in report["rows"]:
-        assert set(row["fwd_bwd_ms"]) == {"kernel", "reference", "dense"}, row["errors"]
+        assert {"kernel", "reference", "dense"} <= set(row["fwd_bwd_ms"]), row["errors"]
         assert all(ms > 0 for ms in row["fwd_ms"].values())
         assert 0 < row["tiles"]["nonempty"] <= row["tiles"]["tiles"] == 9
     assert "available" in report["end_to_end_training"]
