@@ -39,7 +39,7 @@ WORKER = textwrap.dedent(
     assert mesh.devices.size == 2 and jax.process_count() == 2
     params, opt = (replicate(x, mesh) for x in tr.init_state(tiny_model(cfg.model)))
     tabs = replicate((tb.column_embeddings, tb.categorical_embeddings), mesh)
-    for step, task in enumerate(%r):
+    for step, task in enumerate((0, 3)):  # = TASKS
         local = db.batch(task, 2, 32, 8, seed=(pid, step))  # this process's half of the global batch
         params, opt, m = tr.step(params, opt, [(shard_inputs(batch_to_inputs(local), mesh), *tabs)], step)
     if pid == 0:
@@ -47,7 +47,6 @@ WORKER = textwrap.dedent(
         np.savez(out, loss=float(np.asarray(m.loss.addressable_data(0))), *leaves)
     print("done", pid, flush=True)
     """
-    % (TASKS,)
 )
 
 

@@ -59,6 +59,10 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
             from confluence.training.presets import load_config
 
             if coordinator is not None:
+                try:  # CPU-only hosts need a collectives backend; GPUs use NCCL regardless of this option
+                    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+                except (AttributeError, KeyError, ValueError):
+                    pass
                 jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
                                            process_id=process_id)
             cfg = load_config(config, _overrides(set_))
