@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from confluence.model.encoding import ValueEncoder
@@ -23,7 +24,7 @@ from confluence.stypes import SemanticType
 
 # Order of the type-loss stack (seed 004): [num, bool, ts, cat].
 LOSS_STYPES = (SemanticType.NUMERICAL, SemanticType.BOOLEAN, SemanticType.TIMESTAMP, SemanticType.CATEGORICAL)
-_STYPE_TO_SLOT = jnp.array([-1, 0, 2, 1, 3, -1, -1], jnp.int32)  # SemanticType value -> slot in LOSS_STYPES
+_STYPE_TO_SLOT = np.array([-1, 0, 2, 1, 3, -1, -1], np.int32)  # SemanticType value -> slot in LOSS_STYPES
 
 
 class LossConfig(NamedTuple):
@@ -98,7 +99,7 @@ def compute_loss(
     cat_loss = ce + cfg.z_loss * lse**2
 
     type_losses = jnp.stack([num_loss, bool_loss, ts_loss, cat_loss])  # [4, B]
-    selector = jax.nn.one_hot(_STYPE_TO_SLOT[inputs["target_stype"].astype(jnp.int32)], 4, dtype=jnp.float32)
+    selector = jax.nn.one_hot(jnp.asarray(_STYPE_TO_SLOT)[inputs["target_stype"].astype(jnp.int32)], 4, dtype=jnp.float32)
     type_loss = (1.0 - is_null) * (selector @ type_losses)  # [B]
     per_seq = (null_loss + type_loss) * weight
     denom = jnp.maximum(jnp.sum(weight), 1.0)

@@ -8,7 +8,12 @@ from pathlib import Path
 
 
 class ScalarLog:
-    def __init__(self, path: Path, truncate_after_step: int | None = None):
+    """`path=None` gives a logger that writes nothing (processes other than 0)."""
+
+    def __init__(self, path: Path | None, truncate_after_step: int | None = None):
+        self._f = None
+        if path is None:
+            return
         self.path = Path(path)
         rows = []
         if truncate_after_step is not None and self.path.exists():
@@ -23,13 +28,16 @@ class ScalarLog:
         self._f.flush()
 
     def write(self, step: int, scalars: dict[str, float]) -> None:
+        if self._f is None:
+            return
         now = time.time()
         for tag, value in scalars.items():
             self._w.writerow([step, f"{now:.3f}", tag, f"{float(value):.6g}"])
         self._f.flush()
 
     def close(self) -> None:
-        self._f.close()
+        if self._f is not None:
+            self._f.close()
 
 
 def read_scalars(path: Path) -> dict[str, list[tuple[int, float]]]:
