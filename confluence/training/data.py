@@ -107,12 +107,9 @@ class StoreSource:
 
     def __init__(self, sampler: Any, stores: list[Any], batch_size: int, seed: int = 0):
         self.sampler, self.batch_size, self.seed = sampler, batch_size, seed
-        # The loss pads only a TARGET's category block to max_K, so the bound is the largest K among the served
-        # categorical tasks (a store's max_k also counts context-only columns, e.g. thousands of tail numbers).
-        target_k = [max([int(e.task.cat_count) for e in sampler.entries if e.db_idx == i] or [0])
-                    for i in range(len(stores))]
-        self.databases = [DbInfo(s.name, np.asarray(s.column_embeddings), np.asarray(s.categorical_embeddings), k)
-                          for s, k in zip(stores, target_k, strict=True)]
+        # The loss pads only a TARGET's category block to max_K (see target_max_k).
+        self.databases = [DbInfo(s.name, np.asarray(s.column_embeddings), np.asarray(s.categorical_embeddings),
+                                 target_max_k(s)) for s in stores]
         self.tasks = [TaskRef(e.db_idx, e.task.index, e.db_name, e.task.name, SemanticType(int(e.task.target_stype)))
                       for e in sampler.entries]
         self._train_ids = {t.key: sampler.seed_ids("train", t.task_name, t.db_idx) for t in self.tasks}
@@ -158,6 +155,14 @@ class StoreSource:
 
     def close(self) -> None:
         self.sampler.close()
+
+
+def target_max_k(store: Any) -> int:
+    """Largest K among the store's categorical *task targets*: the static width the loss pads to.
+
+    (The store's `max_k` also counts categorical input columns, which never need a loss over their block.)"""
+    return max((int(t.cat_count) for t in store.tasks if int(t.target_stype) == int(SemanticType.CATEGORICAL)),
+               default=0)
 
 
 def open_store_source(paths: list[Path], cfg: Any) -> StoreSource:
