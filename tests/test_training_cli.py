@@ -29,6 +29,7 @@ def test_train_and_resume_from_the_cli(tmp_path, tiny_config_file):
     assert r.exit_code == 0, r.output
     assert "trained to step 4" in r.output and "val/synthetic1/" in r.output
     assert (run / "checkpoints" / "LATEST").read_text().strip() == "step_00000004"
+    assert (run / "scalars.png").stat().st_size > 1000
     assert (run / "scalars.csv").is_file() and json.loads((run / "config.json").read_text())["batch_size"] == 4
 
 

@@ -47,3 +47,34 @@ def read_scalars(path: Path) -> dict[str, list[tuple[int, float]]]:
         for row in csv.DictReader(f):
             out.setdefault(row["tag"], []).append((int(row["step"]), float(row["value"])))
     return out
+
+
+def plot_scalars(csv_path: Path, png_path: Path) -> Path:
+    """Loss curves (train per target type, validation per task), learning rates and throughput as one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = read_scalars(csv_path)
+    panels = [
+        ("train loss", [t for t in data if t.startswith("train/loss")]),
+        ("validation loss", [t for t in data if t.startswith("val/")]),
+        ("learning rate", [t for t in data if t.startswith("lr/")]),
+        ("real cells / s", ["perf/cells_per_s"] if "perf/cells_per_s" in data else []),
+    ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6))
+    for ax, (title, tags) in zip(axes, panels, strict=True):
+        for tag in sorted(tags):
+            steps, values = zip(*data[tag], strict=True)
+            ax.plot(steps, values, label=tag.split("/", 1)[1] if "/" in tag else tag, lw=1.2)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        if title == "learning rate":
+            ax.set_yscale("log")
+        if tags:
+            ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)
+    return Path(png_path)

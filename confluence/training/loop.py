@@ -18,7 +18,7 @@ from confluence.model.inputs import DbTables, batch_to_inputs
 from confluence.model.transformer import RelationalTransformer
 from confluence.training.checkpoint import load_state, read_meta, save_checkpoint
 from confluence.training.data import BatchSource, TaskRef
-from confluence.training.logs import ScalarLog
+from confluence.training.logs import ScalarLog, plot_scalars
 from confluence.training.presets import TrainConfig
 from confluence.training.step import get_trainer, make_mesh, replicate, shard_inputs
 
@@ -195,6 +195,8 @@ def train(
         log.close()
         if bar is not None:
             bar.close()
+    if main and (out_dir / "scalars.csv").is_file():
+        plot_scalars(out_dir / "scalars.csv", out_dir / "scalars.png")
     result.step, result.params = step, params
     return result
 
