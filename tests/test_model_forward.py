@@ -4,6 +4,7 @@ import dataclasses
 
 import jax
 import numpy as np
+import pytest
 
 from confluence.model.heads import ModelOutput
 from confluence.model.inputs import batch_to_inputs
@@ -98,3 +99,32 @@ def test_bf16_forward_is_close_to_fp32():
     keep = ~batch.is_padding
     err = np.abs(np.asarray(a.h)[keep] - np.asarray(c.h)[keep]).max()
     assert err < 0.1 and np.all(np.isfinite(np.asarray(c.h)))
+
+
+def _loss_and_grads(cfg, batch, db):
+    from confluence.model.loss import LossConfig, compute_loss
+    from confluence.model.transformer import RelationalTransformer
+
+    col, cat = tables(db)
+    model = RelationalTransformer(cfg, key=jax.random.key(0))
+
+    def f(m):
+        out = m(batch_to_inputs(batch), col, cat)
+        return compute_loss(out, batch_to_inputs(batch), m.encoder, cat, LossConfig(max_k=16)).loss
+
+    import equinox as eqx
+
+    loss, g = eqx.filter_jit(eqx.filter_value_and_grad(f))(model)
+    return float(loss), [np.asarray(x) for x in jax.tree.leaves(g)]
+
+
+@pytest.mark.slow
+def test_block_sparse_kernel_and_remat_match_the_reference_through_the_model():
+    db = tiny_db()
+    batch = tiny_batch(db, task=3, seed=2, r=3)
+    ref = _loss_and_grads(TINY, batch, db)
+    for variant in (dataclasses.replace(TINY, attention_impl="block_sparse"), dataclasses.replace(TINY, remat=True)):
+        got = _loss_and_grads(variant, batch, db)
+        assert got[0] == pytest.approx(ref[0], rel=1e-5)
+        for a, c in zip(ref[1], got[1], strict=True):
+            np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-6)

@@ -29,6 +29,7 @@ def test_train_and_resume_from_the_cli(tmp_path, tiny_config_file):
     assert r.exit_code == 0, r.output
     assert "trained to step 4" in r.output and "val/synthetic1/" in r.output
     assert (run / "checkpoints" / "LATEST").read_text().strip() == "step_00000004"
+    assert (run / "scalars.png").stat().st_size > 1000
     assert (run / "scalars.csv").is_file() and json.loads((run / "config.json").read_text())["batch_size"] == 4
 
 
@@ -48,3 +49,13 @@ def test_cli_reports_bad_arguments_without_traceback(tmp_path, tiny_config_file)
     assert r.exit_code == 2 and "neither a preset" in r.output
     r = CliRunner().invoke(app, ["train", "--config", str(tiny_config_file), "--out", str(tmp_path / "x")])
     assert r.exit_code == 2 and "--db" in r.output
+
+
+def test_train_throughput_skips_the_base_preset_off_gpu():
+    import jax
+
+    from confluence.training import train_throughput
+
+    if jax.default_backend() == "gpu":
+        pytest.skip("GPU backend: the benchmark would run")
+    assert "skipped" in train_throughput("base", "reference")

@@ -51,16 +51,20 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
         no_progress: bool = typer.Option(False, "--no-progress", help="No console progress bar."),
     ) -> None:
         """Train (or fine-tune) the relational transformer on one or several processed stores."""
-        try:
-            import jax
+        import jax
 
+        if coordinator is not None:  # before anything touches a JAX backend
+            try:  # CPU-only hosts need a collectives backend; GPUs use NCCL regardless of this option
+                jax.config.update("jax_cpu_collectives_implementation", "gloo")
+            except (AttributeError, KeyError, ValueError):
+                pass
+            jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
+                                       process_id=process_id)
+        try:
             from confluence.training.data import SyntheticSource, open_store_source
             from confluence.training.loop import train
             from confluence.training.presets import load_config
 
-            if coordinator is not None:
-                jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
-                                           process_id=process_id)
             cfg = load_config(config, _overrides(set_))
             if bool(db) == bool(synthetic):
                 _fail("give either --db DIR (one or more) or --synthetic N")

@@ -88,7 +88,10 @@ def register_attention(name: str, fn: AttentionFn) -> None:
 
 
 def get_attention(name: str) -> AttentionFn:
-    """Resolve an attention implementation by name; raises ValueError listing the available ones."""
+    """Resolve an attention implementation by name; raises ValueError listing the available ones.
+    "auto" is the block-sparse kernel when the default backend is a GPU and the reference elsewhere."""
+    if name == "auto":
+        name = "block_sparse" if jax.default_backend() == "gpu" else "reference"
     if name not in _ATTENTION_IMPLS and name in _LAZY:
         import importlib
 

@@ -25,7 +25,8 @@ class ModelConfig:
     ffn_multiple: int = 256
     norm_eps: float = 1e-6
     compute_dtype: str = "bfloat16"  # activations / matmuls; parameters stay float32
-    attention_impl: str = "reference"  # resolved through confluence.model.attention.get_attention
+    attention_impl: str = "reference"  # "reference" | "block_sparse" | "auto" (confluence.model.attention)
+    remat: bool = False  # recompute each block's activations in the backward pass (less memory, ~1/3 more FLOPs)
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:

@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from confluence.model.encoding import ValueEncoder
@@ -23,7 +24,7 @@ from confluence.stypes import SemanticType
 
 # Order of the type-loss stack (seed 004): [num, bool, ts, cat].
 LOSS_STYPES = (SemanticType.NUMERICAL, SemanticType.BOOLEAN, SemanticType.TIMESTAMP, SemanticType.CATEGORICAL)
-_STYPE_TO_SLOT = jnp.array([-1, 0, 2, 1, 3, -1, -1], jnp.int32)  # SemanticType value -> slot in LOSS_STYPES
+_STYPE_TO_SLOT = np.array([-1, 0, 2, 1, 3, -1, -1], np.int32)  # SemanticType value -> slot in LOSS_STYPES
 
 
 class LossConfig(NamedTuple):
@@ -57,6 +58,7 @@ def categorical_logits(
     max_k: int,
 ) -> jax.Array:
     """[B, D] predictions -> [B, max_K] logits over the target's category block; entries k >= K are -1e9."""
+    category_table = jnp.asarray(category_table)
     k = jnp.arange(max_k, dtype=jnp.int32)
     rows = jnp.clip(block_start + k, 0, category_table.shape[0] - 1)
     proj = encoder.categorical_encoder(category_table[rows].astype(jnp.float32))  # [max_K, D] in FP32
@@ -70,6 +72,7 @@ def compute_loss(
     cfg: LossConfig,
 ) -> LossParts:
     """The batch loss and its parts. `encoder` must be the float32 (master) value encoder."""
+    inputs = {k: jnp.asarray(v) for k, v in inputs.items()}
     is_target = inputs["is_target"]
     b = is_target.shape[0]
     t = jnp.argmax(is_target, axis=1)  # [B] the target position (exactly one per valid sequence)
@@ -96,7 +99,7 @@ def compute_loss(
     cat_loss = ce + cfg.z_loss * lse**2
 
     type_losses = jnp.stack([num_loss, bool_loss, ts_loss, cat_loss])  # [4, B]
-    selector = jax.nn.one_hot(_STYPE_TO_SLOT[inputs["target_stype"].astype(jnp.int32)], 4, dtype=jnp.float32)
+    selector = jax.nn.one_hot(jnp.asarray(_STYPE_TO_SLOT)[inputs["target_stype"].astype(jnp.int32)], 4, dtype=jnp.float32)
     type_loss = (1.0 - is_null) * (selector @ type_losses)  # [B]
     per_seq = (null_loss + type_loss) * weight
     denom = jnp.maximum(jnp.sum(weight), 1.0)

@@ -39,6 +39,8 @@ class RelationalTransformer(eqx.Module):
         self, inputs: dict[str, jax.Array], column_table: jax.Array, category_table: jax.Array
     ) -> ModelOutput:
         """Forward pass on a device batch (see `confluence.model.inputs`) and the database's embedding tables."""
+        inputs = {k: jnp.asarray(v) for k, v in inputs.items()}
+        column_table, category_table = jnp.asarray(column_table), jnp.asarray(category_table)
         m = cast_floating(self, jnp.dtype(self.cfg.compute_dtype))
         attn_fn = get_attention(self.cfg.attention_impl)
         keep = ~inputs["is_padding"][..., None]
@@ -46,7 +48,10 @@ class RelationalTransformer(eqx.Module):
         x = jnp.where(keep, m.h0_norm(x), jnp.zeros((), x.dtype))
         st = Structure.from_inputs(inputs)
         for block in m.blocks:
-            x = block(x, st, attn_fn)
+            if self.cfg.remat:
+                x = eqx.filter_checkpoint(lambda b, x, st: b(x, st, attn_fn))(block, x, st)
+            else:
+                x = block(x, st, attn_fn)
         return m.heads(m.final_norm(x))
 
 

@@ -54,8 +54,8 @@ def save_checkpoint(run_dir: Path, step: int, params, opt_state, meta: dict[str,
     ckpt_root = Path(run_dir) / "checkpoints"
     final = ckpt_root / f"step_{step:08d}"
     host_state = jax.tree.map(_to_host, (params, opt_state))
-    if jax.process_index() != 0:
-        return final
+    if jax.process_index() != 0 or (final / STATE_FILE).is_file():
+        return final  # not the writer, or this step is already saved (same step, same state): never rewrite it
     ckpt_root.mkdir(parents=True, exist_ok=True)
     tmp = ckpt_root / f".tmp-step_{step:08d}-{os.getpid()}"
     if tmp.exists():
@@ -66,7 +66,7 @@ def save_checkpoint(run_dir: Path, step: int, params, opt_state, meta: dict[str,
     (tmp / META_FILE).write_text(json.dumps(full_meta, indent=2, default=_json_default))
     for f in (tmp / STATE_FILE, tmp / META_FILE, tmp):
         _fsync_path(f)
-    if final.exists():
+    if final.exists():  # a leftover without its state file (never referenced by LATEST)
         shutil.rmtree(final)
     os.replace(tmp, final)
     _fsync_path(ckpt_root)

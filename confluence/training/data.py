@@ -107,6 +107,7 @@ class StoreSource:
 
     def __init__(self, sampler: Any, stores: list[Any], batch_size: int, seed: int = 0):
         self.sampler, self.batch_size, self.seed = sampler, batch_size, seed
+        # The loss pads only a TARGET's category block to max_K (see target_max_k).
         self.databases = [DbInfo(s.name, np.asarray(s.column_embeddings), np.asarray(s.categorical_embeddings),
                                  target_max_k(s)) for s in stores]
         self.tasks = [TaskRef(e.db_idx, e.task.index, e.db_name, e.task.name, SemanticType(int(e.task.target_stype)))

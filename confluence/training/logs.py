@@ -8,7 +8,12 @@ from pathlib import Path
 
 
 class ScalarLog:
-    def __init__(self, path: Path, truncate_after_step: int | None = None):
+    """`path=None` gives a logger that writes nothing (processes other than 0)."""
+
+    def __init__(self, path: Path | None, truncate_after_step: int | None = None):
+        self._f = None
+        if path is None:
+            return
         self.path = Path(path)
         rows = []
         if truncate_after_step is not None and self.path.exists():
@@ -23,13 +28,16 @@ class ScalarLog:
         self._f.flush()
 
     def write(self, step: int, scalars: dict[str, float]) -> None:
+        if self._f is None:
+            return
         now = time.time()
         for tag, value in scalars.items():
             self._w.writerow([step, f"{now:.3f}", tag, f"{float(value):.6g}"])
         self._f.flush()
 
     def close(self) -> None:
-        self._f.close()
+        if self._f is not None:
+            self._f.close()
 
 
 def read_scalars(path: Path) -> dict[str, list[tuple[int, float]]]:
@@ -39,3 +47,34 @@ def read_scalars(path: Path) -> dict[str, list[tuple[int, float]]]:
         for row in csv.DictReader(f):
             out.setdefault(row["tag"], []).append((int(row["step"]), float(row["value"])))
     return out
+
+
+def plot_scalars(csv_path: Path, png_path: Path) -> Path:
+    """Loss curves (train per target type, validation per task), learning rates and throughput as one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = read_scalars(csv_path)
+    panels = [
+        ("train loss", [t for t in data if t.startswith("train/loss")]),
+        ("validation loss", [t for t in data if t.startswith("val/")]),
+        ("learning rate", [t for t in data if t.startswith("lr/")]),
+        ("real cells / s", ["perf/cells_per_s"] if "perf/cells_per_s" in data else []),
+    ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6))
+    for ax, (title, tags) in zip(axes, panels, strict=True):
+        for tag in sorted(tags):
+            steps, values = zip(*data[tag], strict=True)
+            ax.plot(steps, values, label=tag.split("/", 1)[1] if "/" in tag else tag, lw=1.2)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        if title == "learning rate":
+            ax.set_yscale("log")
+        if tags:
+            ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)
+    return Path(png_path)

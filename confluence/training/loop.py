@@ -18,7 +18,7 @@ from confluence.model.inputs import DbTables, batch_to_inputs
 from confluence.model.transformer import RelationalTransformer
 from confluence.training.checkpoint import load_state, read_meta, save_checkpoint
 from confluence.training.data import BatchSource, TaskRef
-from confluence.training.logs import ScalarLog
+from confluence.training.logs import ScalarLog, plot_scalars
 from confluence.training.presets import TrainConfig
 from confluence.training.step import get_trainer, make_mesh, replicate, shard_inputs
 
@@ -30,6 +30,13 @@ class TrainResult:
     last_loss: float | None
     val_losses: dict[str, float] = field(default_factory=dict)
     history: list[tuple[int, float]] = field(default_factory=list)
+
+
+def _scalar(x) -> float:
+    """A replicated (possibly multi-process) scalar as a Python float."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        x = x.addressable_data(0)
+    return float(np.asarray(x))
 
 
 class TaskSampler:
@@ -100,13 +107,15 @@ def train(
         tasks.restore(ck.meta["rng"]["task_sampler"])
     elif init_from is not None:
         params, _ = load_state(Path(init_from), params)
-    (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    main = jax.process_index() == 0  # only process 0 writes the run directory (logs, config, checkpoints)
+    if main:
+        (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
 
     params, opt_state = replicate(params, mesh), replicate(opt_state, mesh)
     tables = [DbTables.build(d.name, d.column_embeddings, d.categorical_embeddings, d.max_k, cfg.loss.max_k)
               for d in source.databases]
     dev_tables = [replicate((t.column_embeddings, t.categorical_embeddings), mesh) for t in tables]
-    log = ScalarLog(out_dir / "scalars.csv", truncate_after_step=step if resume else None)
+    log = ScalarLog(out_dir / "scalars.csv" if main else None, truncate_after_step=step if resume else None)
 
     def checkpoint(at: int) -> None:
         meta = {"config": cfg.to_dict(), "pipeline": source.position(), "rng": {"task_sampler": tasks.state(),
@@ -122,8 +131,8 @@ def train(
                 if b is None:
                     break
                 loss, w = trainer.eval_loss(params, shard_inputs(batch_to_inputs(b), mesh), *dev_tables[t.db_idx])
-                tot += float(loss) * float(w)
-                n += float(w)
+                tot += _scalar(loss) * _scalar(w)
+                n += _scalar(w)
             if n:
                 res[f"val/{t.key}/loss"] = tot / n
         return res
@@ -131,7 +140,9 @@ def train(
     result = TrainResult(step=step, params=None, last_loss=None)
     window_cells, window_wait, window_t0 = 0, 0.0, time.perf_counter()
     window_losses: list[tuple[str, jax.Array]] = []  # device scalars, read at log time (no per-step sync)
-    bar = _progress(progress, stop_at, step)
+    bar = _progress(progress and main, stop_at, step)
+    if step == 0 and stop_at > 0:
+        log.write(0, validate())  # the untrained model's validation loss, as a baseline
     try:
         while step < stop_at:
             micro, stypes = [], []
@@ -148,16 +159,16 @@ def train(
             window_losses.append((stypes[0] if len(set(stypes)) == 1 else "mixed", m.loss))
             scalars: dict[str, float] = {}
             if step % cfg.log_every == 0 or step == stop_at:
-                loss = float(m.loss)
+                loss = _scalar(m.loss)
                 elapsed = time.perf_counter() - window_t0
                 per_type: dict[str, list[float]] = {}
                 for st, v in window_losses:
-                    per_type.setdefault(st, []).append(float(v))
+                    per_type.setdefault(st, []).append(_scalar(v))
                 scalars = {f"train/loss_{st}": float(np.mean(v)) for st, v in sorted(per_type.items())}
                 scalars |= {
-                    "train/loss": loss, "train/null_loss": float(m.null_loss),
-                    "train/type_loss": float(m.type_loss), "train/grad_norm": float(m.grad_norm),
-                    "lr/muon": cfg.optim.lr_muon * float(m.lr_scale), "lr/adamw": cfg.optim.lr_adamw * float(m.lr_scale),
+                    "train/loss": loss, "train/null_loss": _scalar(m.null_loss),
+                    "train/type_loss": _scalar(m.type_loss), "train/grad_norm": _scalar(m.grad_norm),
+                    "lr/muon": cfg.optim.lr_muon * _scalar(m.lr_scale), "lr/adamw": cfg.optim.lr_adamw * _scalar(m.lr_scale),
                     "perf/cells_per_s": window_cells / max(elapsed, 1e-9), "perf/sampler_wait_s": window_wait,
                     "perf/sampler_wait_frac": window_wait / max(elapsed, 1e-9),
                 }
@@ -184,6 +195,8 @@ def train(
         log.close()
         if bar is not None:
             bar.close()
+    if main and (out_dir / "scalars.csv").is_file():
+        plot_scalars(out_dir / "scalars.csv", out_dir / "scalars.png")
     result.step, result.params = step, params
     return result
 

@@ -99,7 +99,8 @@ PRESETS: dict[str, TrainConfig] = {
     ),
     # The seeds' model: D = D_t = 256, 8 heads, 12 layers; B = 32, S = 1024. For a GPU.
     "base": TrainConfig(
-        model=ModelConfig(d_model=256, n_layers=12, n_heads=8, d_t=256, compute_dtype="bfloat16"),
+        model=ModelConfig(d_model=256, n_layers=12, n_heads=8, d_t=256, compute_dtype="bfloat16",
+                          attention_impl="auto"),
         optim=OptimConfig(lr_muon=0.02, lr_adamw=3e-4, warmup_steps=2000, total_steps=200_000),
         loss=LossConfig(max_k=256),
         batch_size=32, seq_len=1024, max_rows=256, max_steps=200_000, val_every=2000, val_batches=8,

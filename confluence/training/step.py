@@ -43,9 +43,11 @@ def shard_inputs(inputs: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Arr
     passes its local part of the batch (global batch = concatenation over processes)."""
     n = mesh.devices.size
     local_n = n // jax.process_count()
+    if jax.process_count() > 1:
+        inputs = _globalize_text(inputs, local_n)
     out = {}
     for name, x in inputs.items():
-        if name in BATCH_AXIS_FIELDS:
+        if name in BATCH_AXIS_FIELDS or (name == "text_batch_embeddings" and jax.process_count() > 1):
             if x.shape[0] % local_n:
                 raise ValueError(
                     f"batch field {name!r}: local batch size {x.shape[0]} is not divisible by the {local_n} local "
@@ -67,6 +69,21 @@ def _is_param(x) -> bool:
     if isinstance(x, jax.ShapeDtypeStruct):
         return jnp.issubdtype(x.dtype, jnp.inexact)
     return eqx.is_inexact_array(x)
+
+
+def _globalize_text(inputs: dict[str, np.ndarray], local_n: int) -> dict[str, np.ndarray]:
+    """Several processes: each has its own batch-local text table. Pad every process's table to the largest U (a
+    multiple of the local device count), offset the local text ids by process_index * U, and let the caller shard
+    the tables along the data axis, so the global table is their concatenation."""
+    from jax.experimental import multihost_utils
+
+    text = inputs["text_batch_embeddings"]
+    u = -(-text.shape[0] // local_n) * local_n
+    u = int(np.max(multihost_utils.process_allgather(np.array([u], np.int64))))
+    padded = np.zeros((u, text.shape[1]), text.dtype)
+    padded[: text.shape[0]] = text
+    ids = inputs["text_embed_ids"].astype(np.uint32) + np.uint32(jax.process_index() * u)
+    return {**inputs, "text_batch_embeddings": padded, "text_embed_ids": ids}
 
 
 class StepMetrics(NamedTuple):
