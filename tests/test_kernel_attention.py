@@ -6,10 +6,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest_kernel import assert_close_to_reference, random_qkv, random_unsorted, run_both
 
 from confluence.model.attention import MASK_KINDS, dense_mask, reference_attention
 from confluence.model.kernels import block_sparse_attention, synthetic_structure
+from tests.conftest_kernel import assert_close_to_reference, random_qkv, random_unsorted, run_both
 
 
 def empty_queries(kind, struct) -> np.ndarray:
