@@ -31,13 +31,23 @@ NUM_WARPS = 4
 NUM_STAGES = 2
 
 
+def _precision(a: jax.Array) -> lax.Precision | None:
+    """FP32 operands get true FP32 products (Triton would otherwise use TF32); bf16 / f16 need no setting."""
+    return lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
+
+
 def _dot(a: jax.Array, b: jax.Array) -> jax.Array:
-    return jnp.dot(a, b, preferred_element_type=jnp.float32)
+    """a @ b with FP32 accumulation."""
+    return lax.dot_general(
+        a, b, (((1,), (0,)), ((), ())), precision=_precision(a), preferred_element_type=jnp.float32
+    )
 
 
 def _dot_t(a: jax.Array, b: jax.Array) -> jax.Array:
     """a @ b.T with FP32 accumulation."""
-    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    return lax.dot_general(
+        a, b, (((1,), (1,)), ((), ())), precision=_precision(a), preferred_element_type=jnp.float32
+    )
 
 
 def _tile_mask(
