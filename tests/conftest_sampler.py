@@ -235,6 +235,8 @@ def bookstore(extra_orders: int = 0):
                  ~np.isnan(rating), column="rating"),
         TaskSpec("will_reorder", "orders", np.arange(n), np.array(times, np.int64), ST.BOOLEAN,
                  np.arange(n) % 3 == 0, np.ones(n, bool)),
+        TaskSpec("next_order_at", "orders", np.arange(n), np.array(times, np.int64), ST.TIMESTAMP,
+                 np.array(times, np.int64) + day, np.arange(n) != 2),
         TaskSpec("country", "customers", np.array([0]), np.array([INT64_MAX]), ST.CATEGORICAL, np.array([1]),
                  np.array([True]), column="country", cat_count=2),
     ]

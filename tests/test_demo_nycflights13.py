@@ -74,4 +74,8 @@ def test_build_is_deterministic_and_cached(demo_dir, tmp_path):
     before = {f.name: f.stat().st_mtime_ns for f in demo_dir.iterdir()}
     assert demo_source_dir(demo_dir.parent) == demo_dir  # cached: not rebuilt
     assert {f.name: f.stat().st_mtime_ns for f in demo_dir.iterdir()} == before
+    # a concurrent builder that finishes second keeps the first copy (replace=False)
+    assert build_nycflights13(demo_dir, replace=False) == demo_dir
+    assert {f.name: f.stat().st_mtime_ns for f in demo_dir.iterdir()} == before
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+    assert not [p for p in demo_dir.parent.iterdir() if ".tmp-" in p.name]

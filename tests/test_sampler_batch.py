@@ -145,3 +145,38 @@ def test_several_databases_and_weights():
     cfg0 = SamplerConfig(batch_size=4, seq_len=32, max_rows=16, row_buckets=(16,), batches_per_epoch=20,
                          task_weights={"x_t0": 1.0, "x_t1": 0.0}, tasks=("random1/x_t0", "random2/x_t1"))
     assert {b.db_idx for b in Sampler([s1, s2], cfg0).batches("train", 0)} == {0}
+
+
+def test_render_text():
+    s = Sampler([bookstore()], CFG)
+    text = s.render("rating", 0)
+    assert "TARGET" in text and "outbound mask" in text and "inbound mask" in text and "column mask" in text
+    assert "r1 <- {" in text and "customers" in text and "orders.rating" in text
+    import confluence.sampler as pkg
+
+    assert pkg.Sampler is Sampler
+
+
+def test_parallel_text_gather_matches_serial(monkeypatch):
+    import confluence.sampler.builder as builder
+
+    store = random_store(21, n_tables=4, max_rows=60)
+    base = dict(batch_size=8, seq_len=128, width=3, max_rows=32, row_buckets=(32,), text_buckets=(8,))
+    serial = Sampler([store], SamplerConfig(**base, threads=1))
+    monkeypatch.setattr(builder, "_PARALLEL_GATHER_MIN", 1)
+    with Sampler([store], SamplerConfig(**base, threads=2)) as par:
+        for e in serial.entries:
+            ids = np.arange(min(8, e.task.num_seeds))
+            a, b = serial.batch_for_seeds(e.task.name, ids), par.batch_for_seeds(e.task.name, ids)
+            np.testing.assert_array_equal(a.text_batch_embeddings, b.text_batch_embeddings)
+            np.testing.assert_array_equal(a.text_embed_ids, b.text_embed_ids)
+
+
+def test_kernels_release_the_gil_and_are_cached():
+    from confluence.sampler import linearize, perms, textgather, walk
+
+    kernels = [walk.walk_chunk, walk.anchor_cells_chunk, linearize.linearize_chunk, linearize.fill_adjacency,
+               perms.perms_chunk, textgather.dedup_text, textgather.gather_rows]
+    for k in kernels:
+        assert k.targetoptions.get("nogil") is True, k.py_func.__name__
+        assert type(k._cache).__name__ == "FunctionCache", k.py_func.__name__  # cache=True: compiled once

@@ -10,7 +10,7 @@ from confluence.sampler.config import SamplerConfig
 from confluence.sampler.sampler import Sampler
 from confluence.sampler.walk import VIA_CHILD, VIA_PARENT, VIA_SEED
 from confluence.stypes import SemanticType
-from tests.conftest_sampler import bookstore, random_store
+from tests.conftest_sampler import bookstore, random_store, ts_encode
 
 CFG = SamplerConfig(batch_size=4, seq_len=128, width=16, max_rows=32, row_buckets=(8, 16, 32), text_buckets=(4, 16))
 
@@ -82,6 +82,15 @@ def test_derived_boolean_target_and_exclusion():
     assert (b.column_ids[:3, 0] == tcol).all() and b.target_stype == SemanticType.BOOLEAN
     assert list(b.bool_values[:3, 0]) == [True, False, False]
     assert (b.column_ids[b.is_target] == tcol).all()
+
+
+def test_derived_timestamp_target():
+    store = bookstore()
+    b = Sampler([store], CFG).batch_for_seeds("next_order_at", np.array([0, 2]))
+    day = 86_400_000_000
+    assert b.target_stype == SemanticType.TIMESTAMP
+    np.testing.assert_array_equal(b.timestamp_values[0, 0], ts_encode(np.array([11 * day]))[0])
+    assert b.is_null[1, 0] and not b.timestamp_values[1, 0].any()  # order 12's target is NULL
 
 
 def test_categorical_target_block():

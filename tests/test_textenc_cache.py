@@ -176,3 +176,9 @@ def test_with_real_encoder_and_unicode(tmp_path):
     warm = encode_cached(enc, texts, EmbeddingCache(tmp_path))
     assert np.array_equal(cold, warm)
     np.testing.assert_allclose(cold, enc.encode(texts), atol=1e-3)
+
+
+def test_rich_progress_bar_runs(tmp_path, capsys):
+    out = encode_cached(CountingEncoder(), [str(i) for i in range(300)], EmbeddingCache(tmp_path), progress=True,
+                        chunk_size=100)
+    assert out.shape == (300, 8)

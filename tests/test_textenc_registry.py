@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from confluence.errors import ConfluenceError
-from confluence.textenc import StaticEncoder, TextEncoder, load_encoder
+from confluence.textenc import StaticEncoder, TextEncoder, encoder_metadata, load_encoder
 from confluence.textenc.default import default_model_dir
 
 HAS_ST = importlib.util.find_spec("sentence_transformers") is not None
@@ -25,10 +25,22 @@ def test_default_specs_share_one_instance():
 def test_model2vec_dir(tmp_path):
     enc = load_encoder(f"model2vec:{default_model_dir()}")
     assert isinstance(enc, StaticEncoder)
-    assert enc.fingerprint.startswith("model2vec:text_encoder:")
+    assert enc.fingerprint == load_encoder().fingerprint, "the shipped directory named explicitly is the default"
     np.testing.assert_array_equal(enc.encode(["dog"]), load_encoder().encode(["dog"]))
+    copy = tmp_path / "my_model"
+    copy.mkdir()
+    for f in default_model_dir().iterdir():
+        (copy / f.name).write_bytes(f.read_bytes())
+    other = load_encoder(f"model2vec:{copy}")
+    assert other.fingerprint.startswith("model2vec:my_model:")
+    assert other.fingerprint.split(":")[-1] == enc.fingerprint.split(":")[-1]
     with pytest.raises(ConfluenceError, match="does not exist"):
         load_encoder(f"model2vec:{tmp_path / 'missing'}")
+
+
+def test_encoder_metadata():
+    meta = encoder_metadata(load_encoder())
+    assert meta == {"kind": "model2vec", "fingerprint": load_encoder().fingerprint, "dim": 256}
 
 
 @pytest.mark.parametrize("spec", ["bert", "word2vec:/x", "model2vec:", "  :/x"])

@@ -28,4 +28,4 @@ def demo_source_dir(cache_dir: str | Path) -> Path:
     out = Path(cache_dir) / f"nycflights13-v{DEMO_VERSION}"
     if all((out / f"{t}.parquet").is_file() for t in NYCFLIGHTS13_TABLES):
         return out
-    return build_nycflights13(out)
+    return build_nycflights13(out, replace=False)  # a concurrent builder's finished copy is kept

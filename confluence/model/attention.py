@@ -75,11 +75,11 @@ def reference_attention(
 
 
 # --- Registry: the model picks its attention implementation by name (ModelConfig.attention_impl). ---------------
-# The block-sparse kernel (confluence.model.kernels) registers itself with `register_attention("block_sparse", fn)`
-# when its module is imported; `get_attention` imports that module lazily so the model needs no hard dependency.
+# "block_sparse" resolves lazily to `confluence.model.kernels.block_sparse_attention` (imported on first use, so the
+# model has no hard dependency on Pallas); other implementations can be added with `register_attention`.
 
 _ATTENTION_IMPLS: dict[str, AttentionFn] = {"reference": reference_attention}
-_LAZY_MODULES: dict[str, str] = {"block_sparse": "confluence.model.kernels"}
+_LAZY: dict[str, tuple[str, str]] = {"block_sparse": ("confluence.model.kernels", "block_sparse_attention")}
 
 
 def register_attention(name: str, fn: AttentionFn) -> None:
@@ -89,13 +89,14 @@ def register_attention(name: str, fn: AttentionFn) -> None:
 
 def get_attention(name: str) -> AttentionFn:
     """Resolve an attention implementation by name; raises ValueError listing the available ones."""
-    if name not in _ATTENTION_IMPLS and name in _LAZY_MODULES:
+    if name not in _ATTENTION_IMPLS and name in _LAZY:
         import importlib
 
+        module, attr = _LAZY[name]
         try:
-            importlib.import_module(_LAZY_MODULES[name])
-        except ModuleNotFoundError as exc:
-            raise ValueError(f"attention_impl {name!r} needs module {_LAZY_MODULES[name]}, not installed: {exc}") from exc
+            _ATTENTION_IMPLS[name] = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"attention_impl {name!r} needs {module}.{attr}, unavailable: {exc}") from exc
     try:
         return _ATTENTION_IMPLS[name]
     except KeyError:

@@ -93,5 +93,7 @@ def category_text(column: str, value: str) -> str:
 
 def encoder_info(encoder: TextEncoder) -> dict[str, Any]:
     """What the store records about the encoder."""
-    kind = getattr(encoder, "kind", None) or type(encoder).__name__
-    return {"kind": str(kind), "fingerprint": str(encoder.fingerprint), "dim": int(encoder.dim)}
+    fingerprint = str(encoder.fingerprint)
+    kind = getattr(encoder, "kind", None) or (fingerprint.split(":", 1)[0] if ":" in fingerprint else None)
+    kind = kind or type(encoder).__name__
+    return {"kind": str(kind), "fingerprint": fingerprint, "dim": int(encoder.dim)}

@@ -140,9 +140,9 @@ def encode_timestamp(epoch_us: np.ndarray, mean: float, std: float) -> np.ndarra
     for k, (x, period) in enumerate(
         zip((second, minute, hour, weekday, day_of_month0, month0, day_of_year0), TIMESTAMP_PERIODS, strict=True)
     ):
-        angle = (2.0 * np.pi / period) * np.asarray(x, dtype=np.float64)
-        out[:, 2 * k] = np.sin(angle)
-        out[:, 2 * k + 1] = np.cos(angle)
+        angle = ((2.0 * np.pi / period) * np.asarray(x, dtype=np.float64)).astype(np.float32)  # in [0, 2π)
+        np.sin(angle, out=out[:, 2 * k])
+        np.cos(angle, out=out[:, 2 * k + 1])
     out[:, 14] = (us.astype(np.float64) - mean) / std
     return out
 

@@ -1,7 +1,9 @@
 """`BatchBuilder`: seeds of one task -> one `TrainingBatch`, the phases run by worker threads in nogil kernels.
 
-Phase 1 (per sequence, split over threads): walk, linearize, permutations. Phase 2 (once per batch): text
-dedup + gather. Collation (allocating the zeroed outputs, the bookkeeping vectors) is timed on its own.
+Phase 1 (per sequence; worker threads take small chunks of the batch in turn): walk, linearize, permutations, in
+one parallel section with no barrier in between. Phase 2 (once per batch): text dedup + gather. Collation
+(allocating the zeroed outputs, `fk_adj` from the edge lists once R is known, the bookkeeping vectors) is timed
+on its own.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from confluence.errors import ConfluenceError
 from confluence.sampler.batch import TrainingBatch
 from confluence.sampler.config import SamplerConfig, bucket_size
 from confluence.sampler.data import SamplerData, TaskData
-from confluence.sampler.linearize import linearize_chunk
+from confluence.sampler.linearize import fill_adjacency, linearize_chunk
 from confluence.sampler.perms import perms_chunk
 from confluence.sampler.rng import sequence_states, stream_key
 from confluence.sampler.textgather import dedup_text, gather_rows
@@ -27,6 +29,7 @@ from confluence.sampler.walk import anchor_cells_chunk, walk_chunk
 from confluence.stypes import D_TIME
 
 PHASES = ("walk", "linearize", "permutations", "text", "collation")
+_PARALLEL_GATHER_MIN = 512  # distinct texts in a batch from which the gather is split over the workers
 
 
 @dataclass
@@ -62,7 +65,6 @@ class BatchBuilder:
         self.db_idx = db_idx
         self._pool = pool
         self._scratch: queue.SimpleQueue[_Scratch] = queue.SimpleQueue()
-        self._scratch_lock = threading.Lock()
 
     # ---- helpers
     def _checkout(self) -> _Scratch:
@@ -72,6 +74,8 @@ class BatchBuilder:
             return _Scratch(self.data.num_rows)
 
     def _parallel(self, n: int, fn: Callable[[int, int, _Scratch], None]) -> None:
+        """Run fn(lo, hi, scratch) over 0..n: in this thread, or by worker threads taking small chunks in turn
+        (dynamic, so a descheduled worker does not hold the batch back)."""
         threads = min(self.config.threads, n)
         if threads <= 1 or self._pool is None:
             s = self._checkout()
@@ -80,16 +84,24 @@ class BatchBuilder:
             finally:
                 self._scratch.put(s)
             return
-        bounds = np.linspace(0, n, threads + 1).astype(int)
+        chunk = max(1, n // (threads * 4))
+        lock = threading.Lock()
+        nxt = [0]
 
-        def run(lo: int, hi: int) -> None:
+        def run() -> None:
             s = self._checkout()
             try:
-                fn(lo, hi, s)
+                while True:
+                    with lock:
+                        lo = nxt[0]
+                        nxt[0] = min(n, lo + chunk)
+                    if lo >= n:
+                        return
+                    fn(lo, min(n, lo + chunk), s)
             finally:
                 self._scratch.put(s)
 
-        futs = [self._pool.submit(run, int(bounds[i]), int(bounds[i + 1])) for i in range(threads)]
+        futs = [self._pool.submit(run) for _ in range(threads)]
         for f in futs:
             f.result()
 
@@ -118,36 +130,13 @@ class BatchBuilder:
         key = stream_key("sequence", cfg.seed, epoch, self.db_idx, task.index)
         states = sequence_states(key, seed_ids)
         max_rows = cfg.max_rows
+        s_len = cfg.seq_len
         rows = np.zeros((bsz, max_rows), dtype=np.int64)
         hops = np.zeros((bsz, max_rows), dtype=np.int32)
         via = np.zeros((bsz, max_rows), dtype=np.int8)
         src = np.zeros((bsz, max_rows), dtype=np.int32)
         nrows = np.zeros(bsz, dtype=np.int32)
         a_cells = np.zeros(bsz, dtype=np.int32)
-        timings["collation"] += time.perf_counter() - t0
-        cpu_parts["collation"][0] += time.thread_time() - c0
-
-        def walk(lo: int, hi: int, s: _Scratch) -> None:
-            c1 = time.thread_time()
-            anchor_cells_chunk(
-                lo, hi, anchors, d.tab_row_off, d.tab_col_ptr, d.tab_cols, d.col_stype, d.col_voff, d.valid_bits,
-                task.exclude_cols, task.target_col, task.is_derived, a_cells,
-            )
-            walk_chunk(
-                lo, hi, anchors, obs, a_cells, states, cfg.seq_len, cfg.width, max_rows, d.row_ncells, d.row_time,
-                d.parent_indptr, d.parent_indices, d.child_indptr, d.child_indices, d.child_time, d.max_parents,
-                s.mark, s.stamp, rows, hops, via, src, nrows,
-            )
-            cpu_parts["walk"][lo] = time.thread_time() - c1
-
-        t0 = time.perf_counter()
-        self._parallel(bsz, walk)
-        timings["walk"] += time.perf_counter() - t0
-
-        c0 = time.thread_time()
-        t0 = time.perf_counter()
-        s_len = cfg.seq_len
-        r_pad = bucket_size(int(nrows.max()), cfg.row_buckets, cap=max_rows)
         out = {
             "semantic_types": np.zeros((bsz, s_len), np.int8),
             "column_ids": np.zeros((bsz, s_len), np.int32),
@@ -160,19 +149,29 @@ class BatchBuilder:
             "text_embed_ids": np.zeros((bsz, s_len), np.uint32),
             "is_target": np.zeros((bsz, s_len), np.bool_),
             "is_padding": np.zeros((bsz, s_len), np.bool_),
-            "fk_adj": np.zeros((bsz, r_pad, r_pad), np.bool_),
             "col_perm": np.empty((bsz, s_len), np.uint16),
             "out_perm": np.empty((bsz, s_len), np.uint16),
             "in_perm": np.empty((bsz, s_len), np.uint16),
         }
         n_real = np.zeros(bsz, dtype=np.int32)
+        edges = np.empty((bsz, max_rows * max(d.max_parents, 1)), dtype=np.int32)
+        n_edges = np.zeros(bsz, dtype=np.int32)
         timings["collation"] += time.perf_counter() - t0
         cpu_parts["collation"][0] += time.thread_time() - c0
-        phase_t = {"linearize": np.zeros(bsz), "permutations": np.zeros(bsz)}
 
-        def lin_perm(lo: int, hi: int, s: _Scratch) -> None:
+        def phase1(lo: int, hi: int, s: _Scratch) -> None:
+            """Walk, linearize and permute sequences lo..hi-1 (all nogil kernels)."""
             c1 = time.thread_time()
-            t1 = time.perf_counter()
+            anchor_cells_chunk(
+                lo, hi, anchors, d.tab_row_off, d.tab_col_ptr, d.tab_cols, d.col_stype, d.col_voff, d.valid_bits,
+                task.exclude_cols, task.target_col, task.is_derived, a_cells,
+            )
+            walk_chunk(
+                lo, hi, anchors, obs, a_cells, states, s_len, cfg.width, max_rows, d.row_ncells, d.row_time,
+                d.parent_indptr, d.parent_indices, d.child_indptr, d.child_indices, d.child_time, d.max_parents,
+                s.mark, s.stamp, rows, hops, via, src, nrows,
+            )
+            c2 = time.thread_time()
             linearize_chunk(
                 lo, hi, s_len, rows, nrows, seed_ids, task.target_stype, task.target_col, task.is_derived,
                 task.exclude_cols, task.tgt_f32, task.tgt_ts, task.tgt_u32, task.tgt_bits, task.tgt_valid,
@@ -180,42 +179,60 @@ class BatchBuilder:
                 d.u32_pool, d.bool_bits, d.valid_bits, d.parent_indptr, d.parent_indices,
                 out["semantic_types"], out["column_ids"], out["seq_row_ids"], out["is_null"], out["numeric_values"],
                 out["timestamp_values"], out["bool_values"], out["categorical_embed_ids"], out["text_embed_ids"],
-                out["is_target"], out["is_padding"], out["fk_adj"], n_real,
+                out["is_target"], out["is_padding"], n_real, edges, n_edges,
             )
-            t2 = time.perf_counter()
-            c2 = time.thread_time()
+            c3 = time.thread_time()
             perms_chunk(
-                lo, hi, out["column_ids"], out["seq_row_ids"], n_real, nrows, out["fk_adj"], d.col_stype.shape[0],
+                lo, hi, out["column_ids"], out["seq_row_ids"], n_real, nrows, edges, n_edges, d.col_stype.shape[0],
                 out["col_perm"], out["out_perm"], out["in_perm"],
             )
-            t3 = time.perf_counter()
-            cpu_parts["linearize"][lo] = c2 - c1
-            cpu_parts["permutations"][lo] = time.thread_time() - c2
-            phase_t["linearize"][lo] = t2 - t1
-            phase_t["permutations"][lo] = t3 - t2
+            cpu_parts["walk"][lo] += c2 - c1
+            cpu_parts["linearize"][lo] += c3 - c2
+            cpu_parts["permutations"][lo] += time.thread_time() - c3
 
         t0 = time.perf_counter()
-        self._parallel(bsz, lin_perm)
+        self._parallel(bsz, phase1)
         wall = time.perf_counter() - t0
-        # split the wall time of the fused section by the workers' own measurements
-        lin, perm = phase_t["linearize"].sum(), phase_t["permutations"].sum()
-        share = lin / (lin + perm) if lin + perm > 0 else 0.5
-        timings["linearize"] += wall * share
-        timings["permutations"] += wall * (1 - share)
+        # one fused section: its wall time is attributed to the phases by their CPU shares
+        cpu1 = {k: cpu_parts[k].sum() for k in ("walk", "linearize", "permutations")}
+        tot = sum(cpu1.values())
+        for k, v in cpu1.items():
+            timings[k] += wall * (v / tot if tot > 0 else 1 / 3)
+
+        c0 = time.thread_time()
+        t0 = time.perf_counter()
+        r_pad = bucket_size(int(nrows.max()), cfg.row_buckets, cap=max_rows)
+        fk_adj = np.zeros((bsz, r_pad, r_pad), np.bool_)
+        fill_adjacency(edges, n_edges, fk_adj)
+        timings["collation"] += time.perf_counter() - t0
+        cpu_parts["collation"][0] += time.thread_time() - c0
 
         c0 = time.thread_time()
         t0 = time.perf_counter()
         uniq = dedup_text(out["semantic_types"], out["is_null"], out["text_embed_ids"])
         u_pad = bucket_size(uniq.shape[0], cfg.text_buckets)
         text = np.zeros((u_pad, d.d_t), dtype=np.float16)
-        gather_rows(d.text_embeddings.view(np.uint16), uniq, text.view(np.uint16))  # numba has no f16
+        table16, text16 = d.text_embeddings.view(np.uint16), text.view(np.uint16)  # numba has no float16
+        gather_cpu: list[float] = []
+        # the gather is mostly page faults of the mmapped table: spread them over the workers
+        if uniq.shape[0] >= _PARALLEL_GATHER_MIN and self.config.threads > 1:
+
+            def gather(lo: int, hi: int, _s: _Scratch) -> None:
+                c1 = time.thread_time()
+                gather_rows(table16, uniq[lo:hi], text16[lo:hi])
+                gather_cpu.append(time.thread_time() - c1)
+
+            self._parallel(uniq.shape[0], gather)
+        else:
+            gather_rows(table16, uniq, text16)
         timings["text"] += time.perf_counter() - t0
-        cpu_parts["text"][0] = time.thread_time() - c0
+        cpu_parts["text"][0] = time.thread_time() - c0 + sum(gather_cpu)
         c0 = time.thread_time()
 
         t0 = time.perf_counter()
         batch = TrainingBatch(
             **out,
+            fk_adj=fk_adj,
             text_batch_embeddings=text,
             target_stype=task.target_stype,
             task_idx=task.index,

@@ -1,4 +1,4 @@
-"""Linearization: visited rows -> the cell tensors of seed 000 sections 1-3, plus `fk_adj` (numba, nogil).
+"""Linearization: visited rows -> the cell tensors of seed 000 sections 1-3 and the F->P edge list (numba, nogil).
 
 Order: the target cell first (so it always fits in S), then the anchor row's other cells (excluded columns
 hidden), then every other row in visit order, each row's cells in column order. The last row may be cut at S.
@@ -58,7 +58,7 @@ def linearize_chunk(
     valid_bits: np.ndarray,
     p_ptr: np.ndarray,
     p_idx: np.ndarray,
-    # outputs [B, S(, 15)] and fk_adj [B, R, R]
+    # outputs [B, S(, 15)] and the edge list
     semantic_types: np.ndarray,
     column_ids: np.ndarray,
     seq_row_ids: np.ndarray,
@@ -70,12 +70,14 @@ def linearize_chunk(
     text_embed_ids: np.ndarray,
     is_target: np.ndarray,
     is_padding: np.ndarray,
-    fk_adj: np.ndarray,
     n_real: np.ndarray,  # i32[B]
+    edges: np.ndarray,  # i32[B, E]: the fk_adj edges as (r1 << 16) | r2 (see `fill_adjacency`)
+    n_edges: np.ndarray,  # i32[B]
 ) -> None:
-    """Fill the cell tensors and `fk_adj` of sequences lo..hi-1 (outputs must be zeroed)."""
+    """Fill the cell tensors and the F->P edge list of sequences lo..hi-1 (outputs must be zeroed)."""
     for b in range(lo, hi):
         nr = nrows[b]
+        ne = 0
         # sequence-local row map: a small open-addressing hash table (global row -> local id)
         cap = 16
         while cap < 2 * nr:
@@ -145,15 +147,32 @@ def linearize_chunk(
                 elif s == _TEXT:
                     text_embed_ids[b, pos] = u32_pool[col_off[c] + lr]
                 pos += 1
-            # F->P edges between rows that are both in the sequence
+            # F->P edges between rows that are both in the sequence (each distinct pair once)
+            row_first = ne
             for e in range(p_ptr[r], p_ptr[r + 1]):
                 p = p_idx[e]
                 h = _slot(p, cap)
                 while hkeys[h] != -1:
                     if hkeys[h] == p:
-                        fk_adj[b, i, hvals[h]] = True
+                        code = (i << 16) | hvals[h]
+                        dup = False
+                        for q in range(row_first, ne):
+                            if edges[b, q] == code:
+                                dup = True
+                        if not dup:
+                            edges[b, ne] = code
+                            ne += 1
                         break
                     h = (h + 1) & (cap - 1)
         n_real[b] = pos
+        n_edges[b] = ne
         for j in range(pos, seq_len):
             is_padding[b, j] = True
+
+
+@njit(nogil=True, cache=True)
+def fill_adjacency(edges: np.ndarray, n_edges: np.ndarray, fk_adj: np.ndarray) -> None:
+    """fk_adj[b, r1, r2] = True for every edge (r1 << 16) | r2 of sequence b."""
+    for b in range(n_edges.shape[0]):
+        for k in range(n_edges[b]):
+            fk_adj[b, edges[b, k] >> 16, edges[b, k] & 0xFFFF] = True

@@ -70,17 +70,17 @@ def perms_chunk(
     seq_row_ids: np.ndarray,
     n_real: np.ndarray,
     nrows: np.ndarray,
-    fk_adj: np.ndarray,
+    edges: np.ndarray,
+    n_edges: np.ndarray,
     num_columns: int,
     col_perm: np.ndarray,
     out_perm: np.ndarray,
     in_perm: np.ndarray,
 ) -> None:
-    """Fill `col_perm`, `out_perm`, `in_perm` of sequences lo..hi-1."""
+    """Fill `col_perm`, `out_perm`, `in_perm` of sequences lo..hi-1 (row graph from the fk_adj edge list)."""
     s_len = column_ids.shape[1]
     cnt = np.zeros(num_columns + 1, dtype=np.int64)
     distinct = np.empty(s_len, dtype=np.int64)
-    r_max = fk_adj.shape[1]
     for b in range(lo, hi):
         n = n_real[b]
         # --- col_perm: stable counting sort over the distinct columns present
@@ -106,30 +106,32 @@ def perms_chunk(
             cnt[ds[k]] = 0
         for p in range(n, s_len):
             col_perm[b, p] = p
-        # --- row graph (symmetrized) and directed degrees
-        nr = min(nrows[b], r_max)
+        # --- row graph (symmetrized, CSR) and directed degrees, from the edge list
+        nr = nrows[b]
+        ne = n_edges[b]
         n_par = np.zeros(nr, dtype=np.int64)
         n_chi = np.zeros(nr, dtype=np.int64)
-        deg = np.zeros(nr, dtype=np.int64)
-        for i in range(nr):
-            for j in range(nr):
-                if fk_adj[b, i, j] and i != j:
-                    n_par[i] += 1
-                    n_chi[j] += 1
-        for i in range(nr):
-            deg[i] = n_par[i] + n_chi[i]
+        for k in range(ne):
+            i = edges[b, k] >> 16
+            j = edges[b, k] & 0xFFFF
+            if i != j:
+                n_par[i] += 1
+                n_chi[j] += 1
+        deg = n_par + n_chi
         ptr = np.zeros(nr + 1, dtype=np.int64)
         for i in range(nr):
             ptr[i + 1] = ptr[i] + deg[i]
         nbr = np.empty(ptr[nr], dtype=np.int64)
         fill = ptr[:nr].copy()
-        for i in range(nr):
-            for j in range(nr):
-                if fk_adj[b, i, j] and i != j:
-                    nbr[fill[i]] = j
-                    fill[i] += 1
-                    nbr[fill[j]] = i
-                    fill[j] += 1
+        for k in range(ne):
+            i = edges[b, k] >> 16
+            j = edges[b, k] & 0xFFFF
+            if i == j:
+                continue
+            nbr[fill[i]] = j
+            fill[i] += 1
+            nbr[fill[j]] = i
+            fill[j] += 1
         big = nr + 1
         key = np.empty(nr, dtype=np.int64)
         order = np.empty(nr, dtype=np.int64)

@@ -96,6 +96,14 @@ class Sampler:
         """The batch for exactly these seeds (in order); a short list is padded with `seq_valid` False filler."""
         return self.build(task, seed_ids, db, epoch).batch
 
+    def render(self, task: str, seed_id: int, db: int | str = 0, epoch: int = 0, max_cells: int | None = None) -> str:
+        """Plain-text view of the sequence of one seed: rows, cells, the three masks (see `render_sequence`)."""
+        from confluence.sampler.show import render_sequence
+
+        e = self.entry(task, db)
+        res = self.build(task, np.array([seed_id]), db, epoch)
+        return render_sequence(res, self.data[e.db_idx], 0, task_name=e.task.name, max_cells=max_cells)
+
     def batches(self, split: str = "train", epoch: int = 0) -> Iterator[TrainingBatch]:
         """Train: `batches_per_epoch` batches, a (database, task) drawn per batch by weight, seeds shuffled per
         epoch. Val / test: every seed of every task once, in order, the last batch of a task padded."""

@@ -1,7 +1,10 @@
 """The context-window walk (spec/sampling.md), compiled with numba and run outside the GIL.
 
-Frontier: a FIFO of rows reached through parent edges (always served first) and a binary min-heap of rows
-reached through child edges keyed by `(hops << 32) | random32`, so the pop is "fewest hops, ties at random".
+Frontier: a FIFO of rows reached through parent edges (always served first) and a binary min-heap of child
+EDGES keyed by `(hops << 32) | random32`, so the pop is "fewest hops, ties at random". The heap is lazy: a child
+row is read and checked (visited?) only when its edge is popped, which saves two cache misses per pushed child;
+a row reached through k sampled child edges at the same hop count holds k keys (so it is more likely to come
+first, by design: it is better connected to the context).
 Per-sequence state lives in a per-worker int32 `mark` array over all rows (3 flag bits + a stamp that increases
 per sequence), so it is never cleared between sequences (O(rows visited) per sequence, not O(database)); it is
 zeroed once every 2**28 sequences when the stamp wraps.
@@ -21,7 +24,6 @@ VIA_CHILD = 2
 
 _F_VISITED = 1
 _F_PARENT_Q = 2
-_F_HEAP = 4
 _IDENT = int(SemanticType.IDENTIFIER)
 _STAMP_MAX = (1 << 28) - 1
 
@@ -158,14 +160,13 @@ def walk_chunk(
     heap_cap = max_rows * max(width, 1) + 1
     hkey = np.empty(heap_cap, dtype=np.int64)
     hrow = np.empty(heap_cap, dtype=np.int64)  # entry id into erow / esrc
-    erow = np.empty(heap_cap, dtype=np.int64)
+    erow = np.empty(heap_cap, dtype=np.int64)  # child edge (index into c_idx)
     esrc = np.empty(heap_cap, dtype=np.int32)
     q_cap = max_rows * max(max_parents, 1) + 1
     qrow = np.empty(q_cap, dtype=np.int64)
     qhop = np.empty(q_cap, dtype=np.int32)
     qsrc = np.empty(q_cap, dtype=np.int32)
     chosen = np.empty(max(width, 1), dtype=np.int64)
-    cmarks = np.empty(max(width, 1), dtype=np.int32)
     st = np.empty(1, dtype=np.uint64)
     for b in range(lo, hi):
         if stamp[0] >= _STAMP_MAX:
@@ -234,20 +235,10 @@ def walk_chunk(
                                 break
                         chosen[k] = c0 + (j if dup else t)
                         k += 1
-                # gather first, then test: independent loads let the CPU overlap the cache misses
+                # lazy: the heap holds child *edges*; the child row is read (and checked) only when popped
                 for j in range(k):
-                    chosen[j] = c_idx[chosen[j]]
-                for j in range(k):
-                    cmarks[j] = mark[chosen[j]]
-                for j in range(k):
-                    ch = chosen[j]
-                    cm = cmarks[j]
-                    cf = (cm & 7) if (cm >> 3) == cur else 0
-                    if cf & (_F_VISITED | _F_PARENT_Q | _F_HEAP):
-                        continue
-                    mark[ch] = tag | cf | _F_HEAP
                     key = (np.int64(hop + 1) << 32) | np.int64(next_u64(st) >> np.uint64(32))
-                    erow[n_entries] = ch
+                    erow[n_entries] = chosen[j]
                     esrc[n_entries] = nrows - 1
                     hsize = _heap_push(hkey, hrow, hsize, key, n_entries)
                     n_entries += 1
@@ -266,7 +257,7 @@ def walk_chunk(
                     found = True
                     break
             while not found and hsize > 0:
-                r = erow[hrow[0]]
+                r = c_idx[erow[hrow[0]]]
                 sr = esrc[hrow[0]]
                 h = np.int32(hkey[0] >> 32)
                 hsize = _heap_pop(hkey, hrow, hsize)

@@ -273,6 +273,7 @@ def _open_array(root: Path, rel: str, spec: dict[str, Any]) -> np.ndarray:
     if actual != expected:
         raise StoreError(f"{root}: file '{rel}' is truncated or padded ({actual} bytes, expected {expected})")
     if expected == header_len:  # empty arrays cannot be memory-mapped
-        return np.zeros(want_shape, dtype=want_dtype)
-    arr = np.load(file, mmap_mode="r")
-    return arr
+        arr = np.zeros(want_shape, dtype=want_dtype)
+        arr.flags.writeable = False
+        return arr
+    return np.load(file, mmap_mode="r")

@@ -7,6 +7,6 @@
 from confluence.textenc.base import TextEncoder
 from confluence.textenc.cache import EmbeddingCache, encode_cached
 from confluence.textenc.default import StaticEncoder
-from confluence.textenc.registry import load_encoder
+from confluence.textenc.registry import encoder_metadata, load_encoder
 
-__all__ = ["EmbeddingCache", "StaticEncoder", "TextEncoder", "encode_cached", "load_encoder"]
+__all__ = ["EmbeddingCache", "StaticEncoder", "TextEncoder", "encode_cached", "encoder_metadata", "load_encoder"]

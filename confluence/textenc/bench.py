@@ -85,7 +85,7 @@ def run(n: int = 200_000, repeats: int = 3, threads: tuple[int, ...] = (1, 2),
         enc.encode(texts[:2000])  # warm-up
         result[f"static_{k}_threads"] = _rate(lambda enc=enc: enc.encode(texts), n, repeats)
         say(f"StaticEncoder, {k} thread(s): {result[f'static_{k}_threads']['best']:,.0f} strings/s")
-    ref = StaticModel.from_pretrained(default_model_dir(), force_download=False)
+    ref = StaticModel.from_pretrained(default_model_dir())
     result["model2vec_encode_1_thread"] = _rate(
         lambda: ref.encode(texts, use_multiprocessing=False, batch_size=4096), n, repeats)
     say(f"model2vec StaticModel.encode: {result['model2vec_encode_1_thread']['best']:,.0f} strings/s")

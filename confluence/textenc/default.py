@@ -104,21 +104,22 @@ class StaticEncoder:
         from model2vec import StaticModel
 
         try:
-            model = StaticModel.from_pretrained(path, force_download=False)
+            model = StaticModel.from_pretrained(path)  # an existing local path is loaded from disk, never the hub
         except Exception as exc:  # corrupt or foreign files: name the directory
             raise ConfluenceError(f"cannot load model2vec model from {str(path)!r}: {exc}") from exc
         self._path = path
-        self._name = name or (DEFAULT_NAME if model_dir is None else path.resolve().name)
+        is_default = model_dir is None or path.resolve() == default_model_dir().resolve()
+        self._name = name or (DEFAULT_NAME if is_default else path.resolve().name)
         self._num_threads = num_threads if num_threads is not None else default_num_threads()
         if self._num_threads < 1:
             raise ConfluenceError(f"num_threads must be >= 1, got {self._num_threads}")
         emb = np.asarray(model.embedding)
         self._table = np.ascontiguousarray(emb, dtype=np.float32)  # [vocab rows, dim], pooled in f32
-        self._weights = None if model.weights is None else np.asarray(model.weights, dtype=np.float32)
-        self._mapping = None if model.token_mapping is None else np.asarray(model.token_mapping, dtype=np.int64)
+        weights, mapping = getattr(model, "weights", None), getattr(model, "token_mapping", None)
+        self._weights = None if weights is None else np.asarray(weights, dtype=np.float32)
+        self._mapping = None if mapping is None else np.asarray(mapping, dtype=np.int64)
         self._normalize = bool(model.normalize)
-        self._unk = model.unk_token_id
-        self._vocab = model.tokenizer.get_vocab_size()
+        self._unk = getattr(model, "unk_token_id", None)
         tok = model.tokenizer
         tok.no_padding()
         tok.enable_truncation(MAX_TOKENS)
@@ -172,66 +173,97 @@ class StaticEncoder:
                 list(pool.map(work, starts))
         return out
 
-    def _token_ids(self, texts: list[str]) -> list[list[int]]:
-        """Token ids of each (already truncated) string: word memo for plain ASCII strings, Rust otherwise."""
-        out: list[list[int] | None] = [None] * len(texts)
-        slow: list[int] = []
-        memo = self._memo
-        if memo is not None:
-            fresh: set[str] = set()
-            splits: list[list[str] | None] = []
-            for i, t in enumerate(texts):
-                if t.isascii() and t.isprintable():
-                    words = t.split(" ")
-                    splits.append(words)
-                    fresh.update(w for w in words if w not in memo)
-                else:
-                    splits.append(None)
-                    slow.append(i)
-            if fresh:
-                if len(memo) + len(fresh) > _MEMO_MAX_WORDS:  # start a new memo; never mutate one in use
-                    memo = self._memo = {}
-                    fresh = {w for ws in splits if ws is not None for w in ws}
-                words = sorted(fresh)
-                for w, e in zip(words, self._tokenizer.encode_batch_fast(words, add_special_tokens=False), strict=True):
-                    memo[w] = e.ids
-            for i, words in enumerate(splits):
-                if words is not None:
-                    ids: list[int] = []
-                    for w in words:
-                        ids += memo[w]
-                    out[i] = ids if len(ids) <= MAX_TOKENS else ids[:MAX_TOKENS]
-        else:
-            slow = list(range(len(texts)))
-        if slow:
-            batch = [texts[i] for i in slow]
-            try:
-                encodings = self._tokenizer.encode_batch_fast(batch, add_special_tokens=False)
-            except TypeError:  # lone surrogates (e.g. from undecodable bytes) are not valid UTF-8: replace them
-                batch = [t.encode("utf-8", "replace").decode("utf-8") for t in batch]
-                encodings = self._tokenizer.encode_batch_fast(batch, add_special_tokens=False)
-            for i, e in zip(slow, encodings, strict=True):
-                out[i] = e.ids
-        return out  # type: ignore[return-value]
-
-    def _encode_chunk(self, texts: list[str]) -> np.ndarray:
-        import scipy.sparse as sp
-
-        ids = self._token_ids([t if len(t) <= MAX_CHARS else t[:MAX_CHARS] for t in texts])
+    def _rust_ids(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(flat token ids, offsets [n + 1]) of `texts` through the Rust tokenizer (truncates to MAX_TOKENS)."""
+        try:
+            encodings = self._tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+        except TypeError:  # lone surrogates (e.g. from undecodable bytes) are not valid UTF-8: replace them
+            texts = [t.encode("utf-8", "replace").decode("utf-8") for t in texts]
+            encodings = self._tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+        ids = [e.ids for e in encodings]
         offsets = np.zeros(len(ids) + 1, dtype=np.int64)
         np.cumsum(np.fromiter(map(len, ids), dtype=np.int64, count=len(ids)), out=offsets[1:])
         flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(offsets[-1]))
+        return flat, offsets
+
+    def _memo_ids(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(flat token ids, offsets [n + 1]) of plain printable-ASCII `texts`, word by word through the memo.
+
+        All strings are split at once (`" ".join(texts).split(" ")`: string i owns `texts[i].count(" ") + 1`
+        consecutive pieces), pieces are looked up in the memo, and only unseen pieces go to the tokenizer.
+        """
+        memo = self._memo
+        if memo is None:
+            return self._rust_ids(texts)
+        words = " ".join(texts).split(" ")
+        per_word = list(map(memo.get, words))
+        if None in per_word:
+            fresh = sorted({w for w, ids in zip(words, per_word, strict=True) if ids is None})
+            if len(memo) + len(fresh) > _MEMO_MAX_WORDS:  # start a new memo; never mutate one in use
+                memo = self._memo = {}
+            encoded = self._tokenizer.encode_batch_fast(fresh, add_special_tokens=False)
+            found = {w: e.ids for w, e in zip(fresh, encoded, strict=True)}
+            memo.update(found)
+            per_word = [ids if ids is not None else found[w] for w, ids in zip(words, per_word, strict=True)]
+        word_tokens = np.fromiter(map(len, per_word), dtype=np.int64, count=len(per_word))
+        flat = np.fromiter(itertools.chain.from_iterable(per_word), dtype=np.int64, count=int(word_tokens.sum()))
+        pieces = np.fromiter((t.count(" ") + 1 for t in texts), dtype=np.int64, count=len(texts))
+        first_piece = np.zeros(len(texts), dtype=np.int64)
+        np.cumsum(pieces[:-1], out=first_piece[1:])
+        tokens = np.add.reduceat(word_tokens, first_piece) if len(texts) else word_tokens[:0]
+        offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+        np.cumsum(tokens, out=offsets[1:])
+        if tokens.size and tokens.max() > MAX_TOKENS:  # keep each string's first MAX_TOKENS tokens
+            position = np.arange(len(flat)) - np.repeat(offsets[:-1], tokens)
+            flat = flat[position < MAX_TOKENS]
+            offsets[1:] = np.cumsum(np.minimum(tokens, MAX_TOKENS))
+        return flat, offsets
+
+    def _token_ids(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each (already truncated) string, as lists (the path `encode` uses, for tests)."""
+        out: list[list[int]] = [[] for _ in texts]
+        for idx, (flat, offsets) in self._split_ids(texts):
+            for j, i in enumerate(idx):
+                out[i] = flat[offsets[j]:offsets[j + 1]].tolist()
+        return out
+
+    def _split_ids(self, texts: list[str]) -> list[tuple[list[int], tuple[np.ndarray, np.ndarray]]]:
+        """[(indices, (flat ids, offsets))] for the memo-path and Rust-path subsets of `texts`."""
+        if self._memo is None:
+            return [(list(range(len(texts))), self._rust_ids(texts))]
+        plain = [t.isascii() and t.isprintable() for t in texts]
+        if all(plain):
+            return [(list(range(len(texts))), self._memo_ids(texts))]
+        fast = [i for i, p in enumerate(plain) if p]
+        slow = [i for i, p in enumerate(plain) if not p]
+        parts = [(slow, self._rust_ids([texts[i] for i in slow]))]
+        if fast:
+            parts.append((fast, self._memo_ids([texts[i] for i in fast])))
+        return parts
+
+    def _encode_chunk(self, texts: list[str]) -> np.ndarray:
+        cut = [t if len(t) <= MAX_CHARS else t[:MAX_CHARS] for t in texts]
+        out = np.empty((len(cut), self.dim), dtype=np.float32)
+        for idx, (flat, offsets) in self._split_ids(cut):
+            out[idx] = self._pool(flat, offsets)
+        return out
+
+    def _pool(self, flat: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """Mean (or, for normalising models, L2-normalised sum) of each string's token vectors."""
+        import scipy.sparse as sp
+
+        n = len(offsets) - 1
         keep = np.ones(flat.shape, dtype=np.float32) if self._unk is None else (flat != self._unk).astype(np.float32)
         data = keep if self._weights is None else keep * self._weights[flat]
         cols = flat if self._mapping is None else self._mapping[flat]
-        pool = sp.csr_matrix((data, cols, offsets), shape=(len(ids), self._table.shape[0]))
+        pool = sp.csr_matrix((data, cols, offsets), shape=(n, self._table.shape[0]))
         summed = np.asarray(pool @ self._table, dtype=np.float32)
         if self._normalize:
             norm = np.sqrt(np.einsum("ij,ij->i", summed, summed))[:, None]
             summed /= np.maximum(norm, np.float32(1e-12))
             return summed
-        rows = np.repeat(np.arange(len(ids)), np.diff(offsets))
-        counts = np.bincount(rows, weights=keep, minlength=len(ids)).astype(np.float32)
+        rows = np.repeat(np.arange(n), np.diff(offsets))
+        counts = np.bincount(rows, weights=keep, minlength=n).astype(np.float32)
         return summed / np.maximum(counts, np.float32(1.0))[:, None]
 
 

@@ -51,6 +51,13 @@ def load_encoder(spec: str | None = None) -> TextEncoder:
     raise _bad(spec, f"unknown kind {kind!r}")
 
 
+def encoder_metadata(encoder: TextEncoder) -> dict[str, str | int]:
+    """What a processed store records about its text encoder (`metadata.json` `text_encoder`):
+    `{"kind", "fingerprint", "dim"}`; `kind` is the fingerprint's prefix (model2vec, sentence-transformers, ...)."""
+    fingerprint = str(encoder.fingerprint)
+    return {"kind": fingerprint.split(":", 1)[0], "fingerprint": fingerprint, "dim": int(encoder.dim)}
+
+
 def _load_lejepa(spec: str, path: Path) -> TextEncoder:
     try:
         module = importlib.import_module("confluence.textmodel.encoder")

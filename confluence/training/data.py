@@ -159,8 +159,8 @@ class StoreSource:
 def open_store_source(paths: list[Path], cfg: Any) -> StoreSource:
     """Open processed stores and a sampler configured from the training config (`cfg.sampler` overrides)."""
     try:
-        from confluence.sampler import Sampler  # type: ignore[attr-defined]
         from confluence.sampler.config import SamplerConfig
+        from confluence.sampler.sampler import Sampler
     except ImportError as exc:
         raise ConfluenceError(
             "--db needs the context-window sampler (confluence.sampler.Sampler), which this build lacks; "

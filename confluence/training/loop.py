@@ -20,7 +20,7 @@ from confluence.training.checkpoint import load_state, read_meta, save_checkpoin
 from confluence.training.data import BatchSource, TaskRef
 from confluence.training.logs import ScalarLog
 from confluence.training.presets import TrainConfig
-from confluence.training.step import Trainer, make_mesh, replicate, shard_inputs
+from confluence.training.step import get_trainer, make_mesh, replicate, shard_inputs
 
 
 @dataclass
@@ -85,7 +85,7 @@ def train(
     stop_at = int(max_steps if max_steps is not None else cfg.max_steps)
 
     model = RelationalTransformer(cfg.model, key=jax.random.key(cfg.seed))
-    trainer = Trainer(model, cfg.optim, cfg.loss)
+    trainer = get_trainer(cfg.model, cfg.optim, cfg.loss)
     params, opt_state = trainer.init_state(model)
     tasks = TaskSampler(source.tasks, cfg.task_weighting, cfg.seed)
     step = 0

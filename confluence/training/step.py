@@ -8,6 +8,7 @@ every database and task whose padded shapes agree.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -61,6 +62,13 @@ def shard_inputs(inputs: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Arr
     return out
 
 
+def _is_param(x) -> bool:
+    """Float array leaves, also as abstract `ShapeDtypeStruct`s (a skeleton from `eqx.filter_eval_shape`)."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return jnp.issubdtype(x.dtype, jnp.inexact)
+    return eqx.is_inexact_array(x)
+
+
 class StepMetrics(NamedTuple):
     loss: jax.Array
     null_loss: jax.Array
@@ -73,7 +81,7 @@ class Trainer:
     """Holds the model skeleton, the optimizer and the compiled steps; the state (params, opt_state) is explicit."""
 
     def __init__(self, model: RelationalTransformer, optim: OptimConfig, loss: LossConfig):
-        params, self.static = eqx.partition(model, eqx.is_inexact_array)
+        params, self.static = eqx.partition(model, _is_param)
         self.optim_cfg, self.loss_cfg = optim, loss
         self.optimizer = make_optimizer(params, optim)
         self._step = jax.jit(self._train_step, donate_argnums=(0, 1))
@@ -93,7 +101,7 @@ class Trainer:
         return grads, parts
 
     def _apply_grads(self, params, opt_state, grads):
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         return params, opt_state, grad_norm
@@ -138,3 +146,10 @@ class Trainer:
     def eval_loss(self, params, inputs, col_tab, cat_tab) -> tuple[jax.Array, jax.Array]:
         """(mean loss, number of counted sequences) of one batch, no update."""
         return self._eval(params, inputs, col_tab, cat_tab)
+
+
+@functools.lru_cache(maxsize=8)
+def get_trainer(model_cfg, optim: OptimConfig, loss: LossConfig) -> Trainer:
+    """A Trainer per configuration, shared within the process so repeated runs reuse the compiled steps."""
+    skeleton = eqx.filter_eval_shape(RelationalTransformer, model_cfg, key=jax.random.key(0))
+    return Trainer(skeleton, optim, loss)

@@ -123,8 +123,9 @@ class SyntheticDatabase:
 
     # -- a batch --------------------------------------------------------------------------------------------------
     def batch(self, task_idx: int, batch_size: int, seq_len: int, max_rows: int, seed: int | tuple = 0,
-              db_idx: int = 0, text_bucket: int = 16) -> TrainingBatch:
-        """A deterministic batch of task `task_idx` (same arguments -> same batch)."""
+              db_idx: int = 0) -> TrainingBatch:
+        """A deterministic batch of task `task_idx` (same arguments -> same batch). R is padded to `max_rows` and U
+        to a power of two >= B * max_rows (at most one text per row), so a configuration has one shape."""
         task = self.tasks[task_idx]
         rng = np.random.default_rng([self.seed, task_idx, *np.atleast_1d(seed).tolist()])
         b, s, r = batch_size, seq_len, max_rows
@@ -192,7 +193,7 @@ class SyntheticDatabase:
         uniq = np.unique(global_text[global_text > 0])
         local = np.searchsorted(uniq, global_text)
         a["text_embed_ids"] = np.where(global_text > 0, local, 0).astype(np.uint32)
-        u_pad = max(text_bucket, int(2 ** np.ceil(np.log2(max(len(uniq), 1)))))
+        u_pad = int(2 ** np.ceil(np.log2(b * r)))
         text = np.zeros((u_pad, self.d_t), np.float16)
         text[: len(uniq)] = self.text_embeddings[uniq - 1]
         is_cat = task.target_stype == ST.CATEGORICAL

@@ -1,0 +1,115 @@
+"""Optimizer split (which parameters Muon updates), the seed's Muon update, AdamW decay, schedule values."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from confluence.training.optim import (
+    ADAMW_DECAY,
+    ADAMW_NO_DECAY,
+    MUON,
+    OptimConfig,
+    lr_multiplier,
+    make_optimizer,
+    newton_schulz5,
+    param_labels,
+    scale_by_seed_muon,
+    trainable,
+)
+from tests.conftest_model import tiny_model
+
+
+def _labelled():
+    params = trainable(tiny_model())
+    labels = param_labels(params)
+    flat = jax.tree_util.tree_flatten_with_path(labels)[0]
+    return params, labels, {jax.tree_util.keystr(p): lab for p, lab in flat}
+
+
+def test_muon_updates_exactly_the_core_matrices():
+    _, _, by_path = _labelled()
+    muon = sorted(p for p, lab in by_path.items() if lab == MUON)
+    expected = sorted(f".blocks[0].{sub}.{w}" for sub in ("attn_out", "attn_in", "attn_col")
+                      for w in ("w_q", "w_k", "w_v", "w_o", "w_gate")) + sorted(
+        f".blocks[0].ffn.{w}" for w in ("w_gate", "w_up", "w_down"))
+    assert muon == sorted(expected)
+    assert by_path[".encoder.column_name_encoder.weight"] == ADAMW_DECAY
+    assert by_path[".encoder.categorical_encoder.weight"] == ADAMW_DECAY
+    assert by_path[".encoder.null_emb"] == ADAMW_DECAY and by_path[".encoder.boolean_encoder"] == ADAMW_DECAY
+    assert by_path[".heads.categorical_decoder.weight"] == ADAMW_DECAY
+    for p in (".encoder.column_name_encoder.bias", ".heads.null_head.bias", ".blocks[0].norm_out.gamma",
+              ".final_norm.gamma", ".h0_norm.gamma", ".blocks[0].attn_in.temperature"):
+        assert by_path[p] == ADAMW_NO_DECAY, p
+
+
+def _np_ns5(g, steps=5):
+    a, b, c = 3.4445, -4.7750, 2.0315
+    x = g.astype(np.float64)
+    tr = x.shape[0] > x.shape[1]
+    x = x.T if tr else x
+    x = x / (np.linalg.norm(x) + 1e-7)
+    for _ in range(steps):
+        xxt = x @ x.T
+        x = a * x + (b * xxt + c * xxt @ xxt) @ x
+    return x.T if tr else x
+
+
+def test_seed_muon_update_matches_hand_computation():
+    rng = np.random.default_rng(0)
+    g1, g2 = (rng.standard_normal((12, 6)).astype(np.float32) for _ in range(2))
+    tx = scale_by_seed_muon(beta=0.95, ns_steps=5)
+    st = tx.init({"w": jnp.zeros((12, 6))})
+    u1, st = tx.update({"w": jnp.asarray(g1)}, st)
+    u2, st = tx.update({"w": jnp.asarray(g2)}, st)
+    m1 = 0.05 * g1
+    m2 = 0.95 * m1 + 0.05 * g2  # plain EMA, no bias correction, no Nesterov
+    np.testing.assert_allclose(np.asarray(st.momentum["w"]), m2, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(u1["w"]), _np_ns5(m1), rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(u2["w"]), _np_ns5(m2), rtol=1e-3, atol=1e-4)
+    sv = np.linalg.svd(np.asarray(newton_schulz5(jnp.asarray(g1))), compute_uv=False)
+    assert 0.5 < sv.min() and sv.max() < 1.5  # approximately orthogonal
+
+
+def test_split_optimizer_decay_and_untouched_groups():
+    params, labels, by_path = _labelled()
+    cfg = OptimConfig(lr_muon=0.02, lr_adamw=1e-2, warmup_steps=1, total_steps=10)
+    opt = make_optimizer(params, cfg)
+    state = opt.init(params)
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    upd, state = opt.update(zeros, state, params)
+    new = optax.apply_updates(params, upd)
+    lr = 1e-2 * float(lr_multiplier(1, 1, 10))
+    # Zero gradient: AdamW-with-decay leaves shrink by lr * wd; no-decay and Muon leaves do not move.
+    w0 = np.asarray(params.encoder.text_encoder.weight)
+    np.testing.assert_allclose(np.asarray(new.encoder.text_encoder.weight), w0 * (1 - lr * 0.1), rtol=1e-5)
+    np.testing.assert_array_equal(np.asarray(new.encoder.text_encoder.bias), np.asarray(params.encoder.text_encoder.bias))
+    np.testing.assert_array_equal(np.asarray(new.blocks[0].attn_out.w_q), np.asarray(params.blocks[0].attn_out.w_q))
+    np.testing.assert_array_equal(np.asarray(new.blocks[0].attn_out.temperature),
+                                  np.asarray(params.blocks[0].attn_out.temperature))
+    # A gradient on a core matrix moves it by lr_muon * NS5(0.05 * g): Muon, not Adam.
+    g = jax.tree.map(jnp.zeros_like, params)
+    gq = np.random.default_rng(1).standard_normal(params.blocks[0].attn_out.w_q.shape).astype(np.float32) * 1e-3
+    g = jax.tree_util.tree_map_with_path(
+        lambda p, x: jnp.asarray(gq) if jax.tree_util.keystr(p) == ".blocks[0].attn_out.w_q" else x, g)
+    state = opt.init(params)
+    upd, _ = opt.update(g, state, params)
+    lr_m = 0.02 * float(lr_multiplier(1, 1, 10))
+    np.testing.assert_allclose(np.asarray(upd.blocks[0].attn_out.w_q), -lr_m * _np_ns5(0.05 * gq), rtol=2e-3,
+                               atol=1e-6)
+
+
+def test_schedule_values():
+    w, total = 10, 110
+    assert float(lr_multiplier(1, w, total)) == pytest.approx(0.1)
+    assert float(lr_multiplier(5, w, total)) == pytest.approx(0.5)
+    assert float(lr_multiplier(10, w, total)) == pytest.approx(1.0)
+    assert float(lr_multiplier(60, w, total)) == pytest.approx(0.1 + 0.9 * 0.5)  # half-way through the cosine
+    t = 35
+    assert float(lr_multiplier(t, w, total)) == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi * 25 / 100)),
+                                                              rel=1e-6)
+    assert float(lr_multiplier(110, w, total)) == pytest.approx(0.1)
+    assert float(lr_multiplier(500, w, total)) == pytest.approx(0.1)  # held at 10 % after the end
