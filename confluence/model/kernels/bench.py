@@ -164,11 +164,9 @@ def sampler_source(store_path: str, task: str | None = None, seed: int = 0) -> t
 
 def train_throughput(preset: str, impl: str, steps: int) -> dict[str, Any]:
     """End-to-end training step figures of `preset` with `attention_impl=impl` (the training area's bench)."""
-    from confluence.training.bench import bench_train, result_dict
-    from confluence.training.presets import load_config
+    from confluence.training import train_throughput as training_throughput
 
-    cfg = load_config(preset, {"model": {"attention_impl": impl}})
-    return result_dict(bench_train(cfg, preset, steps=steps))
+    return training_throughput(preset=preset, attention_impl=impl, steps=steps)
 
 
 def run_attention_bench(
