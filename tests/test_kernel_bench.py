@@ -64,7 +64,8 @@ def test_gpu_path_lowers_to_triton(kind):
 
     lowered = jax.jit(jax.grad(loss, (0, 1, 2))).trace(q, q, q).lower(lowering_platforms=("cuda",))
     text = lowered.as_text()
-    assert text.count("custom_call @__gpu$xla.gpu.triton") == 3
+    # row kinds compile an unrolled and a dynamic word-loop variant of each kernel (lax.cond picks one)
+    assert text.count("custom_call @__gpu$xla.gpu.triton") == (3 if kind == "column" else 6)
     for name in ("fwd", "dq", "dkv"):
         assert f'name = "block_sparse_{name}_{kind}"' in text
 
