@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ import pytest
 from confluence.errors import DataError, MetadataError, StoreError
 from confluence.preprocess import pipeline, preprocess
 from confluence.schema.metadata import parse_metadata
+from confluence.sources import open_source
 from confluence.store import Store
 from tests.conftest_store import BOOKSTORE_METADATA, HashEncoder, write_bookstore
 
@@ -156,7 +158,7 @@ def test_task_errors_name_the_task(tmp_path):
     m = copy.deepcopy(BOOKSTORE_METADATA)
     m["tasks"] = {"bad": {"query": "SELECT order_id, 'x' || status AS s FROM orders", "anchor_table": "orders",
                           "anchor_key": "order_id", "target_column": "s", "target_stype": "numerical"}}
-    with pytest.raises(DataError, match="task 'bad' target_column 's'.*non-number 'x10'"):
+    with pytest.raises(DataError, match="task 'bad', result column 's', row 0: numerical column holds the non-number 'x10'"):
         run(src, parse_metadata(m), tmp_path / "s", validate=False)
     m["tasks"] = {"bad": {"query": "SELECT order_id FROM orders", "anchor_table": "orders",
                           "anchor_key": "order_id", "target_column": "rating", "target_stype": "numerical"}}
@@ -180,3 +182,79 @@ def test_metadata_json_is_stable(tmp_path):
     m = json.loads((out / "metadata.json").read_text())
     assert list(m["files"]) == sorted(m["files"])
     assert "time" not in json.dumps(m["text_encoder"])
+
+
+def test_refuses_to_replace_a_directory_that_is_not_a_store(tmp_path):
+    src, meta = write_bookstore(tmp_path)
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("do not delete")
+    with pytest.raises(StoreError, match="is not empty and is not a processed store; refusing"):
+        run(src, meta, precious)
+    assert (precious / "thesis.tex").read_text() == "do not delete"
+    (tmp_path / "empty").mkdir()
+    Store.open(run(src, meta, tmp_path / "empty"))
+
+
+def test_timestamp_out_of_range_names_the_row(tmp_path):
+    from tests.conftest_store import bookstore_tables
+
+    cust = bookstore_tables()["customers"]
+    far = pa.array([0, 86_400, 400_000_000_000, 0], pa.timestamp("s"))  # row 2 is in the year 14645
+    src, meta = _with_table(tmp_path, "customers", cust.set_column(6, "signed_up_at", far))
+    with pytest.raises(DataError, match="table 'customers', column 'signed_up_at', row 2: timestamp out of range"):
+        run(src, meta, tmp_path / "s", validate=False)
+    assert not (tmp_path / "s").exists()
+
+
+def test_cell_masking_value_outside_the_column_categories(tmp_path):
+    src, _ = write_bookstore(tmp_path)
+    m = copy.deepcopy(BOOKSTORE_METADATA)
+    m["tasks"] = {"shifted": {"query": "SELECT order_id, status * 3 AS status FROM orders", "anchor_table": "orders",
+                              "anchor_key": "order_id", "target_column": "status", "target_stype": "categorical"}}
+    with pytest.raises(DataError, match="task 'shifted', result column 'status', row 0: target value 30 is not a"
+                                        " category of column 'orders.status'"):
+        run(src, parse_metadata(m), tmp_path / "s")
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_leftovers_of_a_killed_run_are_cleaned(tmp_path):
+    from confluence.preprocess.writer import recover_leftovers
+
+    src, meta = write_bookstore(tmp_path)
+    out = run(src, meta, tmp_path / "store")
+    before = digest(out)
+    pid = _dead_pid()
+    # killed between the two renames of a swap: the old store sits at .old-<pid>, no store at out
+    (tmp_path / f"store.tmp-{pid}").mkdir()
+    (tmp_path / f"store.tmp-{pid}" / "junk.npy").write_bytes(b"x")
+    out.rename(tmp_path / f"store.old-{pid}")
+    alive = tmp_path / f"store.tmp-{os.getpid()}"
+    alive.mkdir()  # a live process's directory is left alone
+    recover_leftovers(out)
+    assert digest(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("store")) == [
+        "store", f"store.tmp-{os.getpid()}"]
+    alive.rmdir()
+
+
+def test_unreadable_column_is_a_data_error(tmp_path):
+    src, meta = write_bookstore(tmp_path)
+    raw = open_source(src)
+    # a view whose column fails at read time (a cast that fails on one row only)
+    sql = (
+        "CREATE OR REPLACE VIEW books AS SELECT book_id, title,"
+        " CAST(CASE WHEN book_id = 'b3' THEN 'oops' ELSE '1.5' END AS DOUBLE) AS price, published"
+        f" FROM read_parquet('{src / 'books.parquet'}')"
+    )
+    raw.con.execute(sql)
+    with pytest.raises(DataError, match="table 'books', column 'price': cannot read it: Conversion Error"):
+        run(raw, meta, tmp_path / "s", validate=False)

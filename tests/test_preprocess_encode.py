@@ -8,6 +8,8 @@ import math
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from confluence.errors import DataError
 from confluence.preprocess import encode as enc
@@ -122,3 +124,10 @@ def test_moment_stats_do_not_depend_on_batching():
     assert (a.mean, a.std, a.count, a.min, a.max) == (b.mean, b.std, b.count, b.min, b.max)
     np.testing.assert_allclose(a.mean, x[valid].mean(), rtol=1e-12)
     np.testing.assert_allclose(a.std, x[valid].std(), rtol=1e-9)
+
+
+@given(st.datetimes(min_value=dt.datetime(1, 1, 1), max_value=dt.datetime(9999, 12, 31, 23, 59, 59)))
+def test_timestamp_encoding_property(t):
+    us = (t.replace(tzinfo=UTC) - dt.datetime(1970, 1, 1, tzinfo=UTC)) // dt.timedelta(microseconds=1)
+    got = enc.encode_timestamp(np.array([us], dtype=np.int64), mean=0.0, std=1e15)[0]
+    np.testing.assert_allclose(got, _oracle(t, 0.0, 1e15), rtol=0, atol=3e-6)

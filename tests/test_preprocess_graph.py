@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from confluence.errors import DataError
 from confluence.preprocess.graph import KeyIndex, build_graph, table_edges
@@ -56,3 +58,39 @@ def test_child_order_matches_lexsort():
     indptr = np.zeros(n_rows + 1, dtype=np.int64)
     np.cumsum(np.bincount(parent, minlength=n_rows), out=indptr[1:])
     np.testing.assert_array_equal(child_order(parent, ctime, indptr), np.lexsort((ctime, parent)))
+
+
+@given(
+    n_parents=st.integers(1, 12),
+    fks=st.lists(st.lists(st.one_of(st.none(), st.integers(-2, 15)), min_size=0, max_size=30), min_size=1,
+                 max_size=3),
+    times=st.lists(st.integers(0, 5), min_size=30, max_size=30),
+)
+def test_graph_matches_reference(n_parents, fks, times):
+    """Random FK columns of one child table against a pure-Python reference of both CSR directions."""
+    n_child = min(len(c) for c in fks)
+    fks = [c[:n_child] for c in fks]
+    keys = KeyIndex("p", "id", pa.array(list(range(0, 2 * n_parents, 2))))  # even keys: odd values dangle
+    parents = [keys.lookup(pa.array(c, pa.int64()), "c.fk") for c in fks]
+    dangling = [sum(v is not None and not (0 <= v < 2 * n_parents and v % 2 == 0) for v in c) for c in fks]
+    assert [int(((p < 0) & np.array([v is not None for v in c], bool)).sum()) for p, c in zip(parents, fks,
+                                                                                           strict=True)] == dangling
+    num_rows = n_parents + n_child
+    row_time = np.concatenate([np.full(n_parents, -1), np.array(times[:n_child])]).astype(np.int64)
+    child, parent, column = table_edges(parents, [10 + i for i in range(len(fks))], row_offset=n_parents)
+    g = build_graph(num_rows, child, parent, column, row_time)
+    ref_parent = {r: [] for r in range(num_rows)}
+    ref_child = {r: [] for r in range(num_rows)}
+    for i in range(n_child):
+        for j, c in enumerate(fks):
+            v = c[i]
+            if v is not None and 0 <= v < 2 * n_parents and v % 2 == 0:
+                ref_parent[n_parents + i].append((v // 2, 10 + j))
+                ref_child[v // 2].append((row_time[n_parents + i], n_parents + i, 10 + j))
+    for r in range(num_rows):
+        a, b = g.parent_indptr[r], g.parent_indptr[r + 1]
+        assert list(zip(g.parent_indices[a:b].tolist(), g.parent_column[a:b].tolist(), strict=True)) == ref_parent[r]
+        a, b = g.child_indptr[r], g.child_indptr[r + 1]
+        got = list(zip(g.child_time[a:b].tolist(), g.child_indices[a:b].tolist(), g.child_column[a:b].tolist(),
+                       strict=True))
+        assert got == sorted(ref_child[r])

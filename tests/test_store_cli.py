@@ -57,3 +57,16 @@ def test_demo_runs_steps_in_order(tmp_path):
     run_demo(DemoContext(out=Path(tmp_path), console=Console(file=open("/dev/null", "w"))),  # noqa: SIM115
              [("a", first), ("b", second)])
     assert seen == ["first", "second 1"]
+
+
+def test_target_summary_formats():
+    from confluence.store.inspect import target_summary
+    from confluence.stypes import SemanticType
+
+    ts = target_summary(SemanticType.TIMESTAMP, {"count": 2, "null_count": 0, "mean": 86_400e6 * 1.5,
+                                                 "std": 86_400e6 * 0.5, "min": 86_400 * 10**6, "max": 2 * 86_400 * 10**6})
+    assert ts == "n=2 null=0 mean=1970-01-02 12:00:00 std=0.5d min=1970-01-02 00:00:00 max=1970-01-03 00:00:00"
+    assert target_summary(SemanticType.BOOLEAN, {"true_count": 1, "false_count": 2, "null_count": 0}) == \
+        "true=1 false=2 null=0"
+    cats = target_summary(SemanticType.CATEGORICAL, {"k": 7, "null_count": 0, "categories": list("abcdefg")})
+    assert cats == "k=7 null=0 [a, b, c, d, e, ...]"

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from confluence.errors import ConfluenceError
 from confluence.model.inputs import DbTables, batch_to_inputs
 from confluence.preprocess.pipeline import preprocess
 from confluence.training.data import open_store_source
@@ -75,7 +76,7 @@ def test_store_source_rejects_a_too_small_max_k(bookstore):
     src = open_store_source([bookstore], cfg)
     try:
         db = src.databases[0]
-        with pytest.raises(ValueError, match="raise `max_k`"):
+        with pytest.raises(ConfluenceError, match="raise `max_k`"):
             DbTables.build(db.name, db.column_embeddings, db.categorical_embeddings, db.max_k, cfg.loss.max_k)
     finally:
         src.close()

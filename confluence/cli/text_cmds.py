@@ -131,6 +131,19 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
             for t, e in zip(texts, emb, strict=True):
                 typer.echo(f"{t[:40]!r}: [{', '.join(f'{x:.3f}' for x in e[:6])}, ...] (dim {len(e)})")
 
+    @text_app.command("curves")
+    def curves_cmd(
+        run: Path = typer.Argument(..., help="run directory"),
+        out: Path = typer.Option(..., "--out", help="PNG to write"),
+    ) -> None:
+        """Plot the training curve of every logged loss term of a run."""
+        from confluence.textmodel.report import plot_curves
+
+        try:
+            typer.echo(f"wrote {plot_curves(run, out)}")
+        except ConfluenceError as exc:
+            _fail(exc)
+
     @text_app.command("probe")
     def probe_cmd(
         corpus: Path = typer.Argument(..., help="Parquet file with columns text and package (`text corpus`)"),
@@ -145,6 +158,8 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
             rows = run_probe(corpus, encoders, max_docs=max_docs, min_per_class=min_per_class)
         except ConfluenceError as exc:
             _fail(exc)
+        r0 = rows[0]
+        typer.echo(f"{r0['num_classes']} packages, {r0['num_train']} train / {r0['num_test']} test documents")
         typer.echo(f"{'encoder':<40} {'dim':>5} {'probe acc':>10} {'kNN@1':>8} {'MRR':>7}")
         for r in rows:
             typer.echo(f"{r['encoder']:<40} {r['dim']:>5} {r['probe_acc']:>10.4f} {r['knn1']:>8.4f} {r['mrr']:>7.4f}")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from confluence.errors import ConfluenceError
 from confluence.sampler.batch import SEQ_FIELDS, TrainingBatch
 
 SCALAR_FIELDS = ("target_stype", "cat_block_start", "cat_count", "task_idx", "db_idx")
@@ -62,8 +63,8 @@ class DbTables:
         if column_embeddings.shape[1] != categorical_embeddings.shape[1] and categorical_embeddings.shape[0]:
             raise ValueError(f"database {name!r}: column and categorical tables have different D_t")
         if max_k > model_max_k:
-            raise ValueError(
-                f"database {name!r}: a categorical column has K={max_k} categories but the training config's "
+            raise ConfluenceError(
+                f"database {name!r}: a categorical target has K={max_k} categories but the training config's "
                 f"max_k is {model_max_k}; raise `max_k` in the config"
             )
         d_t = column_embeddings.shape[1]

@@ -8,8 +8,9 @@ which DuckDB returns rows.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 import numpy as np
@@ -23,6 +24,9 @@ from confluence.preprocess.stats import BoolStats, DistinctValues, MomentStats
 from confluence.schema.metadata import DatabaseMeta, TaskMeta
 from confluence.store.format import NO_CUTOFF, pack_bits
 from confluence.stypes import SemanticType
+
+T = TypeVar("T")
+_RESULT = "<task result>"  # the table label encoders see; `_named` turns it into the task's name
 
 
 @dataclass
@@ -92,12 +96,11 @@ def materialize(
     unmatched = int(len(local) - np.count_nonzero(matched))
     keep = np.flatnonzero(matched)
     anchor_row = local[keep] + anchor_offset
-    target = target.take(pa.array(keep))
     anchor_meta = db.tables[task.anchor_table]
     if task.observation_time_column:
-        obs_arr = table.column(2).combine_chunks().take(pa.array(keep))
-        label = f"task '{task.name}' result"
-        obs, obs_valid = _wrap(task, lambda: enc.to_epoch_us(obs_arr, label, task.observation_time_column, 0))
+        obs_arr = table.column(2).combine_chunks()
+        obs, obs_valid = _named(task, lambda: enc.to_epoch_us(obs_arr, _RESULT, task.observation_time_column, 0))
+        obs, obs_valid = obs[keep], obs_valid[keep]
         if not obs_valid.all():
             row = int(keep[np.flatnonzero(~obs_valid)[0]])
             raise DataError(f"task '{task.name}', observation_time_column '{task.observation_time_column}',"
@@ -112,16 +115,16 @@ def materialize(
 
     cell_masking = task.is_cell_masking(db)
     stype = task.target_stype
-    label = f"task '{task.name}' result"
     new_block: CategoryBlock | None = None
-    # 1) a sortable raw key per tuple
+    # 1) a sortable raw key per tuple (decoded over the whole result, so errors name result rows)
     if stype == SemanticType.NUMERICAL:
-        raw, valid = _wrap(task, lambda: enc.to_float(target, label, task.target_column, 0))
+        raw, valid = _named(task, lambda: enc.to_float(target, _RESULT, task.target_column, 0))
     elif stype == SemanticType.TIMESTAMP:
-        raw, valid = _wrap(task, lambda: enc.to_epoch_us(target, label, task.target_column, 0))
+        raw, valid = _named(task, lambda: enc.to_epoch_us(target, _RESULT, task.target_column, 0))
     elif stype == SemanticType.BOOLEAN:
-        raw, valid = _wrap(task, lambda: enc.to_bool(target, label, task.target_column, 0))
+        raw, valid = _named(task, lambda: enc.to_bool(target, _RESULT, task.target_column, 0))
     else:
+        target = target.take(pa.array(keep))
         keys = enc.category_keys(target)
         if cell_masking:
             assert column_block is not None
@@ -130,12 +133,15 @@ def materialize(
             dv = DistinctValues()
             dv.add(keys)
             block = new_block = CategoryBlock(values=dv.sorted_values(), start=next_cat_index)
-        raw, valid = _wrap(task, lambda: enc.encode_categorical(keys, block.values, block.start))
+        raw, valid = _named(task, lambda: enc.encode_categorical(keys, block.values, block.start))
         present = enc.valid_mask(keys)
         if (present & ~valid).any():
             row = int(keep[np.flatnonzero(present & ~valid)[0]])
-            raise DataError(f"task '{task.name}', result row {row}: target value {keys[int(np.flatnonzero(present & ~valid)[0])].as_py()!r}"
-                            f" is not a category of column '{task.anchor_table}.{task.target_column}'")
+            value = keys[int(np.flatnonzero(present & ~valid)[0])].as_py()
+            raise DataError(f"task '{task.name}', result column '{task.target_column}', row {row}: target value"
+                            f" {value!r} is not a category of column '{task.anchor_table}.{task.target_column}'")
+    if stype != SemanticType.CATEGORICAL:
+        raw, valid = raw[keep], valid[keep]
     # 2) deterministic order
     order = np.lexsort((raw, valid, obs, anchor_row))
     anchor_row, obs, raw, valid = anchor_row[order], obs[order], raw[order], valid[order]
@@ -162,8 +168,7 @@ def materialize(
         stats = column_stats if (cell_masking and column_stats) else target_stats
         values = pack_bits(raw & valid)
     else:
-        block = column_block if cell_masking else new_block
-        assert block is not None
+        block = column_block if column_block is not None else new_block
         target_stats = {"null_count": int(len(valid) - np.count_nonzero(valid)), "categories": block.strings,
                         "cat_emb_start": block.start, "k": len(block.values)}
         stats = target_stats
@@ -175,9 +180,10 @@ def materialize(
     )
 
 
-def _wrap(task: TaskMeta, fn):  # noqa: ANN001, ANN202
-    """Re-raise an encoding error with the task's name in front."""
+def _named(task: TaskMeta, fn: Callable[[], T]) -> T:
+    """Run an encoder on the task's result; its errors name the task and the result column and row."""
     try:
         return fn()
     except DataError as exc:
-        raise DataError(f"task '{task.name}' target_column '{task.target_column}': {exc}") from None
+        msg = str(exc).replace(f"table '{_RESULT}', column", f"task '{task.name}', result column")
+        raise DataError(msg) from None

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.format import open_memmap
 
+from confluence.errors import StoreError
 from confluence.store import format as fmt
 
 
@@ -23,6 +24,8 @@ class StoreWriter:
 
     def __init__(self, out: str | Path):
         self.out = Path(out).absolute()
+        recover_leftovers(self.out)
+        _check_replaceable(self.out)
         self.tmp = self.out.parent / f"{self.out.name}.tmp-{os.getpid()}"
         if self.tmp.exists():
             shutil.rmtree(self.tmp)
@@ -33,7 +36,8 @@ class StoreWriter:
     def _register(self, rel: str, dtype: np.dtype, shape: tuple[int, ...]) -> Path:
         if rel in self.files:
             raise ValueError(f"store file '{rel}' written twice")
-        self.files[rel] = {"dtype": np.dtype(dtype).name,
+        dt = np.dtype(dtype)
+        self.files[rel] = {"dtype": dt.str if dt.kind == "U" else dt.name,  # "<U6": names like str192 don't parse
                            "shape": [int(s) for s in shape]}
         path = self.tmp / rel
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -88,6 +92,43 @@ class StoreWriter:
         """Remove the temporary directory (after an error)."""
         self._open.clear()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def recover_leftovers(out: Path) -> None:
+    """Clean up after a killed run: remove its `<out>.tmp-<pid>`; finish or undo an interrupted swap.
+
+    A run swaps stores by renaming `<out>` to `<out>.old-<pid>` and the new one to `<out>`. If it died between
+    the two renames, `<out>` is missing and the old store is put back; if it died after both, the old copy is
+    deleted. Directories of processes still alive are left alone.
+    """
+    if not out.parent.is_dir():
+        return
+    for p in sorted(out.parent.glob(f"{out.name}.*-*")):
+        kind, _, pid = p.name[len(out.name) + 1:].partition("-")
+        if kind not in ("tmp", "old") or not pid.isdigit() or _pid_alive(int(pid)) or not p.is_dir():
+            continue
+        if kind == "old" and not out.exists() and (p / fmt.METADATA_FILE).is_file():
+            os.replace(p, out)
+        else:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _check_replaceable(out: Path) -> None:
+    """Only an empty directory or an earlier store may be replaced; never a directory of other files."""
+    if out.is_file() or out.is_symlink():
+        raise StoreError(f"{out}: exists and is not a directory; choose another --out")
+    if out.is_dir() and any(out.iterdir()) and not (out / fmt.METADATA_FILE).is_file():
+        raise StoreError(f"{out}: exists, is not empty and is not a processed store; refusing to replace it")
 
 
 def _fsync_dir(path: Path) -> None:

@@ -35,6 +35,11 @@ def values_file(table: str, column: str) -> str:
     return f"tables/{table}/{column}.values.npy"
 
 
+def keys_file(table: str) -> str:
+    """Relative path of a table's primary-key values in row order (int64, or fixed-width unicode strings)."""
+    return f"tables/{table}/_primary_key.npy"
+
+
 def valid_file(table: str, column: str) -> str:
     """Relative path of a column's packed validity bits."""
     return f"tables/{table}/{column}.valid.npy"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import Counter
 
 from rich.console import Console, Group
@@ -14,15 +15,29 @@ _SHORT = {SemanticType.IDENTIFIER: "id", SemanticType.NUMERICAL: "num", Semantic
           SemanticType.BOOLEAN: "bool", SemanticType.CATEGORICAL: "cat", SemanticType.TEXT: "text"}
 
 
+_EPOCH = dt.datetime(1970, 1, 1)
+
+
 def _fmt(x: object) -> str:
     if isinstance(x, float):
         return f"{x:.4g}"
     return str(x)
 
 
+def _iso(us: object) -> str:
+    if us is None:
+        return "-"
+    return (_EPOCH + dt.timedelta(microseconds=int(us))).isoformat(sep=" ", timespec="seconds")
+
+
 def target_summary(stype: SemanticType, stats: dict) -> str:
-    """One line describing a task target's statistics."""
-    if stype in (SemanticType.NUMERICAL, SemanticType.TIMESTAMP):
+    """One line describing a task target's statistics (timestamps as UTC dates, std in days)."""
+    if stype == SemanticType.TIMESTAMP:
+        mean = stats.get("mean") if stats.get("count") else None
+        return (f"n={stats.get('count')} null={stats.get('null_count')} mean={_iso(mean)}"
+                f" std={_fmt(float(stats.get('std', 0.0)) / 86_400e6)}d min={_iso(stats.get('min'))}"
+                f" max={_iso(stats.get('max'))}")
+    if stype == SemanticType.NUMERICAL:
         return (f"n={stats.get('count')} null={stats.get('null_count')} mean={_fmt(stats.get('mean'))}"
                 f" std={_fmt(stats.get('std'))} min={_fmt(stats.get('min'))} max={_fmt(stats.get('max'))}")
     if stype == SemanticType.BOOLEAN:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from confluence.errors import StoreError
 from confluence.store import format as fmt
@@ -183,6 +184,17 @@ class Store:
         """Packed validity bits of a column (1 = non-null); unpack with `unpack_bits(bits, num_rows)`."""
         self.table(table).column(column)
         return self._get(fmt.valid_file(table, column))
+
+    def keys(self, table: str) -> pa.Array | None:
+        """Primary-key values of a table in row order (None when it has no primary key or the store predates keys)."""
+        info = self.table(table)
+        rel = fmt.keys_file(table)
+        if info.primary_key is None or rel not in self._arrays:
+            return None
+        arr = self._arrays[rel]
+        if arr.dtype.kind in "iu":
+            return pa.array(np.asarray(arr, dtype=np.int64))
+        return pa.array(np.asarray(arr).tolist(), pa.string())
 
     def task_arrays(self, name: str) -> TaskArrays:
         """The anchor rows, observation times and encoded targets of a task."""

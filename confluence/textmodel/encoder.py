@@ -45,8 +45,9 @@ class LejepaTextEncoder:
         """`untrained` keeps the run's architecture and tokenizer but a fresh random initialization (a baseline)."""
         run, ckpt = _resolve(path)
         self.run_dir, self.checkpoint = run, ckpt
-        self.cfg = load_run_config(run)
-        self._tok = load_tokenizer(run / TOKENIZER_FILE)
+        home = ckpt if (ckpt / "config.json").is_file() and (ckpt / TOKENIZER_FILE).is_file() else run
+        self.cfg = load_run_config(home)
+        self._tok = load_tokenizer(home / TOKENIZER_FILE)
         self._ids = special_ids(self._tok)
         if untrained:
             template = TextTransformer(self.cfg.model, jax.random.PRNGKey(self.cfg.seed))
@@ -57,7 +58,7 @@ class LejepaTextEncoder:
         self._static = static
         h = hashlib.sha256()
         h.update((ckpt / "params.eqx").read_bytes())
-        h.update((run / TOKENIZER_FILE).read_bytes())
+        h.update((home / TOKENIZER_FILE).read_bytes())
         self._fingerprint = f"lejepa{'-untrained' if untrained else ''}:{h.hexdigest()[:16]}"
         self._fns: dict[int, Any] = {}
 

@@ -130,7 +130,7 @@ def metric_names(cfg: TrainConfig) -> list[str]:
     return out
 
 
-def describe(model: Any) -> int:
+def num_params(model: Any) -> int:
     """Number of parameters of a model."""
     import equinox as eqx
 

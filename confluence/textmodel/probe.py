@@ -25,8 +25,9 @@ def _encode_fn(spec: str, train_texts: list[str]) -> tuple[Any, int]:
         from sklearn.feature_extraction.text import TfidfVectorizer
 
         vec = TfidfVectorizer(sublinear_tf=True, min_df=2).fit(train_texts)
-        svd = TruncatedSVD(256, random_state=0).fit(vec.transform(train_texts))
-        return (lambda t: svd.transform(vec.transform(t)).astype(np.float32)), 256
+        dim = min(256, len(vec.vocabulary_) - 1)
+        svd = TruncatedSVD(dim, random_state=0).fit(vec.transform(train_texts))
+        return (lambda t: svd.transform(vec.transform(t)).astype(np.float32)), dim
     from confluence.textmodel.encoder import LejepaTextEncoder
 
     if spec.startswith("random:"):

@@ -156,7 +156,7 @@ def build_train_step(cfg: TrainConfig, static: Any, opt: optax.GradientTransform
         updates, opt_state = opt.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         metrics = dict(metrics)
-        metrics["grad_norm"] = optax.global_norm(grads)
+        metrics["grad_norm"] = optax.tree.norm(grads)
         return params, opt_state, metrics
 
     return step_fn
@@ -179,11 +179,14 @@ def latest_checkpoint(run: str | Path) -> Path | None:
 
 
 def save_checkpoint(run: Path, step: int, params: Any, opt_state: Any, state: dict[str, Any]) -> Path:
-    """Write params, optimizer state and loop state atomically to run/checkpoints/step_<step>/."""
+    """Write params, optimizer state, loop state, the run configuration and the tokenizer atomically to
+    run/checkpoints/step_<step>/ (a checkpoint directory is self-contained)."""
     final = _step_dir(run, step)
     tmp = final.with_name(final.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    shutil.copyfile(run / "config.json", tmp / "config.json")
+    shutil.copyfile(run / TOKENIZER_FILE, tmp / TOKENIZER_FILE)
     eqx.tree_serialise_leaves(tmp / "params.eqx", jax.device_get(params))
     eqx.tree_serialise_leaves(tmp / "opt_state.eqx", jax.device_get(opt_state))
     (tmp / "state.json").write_text(json.dumps(state | {"step": step}, indent=2), encoding="utf-8")

@@ -108,7 +108,7 @@ class StoreSource:
     def __init__(self, sampler: Any, stores: list[Any], batch_size: int, seed: int = 0):
         self.sampler, self.batch_size, self.seed = sampler, batch_size, seed
         self.databases = [DbInfo(s.name, np.asarray(s.column_embeddings), np.asarray(s.categorical_embeddings),
-                                 int(s.max_k)) for s in stores]
+                                 target_max_k(s)) for s in stores]
         self.tasks = [TaskRef(e.db_idx, e.task.index, e.db_name, e.task.name, SemanticType(int(e.task.target_stype)))
                       for e in sampler.entries]
         self._train_ids = {t.key: sampler.seed_ids("train", t.task_name, t.db_idx) for t in self.tasks}
@@ -154,6 +154,14 @@ class StoreSource:
 
     def close(self) -> None:
         self.sampler.close()
+
+
+def target_max_k(store: Any) -> int:
+    """Largest K among the store's categorical *task targets*: the static width the loss pads to.
+
+    (The store's `max_k` also counts categorical input columns, which never need a loss over their block.)"""
+    return max((int(t.cat_count) for t in store.tasks if int(t.target_stype) == int(SemanticType.CATEGORICAL)),
+               default=0)
 
 
 def open_store_source(paths: list[Path], cfg: Any) -> StoreSource:

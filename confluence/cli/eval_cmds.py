@@ -1,0 +1,137 @@
+"""CLI of evaluation: `confluence evaluate`, `confluence predict`, `confluence baseline`."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import typer
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    typer.echo(f"error: {exc}", err=True)
+    return typer.Exit(1)
+
+
+def print_results(results: dict, title: str) -> None:
+    """A rich table: per task, every metric of the model beside the baselines."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from confluence.evaluation.metrics import HEADLINE
+    from confluence.stypes import SemanticType
+
+    console = Console()
+    table = Table(title=title, show_lines=False)
+    for col in ("task", "type", "n", "metric", "model", "best trivial", "gbdt"):
+        table.add_column(col, justify="left" if col in ("task", "type", "metric") else "right")
+    for task, r in results.items():
+        info = r.get("info", {})
+        if "model" not in r and "baseline" not in r:
+            table.add_row(task, info.get("stype", "?"), "0", info.get("note", ""), "", "", "")
+            continue
+        stype = SemanticType.parse(info["stype"])
+        head, higher = HEADLINE[stype]
+        metrics = [m for m in (r.get("model") or r["baseline"]) if m not in ("n", "name")]
+        metrics.sort(key=lambda m: m != head)
+        for i, m in enumerate(metrics):
+            vals = [r.get("model", {}).get(m), r.get("baseline", {}).get(m), r.get("gbdt", {}).get(m) if "gbdt" in r else None]
+            cells = ["–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4g}" for v in vals]
+            if i == 0:
+                finite = [v if v is not None and not math.isnan(v) else None for v in vals]
+                cand = [(v, j) for j, v in enumerate(finite) if v is not None]
+                if cand:
+                    best = (max if higher else min)(cand)[1]
+                    cells[best] = f"[bold green]{cells[best]}[/]"
+            table.add_row(task if i == 0 else "", info["stype"] if i == 0 else "", str(info.get("n_eval", "")) if i == 0
+                          else "", m + (" ↑" if higher and i == 0 else " ↓" if i == 0 else ""), *cells)
+    console.print(table)
+
+
+def _progress(total: int, label: str):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    prog = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                    TimeRemainingColumn(), transient=True)
+    return prog, prog.add_task(label, total=total)
+
+
+def evaluate_cmd(
+    checkpoint: Path = typer.Option(..., "--checkpoint", help="Run directory or checkpoint directory."),
+    db: Path = typer.Option(..., "--db", help="Processed store (need not be one the model was trained on)."),
+    split: str = typer.Option("test", "--split", help="train | val | test"),
+    task: list[str] = typer.Option(None, "--task", help="Task to evaluate (repeatable); default: every task."),
+    json_out: Path = typer.Option(None, "--json", help="Write the results as JSON here."),
+    max_seeds: int = typer.Option(5000, "--max-seeds", help="Evaluate at most this many seeds per task (0: all)."),
+    gbdt: bool = typer.Option(False, "--gbdt/--no-gbdt", help="Also train and score the LightGBM baseline."),
+    batch_size: int = typer.Option(None, "--batch-size"),
+    threads: int = typer.Option(1, "--threads", help="Sampler threads."),
+) -> None:
+    """Per-task metrics of a checkpoint beside the trivial baselines (majority / mean / median) on the same rows."""
+    from confluence.errors import ConfluenceError
+    from confluence.evaluation.evaluate import clean_json, evaluate
+
+    try:
+        results = evaluate(checkpoint, db, split=split, tasks=task or None, max_seeds=max_seeds or None, gbdt=gbdt,
+                           batch_size=batch_size, threads=threads)
+    except ConfluenceError as exc:
+        raise _fail(exc) from None
+    print_results(results, f"{db} — split {split}")
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(clean_json(results), indent=2))
+        typer.echo(f"wrote {json_out}")
+
+
+def predict_cmd(
+    checkpoint: Path = typer.Option(..., "--checkpoint"),
+    db: Path = typer.Option(..., "--db"),
+    task: str = typer.Option(..., "--task"),
+    split: str = typer.Option("test", "--split", help="Predict every seed of this split (ignored with --anchors)."),
+    anchors: Path = typer.Option(None, "--anchors", help="Parquet / CSV with anchor keys [+ observation_time]."),
+    out: Path = typer.Option(..., "-o", "--out", help="Output table (.parquet or .csv)."),
+    batch_size: int = typer.Option(None, "--batch-size"),
+    threads: int = typer.Option(1, "--threads"),
+) -> None:
+    """Write a table of anchor key, observation time, prediction and confidence."""
+    from confluence.errors import ConfluenceError
+    from confluence.evaluation.predict import predict
+
+    try:
+        table = predict(checkpoint, db, task, split=split, anchors=anchors, out=out, batch_size=batch_size,
+                        threads=threads)
+    except ConfluenceError as exc:
+        raise _fail(exc) from None
+    typer.echo(f"wrote {table.num_rows} predictions to {out}")
+
+
+def baseline_cmd(
+    db: Path = typer.Option(..., "--db"),
+    task: list[str] = typer.Option(None, "--task", help="Task (repeatable); default: every task."),
+    split: str = typer.Option("test", "--split"),
+    max_train: int = typer.Option(50_000, "--max-train", help="Train on at most this many seeds per task."),
+    max_seeds: int = typer.Option(5000, "--max-seeds", help="Evaluate at most this many seeds per task (0: all)."),
+    json_out: Path = typer.Option(None, "--json"),
+) -> None:
+    """LightGBM per task on relational features (anchor row, parents, time-bounded child aggregates)."""
+    from confluence.errors import ConfluenceError
+    from confluence.evaluation.baselines import run_baselines
+    from confluence.evaluation.evaluate import clean_json
+
+    try:
+        results = run_baselines(db, tasks=task or None, split=split, max_train=max_train,
+                                max_seeds=max_seeds or None)
+    except ConfluenceError as exc:
+        raise _fail(exc) from None
+    print_results(results, f"{db} — baselines, split {split}")
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(clean_json(results), indent=2))
+        typer.echo(f"wrote {json_out}")
+
+
+def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) -> None:
+    app.command("evaluate")(evaluate_cmd)
+    app.command("predict")(predict_cmd)
+    app.command("baseline")(baseline_cmd)

@@ -1,0 +1,128 @@
+"""`evaluate`: per-task metrics of a checkpoint on a split of a store, beside the trivial baselines on the same rows.
+
+Metrics are computed on the targets that are not null (the type-specific head); the null head is scored separately
+(`null_auroc`) where the split has both null and non-null targets. Numbers are in the user's units: numerical
+targets de-normalized with the task's statistics, timestamps in days. The trivial baselines (majority class, mean,
+median) are fitted on the train split's targets of the same task.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from confluence.errors import ConfluenceError
+from confluence.evaluation import metrics as M
+from confluence.evaluation.inference import HeadOutputs, LoadedModel, Predictor, load_model, sigmoid, softmax
+from confluence.evaluation.targets import decode_targets, timestamp_stats
+from confluence.stypes import SemanticType
+
+
+def subsample(ids: np.ndarray, cap: int | None, seed: int = 0) -> np.ndarray:
+    """At most `cap` of `ids`, chosen deterministically (sorted), so repeated evaluations use the same rows."""
+    if cap is None or len(ids) <= cap:
+        return ids
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.choice(ids, size=cap, replace=False))
+
+
+def model_metrics(predictor: Predictor, task: str, out: HeadOutputs, truth_values: np.ndarray,
+                  truth_null: np.ndarray, train_std: float | None) -> dict[str, float]:
+    """Metrics of the model's head outputs against decoded ground truth."""
+    store = predictor.store
+    info = store.task(task)
+    stype = SemanticType(int(info.target_stype))
+    keep = ~truth_null
+    y = truth_values[keep]
+    if stype == SemanticType.NUMERICAL:
+        mean, std = float(info.stats["mean"]), float(info.stats["std"]) or 1.0
+        res = M.regression_metrics(y, out.num_pred[keep] * std + mean, target_std=train_std)
+    elif stype == SemanticType.BOOLEAN:
+        res = M.binary_metrics(y, sigmoid(out.bool_logit[keep]))
+    elif stype == SemanticType.CATEGORICAL:
+        res = M.categorical_metrics(y, softmax(out.cat_logits[keep]))
+    else:
+        mean, std = timestamp_stats(store)
+        res = M.timestamp_metrics(y, out.ts_pred[keep, 14].astype(np.float64) * std + mean)
+    if truth_null.any() and not truth_null.all():
+        res.update(M.null_metrics(truth_null, sigmoid(out.null_logit)))
+    return res
+
+
+def evaluate(
+    checkpoint: str | Path | LoadedModel,
+    db: str | Path,
+    *,
+    split: str = "test",
+    tasks: Sequence[str] | None = None,
+    max_seeds: int | None = 5000,
+    batch_size: int | None = None,
+    threads: int = 1,
+    gbdt: bool = False,
+    gbdt_max_train: int = 50_000,
+    progress: Any = None,
+) -> dict[str, dict[str, Any]]:
+    """Evaluate a checkpoint on `split` of the store at `db`.
+
+    Returns `{task: {"model": {...}, "baseline": {...best trivial...}, "<trivial name>": {...}, ["gbdt": {...}],
+    "info": {...}}}` — the JSON layout of `confluence evaluate --json`.
+    """
+    loaded = checkpoint if isinstance(checkpoint, LoadedModel) else load_model(checkpoint)
+    predictor = Predictor(loaded, db, batch_size=batch_size, threads=threads)
+    store = predictor.store
+    names = [t.name for t in store.tasks] if not tasks else list(tasks)
+    unknown = [t for t in names if t not in {x.name for x in store.tasks}]
+    if unknown:
+        raise ConfluenceError(f"task(s) {unknown} not in store {store.name!r} (tasks: {[t.name for t in store.tasks]})")
+    builder = None
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        for task in names:
+            info = store.task(task)
+            stype = SemanticType(int(info.target_stype))
+            eval_ids = subsample(predictor.seed_ids(split, task), max_seeds)
+            train_ids = predictor.seed_ids("train", task)
+            if len(eval_ids) == 0:
+                results[task] = {"info": {"stype": stype.label, "n_eval": 0, "note": f"no seeds in split {split!r}"}}
+                continue
+            truth = decode_targets(store, task, eval_ids)
+            train = decode_targets(store, task, train_ids)
+            train_vals = train.values[~train.is_null]
+            train_std = float(np.std(train_vals)) if stype == SemanticType.NUMERICAL and train_vals.size else None
+            out = predictor.task_outputs(task, eval_ids, progress)
+            model = model_metrics(predictor, task, out, truth.values, truth.is_null, train_std)
+            trivial = M.trivial_baselines(stype, train_vals, truth.values[~truth.is_null],
+                                          num_classes=truth.num_classes or None)
+            best_name, best = M.best_baseline(stype, trivial)
+            entry: dict[str, Any] = {"model": model, "baseline": {**best, "name": best_name}}
+            entry.update(trivial)
+            if gbdt:
+                from confluence.evaluation.gbdt import FeatureBuilder, fit_gbdt
+
+                builder = builder or FeatureBuilder(store)
+                entry["gbdt"] = fit_gbdt(store, task, train_ids, eval_ids, builder=builder,
+                                         max_train=gbdt_max_train).metrics
+            entry["info"] = {"stype": stype.label, "split": split, "n_eval": int(len(eval_ids)),
+                             "n_eval_non_null": int((~truth.is_null).sum()), "n_train": int(len(train_ids)),
+                             "checkpoint_step": loaded.step}
+            results[task] = entry
+    finally:
+        predictor.close()
+    return results
+
+
+def clean_json(obj: Any) -> Any:
+    """NaN / inf -> None so the result is valid JSON."""
+    if isinstance(obj, dict):
+        return {k: clean_json(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [clean_json(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, np.floating | np.integer):
+        return clean_json(obj.item())
+    return obj

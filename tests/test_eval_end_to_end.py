@@ -1,0 +1,153 @@
+"""Evaluate and predict with a checkpoint trained inside the test; zero-shot evaluation on a second database;
+prediction post-processing against direct computations."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+
+from confluence.errors import ConfluenceError
+from confluence.evaluation.evaluate import evaluate
+from confluence.evaluation.inference import HeadOutputs, load_model
+from confluence.evaluation.predict import postprocess, predict
+from confluence.evaluation.targets import decode_targets, timestamp_stats
+from confluence.preprocess.pipeline import preprocess
+from confluence.store import Store
+from confluence.training.data import open_store_source
+from confluence.training.loop import train
+from tests.conftest_data import bookstore_metadata, write_bookstore
+from tests.conftest_model import tiny_train_config
+from tests.conftest_store import HashEncoder
+from tests.test_eval_gbdt import META, _tables
+
+D_T = 16
+SAMPLER = {"row_buckets": [16], "text_buckets": [64], "width": 4}
+
+
+@pytest.fixture(scope="module")
+def shop(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("e2e")
+    src = tmp / "shop"
+    src.mkdir()
+    for t, table in _tables(3, False).items():
+        pq.write_table(table, src / f"{t}.parquet")
+    meta = tmp / "shop.json"
+    meta.write_text(json.dumps(META))
+    store = preprocess(src, meta, tmp / "shop_store", encoder=HashEncoder(D_T), progress=False)
+    cfg = tiny_train_config(model={"d_t": D_T}, sampler=SAMPLER, max_rows=16, seq_len=48, max_steps=12,
+                            ckpt_every=6, val_every=6, batch_size=8)
+    source = open_store_source([store], cfg)
+    try:
+        train(cfg, source, tmp / "run", progress=False)
+    finally:
+        source.close()
+    return store, tmp / "run", tmp
+
+
+@pytest.fixture(scope="module")
+def bookstore(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("zero_shot")
+    src = write_bookstore(tmp / "raw", "parquet")
+    meta = tmp / "bookstore.json"
+    meta.write_text(json.dumps(bookstore_metadata()))
+    return preprocess(src, meta, tmp / "store", encoder=HashEncoder(D_T), progress=False)
+
+
+HEADLINE = {"amount": "mae", "status": "accuracy", "buys_next_30d": "auroc"}
+
+
+@pytest.mark.slow
+def test_evaluate_reports_model_and_baselines(shop):
+    store, run, _ = shop
+    res = evaluate(run, store, split="test", max_seeds=64)
+    assert set(res) == set(HEADLINE)
+    for task, metric in HEADLINE.items():
+        r = res[task]
+        assert np.isfinite(r["model"][metric]), (task, r)
+        assert metric in r["baseline"] and r["baseline"]["name"] in r
+        assert r["info"]["n_eval"] > 0 and r["info"]["checkpoint_step"] == 12
+
+
+@pytest.mark.slow
+def test_zero_shot_evaluation_on_a_database_the_model_never_saw(shop, bookstore):
+    _, run, _ = shop
+    res = evaluate(run, bookstore, split="train", max_seeds=32)
+    assert "order_rating" in res and "customer_premium" in res
+    assert np.isfinite(res["order_rating"]["model"]["mae"])
+
+
+@pytest.mark.slow
+def test_predict_split_and_anchor_file(shop):
+    store_path, run, tmp = shop
+    store = Store.open(store_path)
+    table = predict(run, store_path, "status", split="test", out=tmp / "pred.parquet")
+    assert pq.read_table(tmp / "pred.parquet").equals(table)
+    assert table.column_names[:4] == ["order_id", "observation_time", "prediction", "confidence"]
+    cats = set(store.task("status").stats["categories"]) if "categories" in (store.task("status").stats or {}) \
+        else set(store.columns[store.task("status").target_column_idx].stats["categories"])
+    assert set(table.column("prediction").drop_null().to_pylist()) <= cats
+    # Anchors named by key, with and without an observation time.
+    pacsv.write_csv(pa.table({"customer_id": [1, 2, 3],
+                              "observation_time": pa.array([dt.datetime(2020, 6, 1)] * 3, pa.timestamp("us"))}),
+                    tmp / "anchors.csv")
+    t2 = predict(run, store_path, "buys_next_30d", anchors=tmp / "anchors.csv", out=tmp / "p2.csv")
+    assert t2.column("customer_id").to_pylist() == [1, 2, 3]
+    assert all(0.0 <= c <= 1.0 for c in t2.column("confidence").to_pylist())
+    pacsv.write_csv(pa.table({"customer_id": [1, 999]}), tmp / "bad.csv")
+    with pytest.raises(ConfluenceError, match="row 1: key 999"):
+        predict(run, store_path, "buys_next_30d", anchors=tmp / "bad.csv")
+
+
+def test_postprocess_matches_direct_computation(shop):
+    store_path, _, _ = shop
+    store = Store.open(store_path)
+    n = 5
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal(n).astype(np.float32)
+    null_logit = np.array([-5, -5, 5, -5, -5], np.float32)  # the third row is predicted NULL
+    # numerical: de-normalized with the task's stats
+    out = HeadOutputs(null_logit, z, np.zeros(n, np.float32), np.zeros((n, 15), np.float32), np.zeros((n, 0), np.float32))
+    info = store.task("amount")
+    cols = postprocess(store, "amount", out)
+    pred = cols["prediction"].to_pylist()
+    assert pred[2] is None
+    for i in (0, 1, 3, 4):
+        assert pred[i] == pytest.approx(float(z[i]) * info.stats["std"]
+                                        + info.stats["mean"])
+    # categorical: the argmax category string with its probability, round-tripping decode_targets' classes
+    k = store.task("status").cat_count
+    truth = decode_targets(store, "status", np.arange(n))
+    logits = np.full((n, k), -4.0, np.float32)
+    logits[np.arange(n), truth.values] = 4.0
+    cols = postprocess(store, "status", HeadOutputs(np.full(n, -9, np.float32), z, z, out.ts_pred, logits))
+    assert cols["prediction"].to_pylist() == [truth.categories[i] for i in truth.values]
+    assert all(c > 0.9 for c in cols["confidence"].to_pylist())
+    # timestamp: the true encoding's epoch component decodes back to the true datetime
+    mean, std = timestamp_stats(store)
+    when = np.array([dt.datetime(2020, 3, 4, 5, 6, 7), dt.datetime(2021, 12, 31, 23, 0)], dtype="datetime64[us]")
+    us = when.astype(np.int64)
+    ts = np.zeros((2, 15), np.float32)
+    ts[:, 14] = (us - mean) / std
+    for p, (x, per) in enumerate([(7, 60), (6, 60), (5, 24)]):
+        ts[:, 2 * p], ts[:, 2 * p + 1] = math.sin(2 * math.pi * x / per), math.cos(2 * math.pi * x / per)
+    store_ts = HeadOutputs(np.full(2, -9, np.float32), np.zeros(2, np.float32), np.zeros(2, np.float32), ts,
+                           np.zeros((2, 0), np.float32))
+    got = postprocess(store, "amount", store_ts)  # any task works for shape; decode via a timestamp-typed helper
+    assert got["prediction"].type == pa.float64()
+    from confluence.evaluation.predict import cyclic_fields
+
+    assert cyclic_fields(ts)["pred_hour"][0] == 5
+    decoded = (ts[:, 14].astype(np.float64) * std + mean)
+    assert np.all(np.abs(decoded - us) < std * 1e-6 + 1e6)  # float32 z-score: within a second
+
+
+def test_load_model_reports_a_missing_checkpoint(tmp_path):
+    with pytest.raises(ConfluenceError, match="no checkpoint found"):
+        load_model(tmp_path)
