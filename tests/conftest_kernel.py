@@ -47,14 +47,18 @@ def run_both(kind, struct, q, k, v, do, block: int):
 
 
 def assert_close_to_reference(results, names=("out", "dq", "dk", "dv")) -> None:
-    """The kernel is as close to the FP32 reference as the bf16 reference is, up to bf16 rounding of the scale."""
+    """The kernel is as close to the FP32 reference as the bf16 reference is, up to bf16 rounding of the scale.
+
+    The 1e-5 floor covers FP32 summation-order noise where the true value is 0 (e.g. dq of a query that sees only
+    itself: the softmax is constant, so dq is 0 up to rounding).
+    """
     (ko, kg), (bo, bg), (fo, fg) = results
     for name, kx, bx, fx in zip(names, [ko, *kg], [bo, *bg], [fo, *fg], strict=True):
         assert np.all(np.isfinite(kx)), f"{name}: non-finite values from the kernel"
         scale = max(float(np.max(np.abs(fx))), 1e-6)
         err_k = float(np.max(np.abs(kx - fx)))
         err_b = float(np.max(np.abs(bx - fx)))
-        assert err_k <= 1.5 * err_b + 4e-3 * scale, (
+        assert err_k <= 1.5 * err_b + 4e-3 * scale + 1e-5, (
             f"{name}: kernel err {err_k:.3g}, bf16 reference err {err_b:.3g}, scale {scale:.3g}"
         )
 

@@ -6,10 +6,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest_kernel import assert_close_to_reference, random_qkv, random_unsorted, run_both
 
 from confluence.model.attention import MASK_KINDS, dense_mask, reference_attention
-from confluence.model.kernels import block_sparse_attention, synthetic_structure
+from confluence.model.kernels import block_sparse_attention, block_structure, synthetic_structure
+from confluence.model.kernels.block_sparse import fast_words
+from tests.conftest_kernel import assert_close_to_reference, random_qkv, random_unsorted, run_both
 
 
 def empty_queries(kind, struct) -> np.ndarray:
@@ -30,10 +31,13 @@ def test_sampler_like_structure_bf16(kind):
 
 @pytest.mark.parametrize("kind", MASK_KINDS)
 def test_unsorted_structure_with_scattered_padding_and_odd_head_dim(kind):
-    row, col, pad, adj = random_unsorted(7, 2, 77, 30)
+    row, col, pad, adj = random_unsorted(7, 2, 117, 200)
     pad[1, :] = True  # a filler sequence: all padding
     struct = (row, col, pad, adj)
-    q, k, v, do = random_qkv(1, 2, 77, 3, 12)
+    if kind != "column":  # ranks scattered over 3 bit words: the dynamic word loop
+        st = block_structure(kind, *(jnp.asarray(x) for x in struct), 16)
+        assert int(jnp.max(st.whi - st.wlo)) >= fast_words(16)
+    q, k, v, do = random_qkv(1, 2, 117, 3, 12)
     results = run_both(kind, struct, q, k, v, do, block=16)
     assert_close_to_reference(results)
     assert np.all(results[0][0][1] == 0.0)
@@ -57,7 +61,8 @@ def test_empty_inbound_rows_give_exact_zero_and_finite_grads():
 def test_float32_matches_reference_tightly(kind):
     struct = synthetic_structure(5, kind, 2, 50)
     q, k, v, do = random_qkv(3, 2, 50, 2, 16, dtype=jnp.float32)
-    (ko, kg), _, (fo, fg) = run_both(kind, struct, q, k, v, do, block=16)
+    with jax.default_matmul_precision("highest"):  # no TF32 in the reference on a GPU
+        (ko, kg), _, (fo, fg) = run_both(kind, struct, q, k, v, do, block=16)
     for got, want in zip([ko, *kg], [fo, *fg], strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(want).max())))
 
@@ -97,3 +102,22 @@ def test_default_tile_at_longer_sequence(kind):
     q, k, v, do = random_qkv(5, 2, 300, 1, 32)
     results = run_both(kind, struct, q, k, v, do, block=64)
     assert_close_to_reference(results)
+
+
+@pytest.mark.parametrize("kind", ["outbound", "inbound"])
+def test_contiguous_rows_whose_tiles_straddle_bit_words(kind):
+    """Many one-cell rows: each tile of 16 spans ranks across two 32-bit words (the unrolled word path)."""
+    rng = np.random.default_rng(3)
+    s, r = 90, 84
+    row = np.concatenate([[0] * 7, np.arange(1, r)]).astype(np.int32)[
+        None, :s
+    ]  # row 0 has 7 cells, then one each
+    adj = np.zeros((1, r, r), bool)
+    adj[0, np.arange(1, r), np.arange(r - 1)] = True  # a chain: each row points at the previous one
+    adj[0, rng.integers(0, r, 30), rng.integers(0, r, 30)] = True
+    struct = (row, np.zeros_like(row), np.zeros_like(row, bool), adj)
+    st = block_structure(kind, *(jnp.asarray(x) for x in struct), 16)
+    span = np.asarray(st.whi - st.wlo)
+    assert span.max() == 1 and span.max() < fast_words(16)  # some tiles touch two words, none three
+    q, k, v, do = random_qkv(6, 1, s, 2, 16)
+    assert_close_to_reference(run_both(kind, struct, q, k, v, do, block=16))

@@ -5,10 +5,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest_kernel import random_unsorted
 
 from confluence.model.attention import MASK_KINDS, dense_mask
 from confluence.model.kernels import block_structure, synthetic_structure, tile_stats
+from tests.conftest_kernel import random_unsorted
 
 
 def structures():

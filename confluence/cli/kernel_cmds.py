@@ -12,23 +12,20 @@ GPU_SEQ_LENS = (1024, 2048, 4096)
 CPU_SEQ_LENS = (128,)
 
 
-def _end_to_end_training() -> dict[str, object]:
-    """End-to-end training cells/s with and without the kernel, when the training area provides a benchmark."""
-    import importlib.util
+def _end_to_end_training(preset: str, steps: int) -> dict[str, object]:
+    """Training cells/s of `preset` with the reference attention and with the kernel (the training area's bench)."""
+    from confluence.model.kernels.bench import train_throughput
 
-    if importlib.util.find_spec("confluence.training") is None:
-        return {"available": False, "reason": "confluence.training is not installed in this checkout"}
-    import confluence.training as training
-
-    bench = getattr(training, "train_throughput", None)
-    if bench is None:
-        return {
-            "available": False,
-            "reason": "confluence.training provides no train_throughput(preset, attention_impl) benchmark yet",
-        }
-    out: dict[str, object] = {"available": True, "preset": "base"}
+    out: dict[str, object] = {"available": True, "preset": preset, "steps": steps}
     for impl in ("reference", "block_sparse"):
-        out[impl] = bench(preset="base", attention_impl=impl)
+        r = train_throughput(preset, impl, steps)
+        out[impl] = r
+        typer.echo(
+            f"train {preset} attention_impl={impl}: {r['cells_per_s']:.4g} cells/s "
+            f"({r['real_cells_per_s']:.4g} non-padding), step {1e3 * r['step_s']:.1f} ms, compile {r['compile_s']:.1f} s"
+        )
+    ref, ker = out["reference"], out["block_sparse"]
+    out["speedup"] = ker["cells_per_s"] / ref["cells_per_s"]  # type: ignore[index]
     return out
 
 
@@ -69,7 +66,19 @@ def bench_attention(
             "--stats-only", help="Only tile statistics and structure build time (no attention timed)."
         ),
     ] = False,
+    store: Annotated[
+        Path | None,
+        typer.Option(help="Processed store: time real sampler batches instead of synthetic ones."),
+    ] = None,
+    task: Annotated[
+        str | None, typer.Option(help="Task of --store to sample (default: its first task).")
+    ] = None,
     train: Annotated[bool, typer.Option(help="Also measure end-to-end training cells/s.")] = True,
+    train_preset: Annotated[
+        str | None,
+        typer.Option(help="Training preset for the end-to-end figure. Default: base on a GPU, small on CPU."),
+    ] = None,
+    train_steps: Annotated[int, typer.Option(help="Timed training steps per attention implementation.")] = 5,
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Write the full report as JSON here.")
     ] = None,
@@ -106,14 +115,28 @@ def bench_attention(
         typer.echo(
             "note: no GPU; the kernel runs in the Pallas interpreter, so its times are not speed figures"
         )
-    report = run_attention_bench(cfg, log=typer.echo)
-    report["end_to_end_training"] = (
-        _end_to_end_training() if train else {"available": False, "reason": "--no-train"}
-    )
-    e2e = report["end_to_end_training"]
-    typer.echo(
-        f"end-to-end training: {e2e if e2e.get('available') else 'unavailable: ' + str(e2e['reason'])}"
-    )
+    if store is not None:
+        from confluence.errors import ConfluenceError
+        from confluence.model.kernels.bench import sampler_source
+
+        try:
+            source, source_name = sampler_source(str(store), task, cfg.seed)
+        except (ConfluenceError, FileNotFoundError) as exc:
+            raise typer.BadParameter(f"--store {store}: {exc}") from exc
+        report = run_attention_bench(cfg, source, source_name, log=typer.echo)
+    else:
+        report = run_attention_bench(cfg, log=typer.echo)
+    if train and not stats_only:
+        preset = train_preset or ("base" if on_gpu else "small")
+        report["end_to_end_training"] = _end_to_end_training(preset, train_steps)
+        typer.echo(
+            f"end-to-end training speedup with the kernel: x{report['end_to_end_training']['speedup']:.2f}"
+        )
+    else:
+        report["end_to_end_training"] = {
+            "available": False,
+            "reason": "not requested (--no-train or --stats-only)",
+        }
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(as_numpy_report(report), indent=2))

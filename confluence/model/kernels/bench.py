@@ -29,7 +29,7 @@ import numpy as np
 from confluence.model.attention import MASK_KINDS, MaskKind, dense_mask, reference_attention
 from confluence.model.kernels.block_sparse import DEFAULT_BLOCK, block_sparse_attention, default_interpret
 from confluence.model.kernels.structure import block_structure, tile_stats
-from confluence.model.kernels.synthetic import PermutedStructure, synthetic_structure
+from confluence.model.kernels.synthetic import PermutedStructure, batch_structure, synthetic_structure
 
 IMPLEMENTATIONS = ("kernel", "reference", "dense", "dense_xla")
 
@@ -140,6 +140,33 @@ StructureSource = Callable[[int, int], dict[str, PermutedStructure]]
 def synthetic_source(seed: int) -> StructureSource:
     """(seq_len, batch_size) -> sampler-like random structures of every kind."""
     return lambda s, b: {kind: synthetic_structure(seed, kind, b, s) for kind in MASK_KINDS}
+
+
+def sampler_source(store_path: str, task: str | None = None, seed: int = 0) -> tuple[StructureSource, str]:
+    """(seq_len, batch_size) -> the structures of one real sampler batch of `task` (default: the store's first)."""
+    from confluence.sampler.config import SamplerConfig
+    from confluence.sampler.sampler import Sampler
+    from confluence.store import Store
+
+    store = Store.open(store_path)
+    name = task or store.tasks[0].name
+    store.task(name)  # raises, naming the task, when it does not exist
+
+    def source(s: int, b: int) -> dict[str, PermutedStructure]:
+        with Sampler([store], SamplerConfig(batch_size=b, seq_len=s, seed=seed, tasks=(name,))) as sampler:
+            n = sampler.entry(name).task.num_seeds
+            ids = np.random.default_rng(seed).choice(n, size=b, replace=n < b)
+            batch = sampler.batch_for_seeds(name, ids)
+        return {kind: batch_structure(batch, kind) for kind in MASK_KINDS}
+
+    return source, f"sampler:{store.name}/{name}"
+
+
+def train_throughput(preset: str, impl: str, steps: int) -> dict[str, Any]:
+    """End-to-end training step figures of `preset` with `attention_impl=impl` (the training area's bench)."""
+    from confluence.training import train_throughput as training_throughput
+
+    return training_throughput(preset=preset, attention_impl=impl, steps=steps)
 
 
 def run_attention_bench(

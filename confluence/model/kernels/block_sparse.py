@@ -16,6 +16,7 @@ its log-sum-exp is set to 0 and its gradients are 0 (no NaN anywhere).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -31,19 +32,41 @@ NUM_WARPS = 4
 NUM_STAGES = 2
 
 
+def _precision(a: jax.Array) -> lax.Precision | None:
+    """FP32 operands get true FP32 products (Triton would otherwise use TF32); bf16 / f16 need no setting."""
+    return lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
+
+
 def _dot(a: jax.Array, b: jax.Array) -> jax.Array:
-    return jnp.dot(a, b, preferred_element_type=jnp.float32)
+    """a @ b with FP32 accumulation."""
+    return lax.dot_general(
+        a, b, (((1,), (0,)), ((), ())), precision=_precision(a), preferred_element_type=jnp.float32
+    )
 
 
 def _dot_t(a: jax.Array, b: jax.Array) -> jax.Array:
     """a @ b.T with FP32 accumulation."""
-    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    return lax.dot_general(
+        a, b, (((1,), (1,)), ((), ())), precision=_precision(a), preferred_element_type=jnp.float32
+    )
 
 
 def _tile_mask(
-    kind: MaskKind, qkey: jax.Array, kkey: jax.Array, bits_ref, q0: jax.Array, wlo: jax.Array, whi: jax.Array
+    kind: MaskKind,
+    qkey: jax.Array,
+    kkey: jax.Array,
+    bits_ref,
+    q0: jax.Array,
+    wlo: jax.Array,
+    whi: jax.Array,
+    words: int | None,
 ) -> jax.Array:
-    """[Tq, Tk] visibility of one tile from the query keys / bit rows and the key labels."""
+    """[Tq, Tk] visibility of one tile from the query keys / bit rows and the key labels.
+
+    Row kinds visit the 32-bit words `wlo..whi` that the key tile's ranks touch: unrolled `words` times when the
+    caller knows every tile spans at most that many (no nested loop, so Triton can pipeline the tile loop; a word
+    index past `whi` is clamped into range, which only repeats hits already counted), else in a dynamic loop.
+    """
     if kind == "column":
         return qkey[:, None] == kkey[None, :]
     tq = qkey.shape[0]
@@ -55,7 +78,13 @@ def _tile_mask(
         hit = ((qw[:, None] >> kbit[None, :]) & 1) != 0
         return m | (hit & (kword[None, :] == w))
 
-    return lax.fori_loop(wlo, whi + 1, word, jnp.zeros((tq, kkey.shape[0]), jnp.bool_))
+    m = jnp.zeros((tq, kkey.shape[0]), jnp.bool_)
+    if words is None:
+        return lax.fori_loop(wlo, whi + 1, word, m)
+    last = bits_ref.shape[0] - 1
+    for i in range(words):
+        m = word(jnp.minimum(wlo + i, last), m)
+    return m
 
 
 def _fwd_kernel(
@@ -74,6 +103,7 @@ def _fwd_kernel(
     *,
     kind: MaskKind,
     block: int,
+    words: int | None,
 ):
     qt = pl.program_id(0)
     q0 = pl.multiple_of(qt * block, block)
@@ -87,7 +117,9 @@ def _fwd_kernel(
         k0 = pl.multiple_of(kt * block, block)
         k = k_ref[pl.ds(k0, block), :]
         v = v_ref[pl.ds(k0, block), :]
-        mask = _tile_mask(kind, qkey, kkey_ref[pl.ds(k0, block)], bits_ref, q0, wlo_ref[kt], whi_ref[kt])
+        mask = _tile_mask(
+            kind, qkey, kkey_ref[pl.ds(k0, block)], bits_ref, q0, wlo_ref[kt], whi_ref[kt], words
+        )
         s = jnp.where(mask, _dot_t(q, k), -jnp.inf)
         m_new = jnp.maximum(m, jnp.max(s, axis=-1))
         m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
@@ -127,6 +159,7 @@ def _dq_kernel(
     *,
     kind: MaskKind,
     block: int,
+    words: int | None,
 ):
     qt = pl.program_id(0)
     q0 = pl.multiple_of(qt * block, block)
@@ -141,7 +174,9 @@ def _dq_kernel(
         k0 = pl.multiple_of(kt * block, block)
         k = k_ref[pl.ds(k0, block), :]
         v = v_ref[pl.ds(k0, block), :]
-        mask = _tile_mask(kind, qkey, kkey_ref[pl.ds(k0, block)], bits_ref, q0, wlo_ref[kt], whi_ref[kt])
+        mask = _tile_mask(
+            kind, qkey, kkey_ref[pl.ds(k0, block)], bits_ref, q0, wlo_ref[kt], whi_ref[kt], words
+        )
         p = jnp.where(mask, jnp.exp(_dot_t(q, k) - lse[:, None]), 0.0)
         ds = p * (_dot_t(do, v) - delta[:, None])
         return dq + _dot(ds.astype(k.dtype), k)
@@ -169,6 +204,7 @@ def _dkv_kernel(
     *,
     kind: MaskKind,
     block: int,
+    words: int | None,
 ):
     kt = pl.program_id(0)
     k0 = pl.multiple_of(kt * block, block)
@@ -186,7 +222,7 @@ def _dkv_kernel(
         do = do_ref[pl.ds(q0, block), :]
         lse = lse_ref[pl.ds(q0, block)]
         delta = delta_ref[pl.ds(q0, block)]
-        mask = _tile_mask(kind, qkey_ref[pl.ds(q0, block)], kkey, bits_ref, q0, wlo, whi)
+        mask = _tile_mask(kind, qkey_ref[pl.ds(q0, block)], kkey, bits_ref, q0, wlo, whi, words)
         p = jnp.where(mask, jnp.exp(_dot_t(q, k) - lse[:, None]), 0.0)  # [Tq, Tk]
         dv = dv + _dot(p.astype(do.dtype).T, do)
         ds = p * (_dot_t(do, v) - delta[:, None])
@@ -234,20 +270,46 @@ def _params() -> plgpu.CompilerParams:
     return plgpu.CompilerParams(num_warps=NUM_WARPS, num_stages=NUM_STAGES)
 
 
+def _dispatch(st: BlockStructure, kind: MaskKind, call: Callable[[int | None], Callable], *operands):
+    """`call(words)(*operands)`, with the word loop unrolled when every key tile spans few enough words.
+
+    Row ranks are contiguous per row after the sampler's permutations, so a tile of T positions spans at most
+    T consecutive ranks, i.e. at most T/32 + 1 words: the unrolled variant is the normal case; arbitrary orders
+    fall back to the dynamic loop (both variants are compiled; `lax.cond` picks one on the device).
+    """
+    if kind == "column":
+        return call(None)(*operands)
+    block = st.kkey.shape[1] // st.wlo.shape[1]
+    words = fast_words(block)
+    return lax.cond(jnp.max(st.whi - st.wlo) < words, call(words), call(None), *operands)
+
+
+def fast_words(block: int) -> int:
+    """Words a tile of `block` consecutive ranks can touch: the unroll count of the common case."""
+    return max(2, block // 32 + 1)
+
+
 def _forward(q, k, v, st: BlockStructure, kind: MaskKind, block: int, interpret: bool):
     bsz, sp, h, d = q.shape
     nt = sp // block
+
+    def call(words: int | None) -> Callable:
+        return pl.pallas_call(
+            functools.partial(_fwd_kernel, kind=kind, block=block, words=words),
+            grid=(nt, bsz, h),
+            in_specs=[*_specs(st, sp, block), _tile_spec(block, d), _full_spec(sp, d), _full_spec(sp, d)],
+            out_specs=[_tile_spec(block, d), _stat_tile_spec(block)],
+            out_shape=[
+                jax.ShapeDtypeStruct(q.shape, v.dtype),
+                jax.ShapeDtypeStruct((bsz, h, sp), jnp.float32),
+            ],
+            compiler_params=_params(),
+            interpret=interpret,
+            name=f"block_sparse_fwd_{kind}",
+        )
+
     meta = (st.kv_list, st.kv_cnt, st.wlo, st.whi, st.qkey, st.kkey, st.qbits)
-    return pl.pallas_call(
-        functools.partial(_fwd_kernel, kind=kind, block=block),
-        grid=(nt, bsz, h),
-        in_specs=[*_specs(st, sp, block), _tile_spec(block, d), _full_spec(sp, d), _full_spec(sp, d)],
-        out_specs=[_tile_spec(block, d), _stat_tile_spec(block)],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, v.dtype), jax.ShapeDtypeStruct((bsz, h, sp), jnp.float32)],
-        compiler_params=_params(),
-        interpret=interpret,
-        name=f"block_sparse_fwd_{kind}",
-    )(*meta, q, k, v)
+    return _dispatch(st, kind, call, *meta, q, k, v)
 
 
 def _backward(q, k, v, o, lse, do, st: BlockStructure, kind: MaskKind, block: int, interpret: bool):
@@ -255,42 +317,50 @@ def _backward(q, k, v, o, lse, do, st: BlockStructure, kind: MaskKind, block: in
     nt = sp // block
     delta = jnp.einsum("bshd,bshd->bhs", o.astype(jnp.float32), do.astype(jnp.float32))
     do = do.astype(q.dtype)
-    dq = pl.pallas_call(
-        functools.partial(_dq_kernel, kind=kind, block=block),
-        grid=(nt, bsz, h),
-        in_specs=[
-            *_specs(st, sp, block),
-            _tile_spec(block, d),
-            _full_spec(sp, d),
-            _full_spec(sp, d),
-            _tile_spec(block, d),
-            _stat_tile_spec(block),
-            _stat_tile_spec(block),
-        ],
-        out_specs=_tile_spec(block, d),
-        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        compiler_params=_params(),
-        interpret=interpret,
-        name=f"block_sparse_dq_{kind}",
-    )(st.kv_list, st.kv_cnt, st.wlo, st.whi, st.qkey, st.kkey, st.qbits, q, k, v, do, lse, delta)
-    dk, dv = pl.pallas_call(
-        functools.partial(_dkv_kernel, kind=kind, block=block),
-        grid=(nt, bsz, h),
-        in_specs=[
-            *_specs(st, sp, block),
-            _full_spec(sp, d),
-            _tile_spec(block, d),
-            _tile_spec(block, d),
-            _full_spec(sp, d),
-            _stat_full_spec(sp),
-            _stat_full_spec(sp),
-        ],
-        out_specs=[_tile_spec(block, d), _tile_spec(block, d)],
-        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-        compiler_params=_params(),
-        interpret=interpret,
-        name=f"block_sparse_dkv_{kind}",
-    )(st.q_list, st.q_cnt, st.wlo, st.whi, st.qkey, st.kkey, st.qbits, q, k, v, do, lse, delta)
+
+    def dq_call(words: int | None) -> Callable:
+        return pl.pallas_call(
+            functools.partial(_dq_kernel, kind=kind, block=block, words=words),
+            grid=(nt, bsz, h),
+            in_specs=[
+                *_specs(st, sp, block),
+                _tile_spec(block, d),
+                _full_spec(sp, d),
+                _full_spec(sp, d),
+                _tile_spec(block, d),
+                _stat_tile_spec(block),
+                _stat_tile_spec(block),
+            ],
+            out_specs=_tile_spec(block, d),
+            out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+            compiler_params=_params(),
+            interpret=interpret,
+            name=f"block_sparse_dq_{kind}",
+        )
+
+    def dkv_call(words: int | None) -> Callable:
+        return pl.pallas_call(
+            functools.partial(_dkv_kernel, kind=kind, block=block, words=words),
+            grid=(nt, bsz, h),
+            in_specs=[
+                *_specs(st, sp, block),
+                _full_spec(sp, d),
+                _tile_spec(block, d),
+                _tile_spec(block, d),
+                _full_spec(sp, d),
+                _stat_full_spec(sp),
+                _stat_full_spec(sp),
+            ],
+            out_specs=[_tile_spec(block, d), _tile_spec(block, d)],
+            out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+            compiler_params=_params(),
+            interpret=interpret,
+            name=f"block_sparse_dkv_{kind}",
+        )
+
+    common = (st.wlo, st.whi, st.qkey, st.kkey, st.qbits, q, k, v, do, lse, delta)
+    dq = _dispatch(st, kind, dq_call, st.kv_list, st.kv_cnt, *common)
+    dk, dv = _dispatch(st, kind, dkv_call, st.q_list, st.q_cnt, *common)
     return dq, dk, dv
 
 
