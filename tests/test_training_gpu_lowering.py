@@ -23,6 +23,8 @@ def test_train_step_with_the_kernel_lowers_for_cuda():
     lowered = tr._step.trace(params, opt, inputs, tb.column_embeddings, tb.categorical_embeddings).lower(
         lowering_platforms=("cuda",))
     text = lowered.as_text()
-    # 3 sublayers x (forward, dQ, dK/dV) Triton kernels in the one layer of the tiny model.
-    assert text.count("custom_call @__gpu$xla.gpu.triton") == 9
+    # 3 sublayers x (forward, dQ, dK/dV) Triton kernels in the one layer of the tiny model; the outbound and
+    # inbound sublayers also carry the kernel's second variant (a dynamic bit-word loop behind a lax.cond).
+    n = text.count("custom_call @__gpu$xla.gpu.triton")
+    assert n >= 9 and n % 3 == 0, n
     assert "bf16" in text
