@@ -318,7 +318,7 @@ def fit_gbdt(
     f_ev = builder.build(task_name, eval_ids[keep_ev])
     stype = y_tr.stype
     params: dict[str, Any] = {
-        "learning_rate": 0.1, "num_leaves": 31, "min_data_in_leaf": 20, "feature_fraction": 0.9, "max_bin": 63,
+        "learning_rate": 0.05, "num_leaves": 63, "min_data_in_leaf": 20, "feature_fraction": 0.9,
         "bagging_fraction": 0.9, "bagging_freq": 1, "seed": seed, "deterministic": True, "verbose": -1,
         "num_threads": 2,
     }
