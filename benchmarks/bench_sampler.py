@@ -27,12 +27,7 @@ def demo_store(root: Path) -> Path:
     if not store.exists():
         raw = build_nycflights13(root / "nycflights13")
         t0 = time.perf_counter()
-        try:
-            preprocess(raw, demo_metadata_path(), store, progress=False)
-        except Exception:  # no encoder registry yet: the shipped static encoder directly
-            from confluence.textenc.default import StaticEncoder
-
-            preprocess(raw, demo_metadata_path(), store, encoder=StaticEncoder(), progress=False)
+        preprocess(raw, demo_metadata_path(), store, progress=False)
         print(f"preprocessed nycflights13 in {time.perf_counter() - t0:.1f} s -> {store}")
     return store
 
