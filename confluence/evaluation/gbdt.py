@@ -336,7 +336,7 @@ def fit_gbdt(
         target = (target - scale[0]) / scale[1]
         params["objective"] = "regression_l1"
     ds = lgb.Dataset(f_tr.x, label=target, feature_name=[f"f{i}" for i in range(len(f_tr.names))],
-                     categorical_feature=f_tr.categorical or "auto", free_raw_data=False)
+                     categorical_feature=f_tr.categorical or "auto", free_raw_data=False, params={"verbose": -1})
     booster = lgb.train(params, ds, num_boost_round=num_boost_round)
     raw = booster.predict(f_ev.x)
     truth = y_ev.values[keep_ev]
