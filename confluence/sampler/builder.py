@@ -74,8 +74,9 @@ class BatchBuilder:
             return _Scratch(self.data.num_rows)
 
     def _parallel(self, n: int, fn: Callable[[int, int, _Scratch], None]) -> None:
-        """Run fn(lo, hi, scratch) over 0..n: in this thread, or by worker threads taking small chunks in turn
-        (dynamic, so a descheduled worker does not hold the batch back)."""
+        """Run fn(lo, hi, scratch) over 0..n: in this thread, or by worker threads taking one chunk each (chunks
+        are still handed out dynamically; measured: 4 chunks per worker scaled 1.36x on 2 cores, 1 chunk 1.74x,
+        because every kernel call unboxes ~40 arrays while holding the GIL)."""
         threads = min(self.config.threads, n)
         if threads <= 1 or self._pool is None:
             s = self._checkout()
@@ -84,7 +85,7 @@ class BatchBuilder:
             finally:
                 self._scratch.put(s)
             return
-        chunk = max(1, n // (threads * 4))
+        chunk = max(1, -(-n // threads))  # one chunk per worker: each call unboxes ~40 arrays under the GIL
         lock = threading.Lock()
         nxt = [0]
 
