@@ -23,6 +23,8 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from confluence.fsutil import sqlite_type
+
 BOOKSTORE_KINDS = ("parquet", "csv", "sqlite", "duckdb", "relbench")
 NUM_CUSTOMERS, NUM_BOOKS, NUM_ORDERS = 60, 25, 500
 _EPOCH = dt.datetime(2024, 1, 1)
@@ -190,7 +192,7 @@ def write_bookstore(directory: str | Path, kind: str = "parquet", tables: dict[s
         out.unlink(missing_ok=True)
         con = sqlite3.connect(out)
         for name, t in tables.items():
-            decl = ", ".join(f'"{f.name}" {_sqlite_decl(f.type)}' for f in t.schema)
+            decl = ", ".join(f'"{f.name}" {sqlite_type(f.type)}' for f in t.schema)
             con.execute(f'CREATE TABLE "{name}" ({decl})')
             rows = [tuple(_sqlite_value(v) for v in row.values()) for row in t.to_pylist()]
             con.executemany(f'INSERT INTO "{name}" VALUES ({", ".join("?" * t.num_columns)})', rows)
@@ -208,20 +210,6 @@ def write_bookstore(directory: str | Path, kind: str = "parquet", tables: dict[s
     else:
         raise ValueError(f"unknown bookstore kind {kind!r} (expected one of {BOOKSTORE_KINDS})")
     return out
-
-
-def _sqlite_decl(t: pa.DataType) -> str:
-    if pa.types.is_timestamp(t):
-        return "TIMESTAMP"
-    if pa.types.is_date(t):
-        return "DATE"
-    if pa.types.is_boolean(t):
-        return "BOOLEAN"
-    if pa.types.is_integer(t):
-        return "INTEGER"
-    if pa.types.is_floating(t):
-        return "REAL"
-    return "TEXT"
 
 
 def _sqlite_value(v: object) -> object:

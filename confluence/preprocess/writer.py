@@ -16,6 +16,7 @@ import numpy as np
 from numpy.lib.format import open_memmap
 
 from confluence.errors import StoreError
+from confluence.fsutil import fsync_path
 from confluence.store import format as fmt
 
 
@@ -83,7 +84,7 @@ class StoreWriter:
         if self.out.exists():
             os.replace(self.out, old)
         os.replace(self.tmp, self.out)
-        _fsync_dir(self.out.parent)
+        fsync_path(self.out.parent)
         if old.exists():
             shutil.rmtree(old)
         return self.out
@@ -131,14 +132,6 @@ def _check_replaceable(out: Path) -> None:
         raise StoreError(f"{out}: exists, is not empty and is not a processed store; refusing to replace it")
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _fsync_tree(root: Path) -> None:
     for dirpath, _dirs, files in os.walk(root):
         for name in sorted(files):
@@ -147,4 +140,4 @@ def _fsync_tree(root: Path) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        _fsync_dir(Path(dirpath))
+        fsync_path(Path(dirpath))

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 import duckdb
-import pyarrow as pa
 
+from confluence.fsutil import sqlite_type
 from confluence.sources import open_source
 from confluence.sources.raw import quote_ident, quote_literal
 
@@ -22,7 +22,7 @@ def _to_sqlite(parquet_dir: Path, out: Path) -> None:
         rel = con.sql(f"SELECT * FROM read_parquet({quote_literal(str(f))})")
         reader = rel.to_arrow_reader(100_000)
         schema = reader.schema
-        decl = ", ".join(f"{quote_ident(x.name)} {_decl(x.type)}" for x in schema)
+        decl = ", ".join(f"{quote_ident(x.name)} {sqlite_type(x.type)}" for x in schema)
         dst.execute(f"CREATE TABLE {quote_ident(f.stem)} ({decl})")
         marks = ", ".join("?" * len(schema))
         for batch in reader:
@@ -33,18 +33,6 @@ def _to_sqlite(parquet_dir: Path, out: Path) -> None:
     dst.commit()
     dst.close()
     con.close()
-
-
-def _decl(t: pa.DataType) -> str:
-    if pa.types.is_timestamp(t):
-        return "TIMESTAMP"
-    if pa.types.is_boolean(t):
-        return "BOOLEAN"
-    if pa.types.is_integer(t):
-        return "INTEGER"
-    if pa.types.is_floating(t):
-        return "REAL"
-    return "TEXT"
 
 
 def _convert(parquet_dir: Path, work: Path, kind: str) -> Path:

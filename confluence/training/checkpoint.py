@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from confluence.errors import ConfluenceError
+from confluence.fsutil import fsync_path
 
 STATE_FILE, META_FILE, LATEST = "state.eqx", "meta.json", "LATEST"
 
@@ -41,14 +42,6 @@ def _to_host(x):
     return x
 
 
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_checkpoint(run_dir: Path, step: int, params, opt_state, meta: dict[str, Any], keep: int = 3) -> Path:
     """Write checkpoint `step` atomically; prune to the newest `keep`. Only process 0 writes."""
     ckpt_root = Path(run_dir) / "checkpoints"
@@ -65,16 +58,16 @@ def save_checkpoint(run_dir: Path, step: int, params, opt_state, meta: dict[str,
     full_meta = {"step": step, "saved_at": time.time(), **meta}
     (tmp / META_FILE).write_text(json.dumps(full_meta, indent=2, default=_json_default))
     for f in (tmp / STATE_FILE, tmp / META_FILE, tmp):
-        _fsync_path(f)
+        fsync_path(f)
     if final.exists():  # a leftover without its state file (never referenced by LATEST)
         shutil.rmtree(final)
     os.replace(tmp, final)
-    _fsync_path(ckpt_root)
+    fsync_path(ckpt_root)
     latest_tmp = ckpt_root / f".{LATEST}.tmp"
     latest_tmp.write_text(final.name + "\n")
-    _fsync_path(latest_tmp)
+    fsync_path(latest_tmp)
     os.replace(latest_tmp, ckpt_root / LATEST)
-    _fsync_path(ckpt_root)
+    fsync_path(ckpt_root)
     for old in sorted(p for p in ckpt_root.glob("step_*") if p.is_dir())[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
