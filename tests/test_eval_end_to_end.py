@@ -151,3 +151,13 @@ def test_postprocess_matches_direct_computation(shop):
 def test_load_model_reports_a_missing_checkpoint(tmp_path):
     with pytest.raises(ConfluenceError, match="no checkpoint found"):
         load_model(tmp_path)
+
+
+@pytest.mark.slow
+def test_evaluate_with_gbdt_adds_a_paired_comparison(shop):
+    store, run, _ = shop
+    res = evaluate(run, store, split="test", tasks=["amount"], max_seeds=64, gbdt=True)
+    r = res["amount"]
+    c = r["model_vs_gbdt"]
+    assert c["diff"] == pytest.approx(r["model"]["mae"] - r["gbdt"]["mae"], rel=1e-9, abs=1e-12)
+    assert c["ci_low"] <= c["diff"] <= c["ci_high"] and c["n_boot"] == 1000

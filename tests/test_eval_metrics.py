@@ -78,3 +78,46 @@ def test_trivial_baselines_and_best():
     boo = M.trivial_baselines(SemanticType.BOOLEAN, np.array([1, 1, 0, 1]), np.array([1, 0, 1]))
     assert boo["majority"]["accuracy"] == pytest.approx(2 / 3)
     assert boo["majority"]["auroc"] == pytest.approx(0.5)
+
+
+# ---- paired bootstrap (model vs another predictor on the same rows)
+
+
+def test_paired_bootstrap_identical_predictors_have_a_zero_interval():
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=200)
+    f = y + rng.normal(size=200)
+    c = M.paired_bootstrap(SemanticType.NUMERICAL, y, f, f.copy())
+    assert c["diff"] == 0 and c["ci_low"] == 0 and c["ci_high"] == 0 and c["a_not_worse"] == 1.0
+
+
+@pytest.mark.parametrize("stype", [SemanticType.NUMERICAL, SemanticType.TIMESTAMP])
+def test_paired_bootstrap_separates_a_clearly_better_regressor(stype):
+    rng = np.random.default_rng(1)
+    scale = M.US_PER_DAY if stype == SemanticType.TIMESTAMP else 1.0
+    y = rng.normal(size=500) * scale
+    good, bad = y + 0.1 * rng.normal(size=500) * scale, y + 2.0 * rng.normal(size=500) * scale
+    key = "mae_days" if stype == SemanticType.TIMESTAMP else "mae"
+    metric = M.timestamp_metrics if stype == SemanticType.TIMESTAMP else M.regression_metrics
+    c = M.paired_bootstrap(stype, y, good, bad)
+    assert c["diff"] == pytest.approx(metric(y, good)[key] - metric(y, bad)[key])
+    assert c["ci_low"] < c["ci_high"] < 0 and c["a_not_worse"] == 1.0  # lower MAE is better
+    c = M.paired_bootstrap(stype, y, bad, good)
+    assert c["ci_low"] > 0 and c["a_not_worse"] == 0.0
+
+
+def test_paired_bootstrap_auroc_and_accuracy_match_sklearn():
+    rng = np.random.default_rng(2)
+    y = rng.random(300) < 0.3
+    pa, pb = np.clip(y * 0.4 + rng.random(300) * 0.6, 0, 1), rng.random(300)
+    c = M.paired_bootstrap(SemanticType.BOOLEAN, y, pa, pb, n_boot=200)
+    assert c["diff"] == pytest.approx(skm.roc_auc_score(y, pa) - skm.roc_auc_score(y, pb))
+    assert 0 < c["ci_low"] <= c["diff"] <= c["ci_high"]
+    k = rng.integers(0, 4, size=300)
+    probs_a = np.eye(4)[k] * 0.5 + 0.125  # always right
+    probs_b = np.full((300, 4), 0.25)
+    probs_b[:, 0] += 0.01  # always class 0
+    c = M.paired_bootstrap(SemanticType.CATEGORICAL, k, probs_a, probs_b, n_boot=200)
+    assert c["diff"] == pytest.approx(1.0 - np.mean(k == 0))
+    # Same seed, same interval.
+    assert M.paired_bootstrap(SemanticType.CATEGORICAL, k, probs_a, probs_b, n_boot=200) == c

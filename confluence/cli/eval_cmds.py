@@ -24,12 +24,14 @@ def print_results(results: dict, title: str) -> None:
 
     console = Console()
     table = Table(title=title, show_lines=False)
-    for col in ("task", "type", "n", "metric", "model", "best trivial", "gbdt"):
+    paired = any("model_vs_gbdt" in r for r in results.values())
+    cols = ("task", "type", "n", "metric", "model", "best trivial", "gbdt") + (("model−gbdt [95% CI]",) if paired else ())
+    for col in cols:
         table.add_column(col, justify="left" if col in ("task", "type", "metric") else "right")
     for task, r in results.items():
         info = r.get("info", {})
         if "model" not in r and "baseline" not in r:
-            table.add_row(task, info.get("stype", "?"), "0", info.get("note", ""), "", "", "")
+            table.add_row(task, info.get("stype", "?"), "0", info.get("note", ""), *[""] * (len(cols) - 4))
             continue
         stype = SemanticType.parse(info["stype"])
         head, higher = HEADLINE[stype]
@@ -44,6 +46,10 @@ def print_results(results: dict, title: str) -> None:
                 if cand:
                     best = (max if higher else min)(cand)[1]
                     cells[best] = f"[bold green]{cells[best]}[/]"
+            if paired:
+                c = r.get("model_vs_gbdt") or {}
+                ok = i == 0 and isinstance(c.get("diff"), float) and math.isfinite(c["diff"])
+                cells.append(f"{c['diff']:+.3g} [{c['ci_low']:+.3g}, {c['ci_high']:+.3g}]" if ok else "")
             table.add_row(task if i == 0 else "", info["stype"] if i == 0 else "", str(info.get("n_eval", "")) if i == 0
                           else "", m + (" ↑" if higher and i == 0 else " ↓" if i == 0 else ""), *cells)
     console.print(table)

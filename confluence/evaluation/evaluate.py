@@ -30,24 +30,38 @@ def subsample(ids: np.ndarray, cap: int | None, seed: int = 0) -> np.ndarray:
     return np.sort(rng.choice(ids, size=cap, replace=False))
 
 
-def model_metrics(predictor: Predictor, task: str, out: HeadOutputs, truth_values: np.ndarray,
-                  truth_null: np.ndarray, train_std: float | None) -> dict[str, float]:
-    """Metrics of the model's head outputs against decoded ground truth."""
+def model_point_predictions(predictor: Predictor, task: str, out: HeadOutputs, keep: np.ndarray) -> np.ndarray:
+    """The model's predictions on the rows `keep` in the units of the metrics: denormalized values (numerical),
+    P(true) (boolean), [n, K] probabilities (categorical), epoch microseconds (timestamp)."""
     store = predictor.store
     info = store.task(task)
     stype = SemanticType(int(info.target_stype))
-    keep = ~truth_null
-    y = truth_values[keep]
     if stype == SemanticType.NUMERICAL:
         mean, std = float(info.stats["mean"]), float(info.stats["std"]) or 1.0
-        res = M.regression_metrics(y, out.num_pred[keep] * std + mean, target_std=train_std)
+        return out.num_pred[keep] * std + mean
+    if stype == SemanticType.BOOLEAN:
+        return sigmoid(out.bool_logit[keep])
+    if stype == SemanticType.CATEGORICAL:
+        return softmax(out.cat_logits[keep])
+    mean, std = timestamp_stats(store)
+    return out.ts_pred[keep, 14].astype(np.float64) * std + mean
+
+
+def model_metrics(predictor: Predictor, task: str, out: HeadOutputs, truth_values: np.ndarray,
+                  truth_null: np.ndarray, train_std: float | None) -> dict[str, float]:
+    """Metrics of the model's head outputs against decoded ground truth."""
+    stype = SemanticType(int(predictor.store.task(task).target_stype))
+    keep = ~truth_null
+    y = truth_values[keep]
+    pred = model_point_predictions(predictor, task, out, keep)
+    if stype == SemanticType.NUMERICAL:
+        res = M.regression_metrics(y, pred, target_std=train_std)
     elif stype == SemanticType.BOOLEAN:
-        res = M.binary_metrics(y, sigmoid(out.bool_logit[keep]))
+        res = M.binary_metrics(y, pred)
     elif stype == SemanticType.CATEGORICAL:
-        res = M.categorical_metrics(y, softmax(out.cat_logits[keep]))
+        res = M.categorical_metrics(y, pred)
     else:
-        mean, std = timestamp_stats(store)
-        res = M.timestamp_metrics(y, out.ts_pred[keep, 14].astype(np.float64) * std + mean)
+        res = M.timestamp_metrics(y, pred)
     if truth_null.any() and not truth_null.all():
         res.update(M.null_metrics(truth_null, sigmoid(out.null_logit)))
     return res
@@ -68,8 +82,9 @@ def evaluate(
 ) -> dict[str, dict[str, Any]]:
     """Evaluate a checkpoint on `split` of the store at `db`.
 
-    Returns `{task: {"model": {...}, "baseline": {...best trivial...}, "<trivial name>": {...}, ["gbdt": {...}],
-    "info": {...}}}` — the JSON layout of `confluence evaluate --json`.
+    Returns `{task: {"model": {...}, "baseline": {...best trivial...}, "<trivial name>": {...}, ["gbdt": {...},
+    "model_vs_gbdt": {diff, ci_low, ci_high, n_boot, a_not_worse}], "info": {...}}}` — the JSON layout of
+    `confluence evaluate --json` (`model_vs_gbdt`: the headline metric's paired-bootstrap difference).
     """
     loaded = checkpoint if isinstance(checkpoint, LoadedModel) else load_model(checkpoint)
     predictor = Predictor(loaded, db, batch_size=batch_size, threads=threads)
@@ -104,8 +119,12 @@ def evaluate(
                 from confluence.evaluation.gbdt import FeatureBuilder, fit_gbdt
 
                 builder = builder or FeatureBuilder(store)
-                entry["gbdt"] = fit_gbdt(store, task, train_ids, eval_ids, builder=builder,
-                                         max_train=gbdt_max_train).metrics
+                g = fit_gbdt(store, task, train_ids, eval_ids, builder=builder, max_train=gbdt_max_train)
+                entry["gbdt"] = g.metrics
+                keep = ~truth.is_null
+                # paired bootstrap of model minus GBDT on the same rows: is a gap more than row-sampling noise?
+                entry["model_vs_gbdt"] = M.paired_bootstrap(
+                    stype, truth.values[keep], model_point_predictions(predictor, task, out, keep), g.predictions)
             entry["info"] = {"stype": stype.label, "split": split, "n_eval": int(len(eval_ids)),
                              "n_eval_non_null": int((~truth.is_null).sum()), "n_train": int(len(train_ids)),
                              "checkpoint_step": loaded.step}

@@ -84,10 +84,23 @@ def plot_training_curves(csv_path: Path, png_path: Path) -> Path | None:
     return png_path
 
 
+_NOT_PREDICTORS = ("model", "baseline", "info", "model_vs_gbdt")
+
+
+def _ci_cell(c: Mapping[str, Any] | None) -> str:
+    """`diff [low, high]`, marked when the interval cannot tell the model worse than the GBDT."""
+    if not c or not isinstance(c.get("diff"), float) or not math.isfinite(c["diff"]):
+        return "–"
+    text = f"{_fmt(c['diff'])} [{_fmt(c.get('ci_low', math.nan))}, {_fmt(c.get('ci_high', math.nan))}]"
+    return f'<span class="best">{text}</span>' if c.get("a_not_worse") == 1.0 else text
+
+
 def metrics_table_html(results: Mapping[str, Mapping[str, Any]], stypes: Mapping[str, int]) -> str:
     """Per-task table: for each headline metric, the model, the best trivial baseline and every other baseline."""
-    others = sorted({k for r in results.values() for k in r if k not in ("model", "baseline")})
+    others = sorted({k for r in results.values() for k in r if k not in _NOT_PREDICTORS})
+    paired = any("model_vs_gbdt" in r for r in results.values())
     head = ["task", "type", "metric", "model", "best trivial"] + others
+    head += ["model − gbdt (95% CI)"] if paired else []
     out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
     for task, r in results.items():
         stype = SemanticType(stypes[task])
@@ -102,6 +115,8 @@ def metrics_table_html(results: Mapping[str, Mapping[str, Any]], stypes: Mapping
         for k in ["model", "best trivial"] + others:
             cls = ' class="best"' if k == best else ""
             cells.append(f"<span{cls}>{_fmt(vals[k])}</span>")
+        if paired:
+            cells.append(_ci_cell(r.get("model_vs_gbdt")))
         out.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     out.append("</table>")
     return "\n".join(out)
@@ -110,10 +125,10 @@ def metrics_table_html(results: Mapping[str, Mapping[str, Any]], stypes: Mapping
 def all_metrics_html(results: Mapping[str, Mapping[str, Any]]) -> str:
     parts = []
     for task, r in results.items():
-        names = sorted({m for v in r.values() if isinstance(v, Mapping) for m in v})
+        names = sorted({m for k, v in r.items() if isinstance(v, Mapping) and k not in ("info", "model_vs_gbdt") for m in v})
         rows = ["<tr><th></th>" + "".join(f"<th>{html.escape(n)}</th>" for n in names) + "</tr>"]
         for who, v in r.items():
-            if isinstance(v, Mapping):
+            if isinstance(v, Mapping) and who not in ("info", "model_vs_gbdt"):
                 rows.append(f"<tr><td>{html.escape(who)}</td>" + "".join(f"<td>{_fmt(v.get(n, math.nan))}</td>" for n in names) + "</tr>")
         parts.append(f"<h3>{html.escape(task)}</h3><table>{''.join(rows)}</table>")
     return "\n".join(parts)
@@ -137,7 +152,9 @@ def write_report(
 td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}} td:first-child,th:first-child{{text-align:left}}
 .best{{font-weight:bold;color:#0a7d28}} h1{{font-size:1.5em}}</style></head><body>
 <h1>{html.escape(title)}</h1><ul>{note_html}</ul>
-<h2>Headline metric per task</h2><p>Bold green: best on that task. ↑ higher is better, ↓ lower is better.</p>
+<h2>Headline metric per task</h2><p>Bold green: best on that task. ↑ higher is better, ↓ lower is better.
+Last column (when the GBDT ran): the model's headline metric minus the GBDT's on the same rows, with a paired
+bootstrap 95% interval; green when the interval cannot tell the model worse than the GBDT.</p>
 {metrics_table_html(results, stypes)}
 {'<h2>Training curves</h2><img src="training_curves.png" alt="training curves">' if png else ''}
 <h2>All metrics</h2>{all_metrics_html(results)}

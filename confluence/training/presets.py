@@ -79,6 +79,10 @@ class TrainConfig:
             raise ConfigError(f"training config: task_weighting must be uniform|db_uniform, got {self.task_weighting!r}")
         if self.seq_len > 65535 or self.max_rows > 65535:
             raise ConfigError("training config: seq_len and max_rows must fit uint16 (<= 65535)")
+        if self.loss.numeric_loss not in ("huber", "median"):
+            raise ConfigError(f"training config: loss.numeric_loss must be huber|median, got {self.loss.numeric_loss!r}")
+        if not self.loss.median_delta > 0 or not self.loss.huber_delta > 0:
+            raise ConfigError("training config: loss.huber_delta and loss.median_delta must be positive")
 
 
 def _overlay_tuple(base, d: dict[str, Any], where: str):
