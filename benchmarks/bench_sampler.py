@@ -63,6 +63,9 @@ def main() -> None:
               f"cells/s, {res['slots_per_s']:,.0f} slots/s, {res['sequences_per_cpu_s']:,.0f} seq per CPU-s; "
               f"CPU µs/sequence: {phases}; load {res['load_average_1min'][0]:.1f}")
         (root / f"sampler_{data.name}_{th}t.json").write_text(json.dumps(res, indent=2))
+    if any(th > 1 for th in runs):
+        print("(threads > 1: whole batches are built concurrently; CPU µs are exact, the JSON's per-phase wall "
+              "seconds are sums over overlapping builds)")
     if len(runs) > 1:
         base = max(r["sequences_per_s"] for r in runs[args.threads[0]])
         for th in args.threads[1:]:

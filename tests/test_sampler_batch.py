@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
 from confluence.errors import ConfluenceError
-from confluence.sampler.config import SamplerConfig, bucket_size
+from confluence.sampler.config import SamplerConfig, SplitConfig, bucket_size
 from confluence.sampler.sampler import Sampler
 from confluence.stypes import SemanticType
 from tests.conftest_sampler import bookstore, random_store
@@ -180,3 +183,83 @@ def test_kernels_release_the_gil_and_are_cached():
     for k in kernels:
         assert k.targetoptions.get("nogil") is True, k.py_func.__name__
         assert type(k._cache).__name__ == "FunctionCache", k.py_func.__name__  # cache=True: compiled once
+
+
+STREAM = dict(batch_size=8, seq_len=64, width=2, max_rows=32, row_buckets=(8, 32), text_buckets=(8, 32), seed=7,
+              batches_per_epoch=9, split=SplitConfig(fractions=(0.6, 0.3, 0.1)))
+
+
+def _stream(stores, threads, split, epoch=1):
+    with Sampler(stores, SamplerConfig(**STREAM, threads=threads)) as s:
+        got = [_arrays(b) for b in s.batches(split, epoch)]
+        assert s.cpu_timings["walk"] > 0 and s.timings["linearize"] > 0  # accumulated as batches are yielded
+    return got
+
+
+def test_stream_identical_across_thread_counts():
+    """Whole batches built concurrently (threads > 1) come out in order and bit-identical to one thread."""
+    stores = [random_store(12, n_tables=5, max_rows=80), random_store(13, n_tables=4, max_rows=60)]
+    for split in ("train", "val"):
+        ref = _stream(stores, 1, split)
+        assert len(ref) > 2 * 3  # longer than the lookahead of 3 threads
+        for threads in (2, 3):
+            got = _stream(stores, threads, split)
+            assert len(got) == len(ref)
+            for a, b in zip(ref, got, strict=True):
+                for k in a:
+                    np.testing.assert_array_equal(a[k], b[k], err_msg=f"{split} threads={threads} {k}")
+
+
+def test_stream_build_error_reaches_consumer_in_order(monkeypatch):
+    import confluence.sampler.builder as builder
+
+    store = random_store(14, n_tables=4, max_rows=60)
+    cfg = SamplerConfig(**STREAM, threads=2)
+    ref = [b.seed_ids.copy() for b in Sampler([store], SamplerConfig(**STREAM)).batches("train", 0)]
+    bad_ids = ref[3]
+    real_build = builder.BatchBuilder.build
+    calls = []
+
+    def build(self, task, seed_ids, epoch=0, n_valid=None, serial=False):
+        calls.append(serial)
+        if np.array_equal(np.resize(np.asarray(seed_ids), bad_ids.shape), bad_ids):
+            raise ValueError("boom in a build")
+        return real_build(self, task, seed_ids, epoch, n_valid, serial)
+
+    monkeypatch.setattr(builder.BatchBuilder, "build", build)
+    with Sampler([store], cfg) as s:
+        stream = s.batches("train", 0)
+        got = [next(stream).seed_ids.copy() for _ in range(3)]
+        with pytest.raises(ValueError, match="boom in a build"):
+            next(stream)
+        assert all(np.array_equal(a, b) for a, b in zip(ref, got, strict=False))
+        assert all(calls)  # every build of the stream ran serially inside one worker
+        with s.prefetch("train", 0) as p:
+            for _ in range(3):
+                next(p)
+            with pytest.raises(ValueError, match="boom in a build"):
+                next(p)
+
+
+def test_stream_abandon_and_close_do_not_hang():
+    store = random_store(15, n_tables=4, max_rows=60)
+    cfg = SamplerConfig(**{**STREAM, "batches_per_epoch": 10**6}, threads=2)
+    ref = list(zip(range(8), Sampler([store], SamplerConfig(**{**STREAM, "batches_per_epoch": 10**6})).batches("train", 0), strict=False))
+    s = Sampler([store], cfg)
+    t0 = time.perf_counter()
+    for _ in range(3):  # abandoned after a few batches: its pending builds are cancelled
+        stream = s.batches("train", 0)
+        next(stream)
+        del stream
+    with s.prefetch("train", 0) as p:
+        next(p)
+    stream = s.batches("train", 0)
+    got = [next(stream) for _ in range(4)]
+    s.close()  # a stream still open when the sampler closes goes on, building in the consumer
+    got += [next(stream) for _ in range(4)]
+    stream.close()
+    assert time.perf_counter() - t0 < 30
+    for (_, a), b in zip(ref, got, strict=True):
+        np.testing.assert_array_equal(a.seed_ids, b.seed_ids)
+        np.testing.assert_array_equal(a.column_ids, b.column_ids)
+    assert threading.active_count() < 20

@@ -87,8 +87,11 @@ def bench_sampler(
         f"{res['slots_per_s']:,.0f} slots/s ({threads} thread(s), B={batch_size}, S={seq_len}, w={width}, "
         f"{res['mean_real_cells_per_sequence']:.0f} real cells/sequence, mean R {res['mean_padded_rows']:.0f})"
     )
+    if threads > 1:
+        typer.echo(f"  (whole batches built {threads} at a time: phase seconds are summed over overlapping builds, "
+                   f"so the shares add up to about {100 * threads} %)")
     for k, v in res["phases"].items():
-        typer.echo(f"  {k:<13s} {v['seconds']:8.3f} s  {100 * v['share']:5.1f} %")
+        typer.echo(f"  {k:<13s} {v['seconds']:8.3f} s  {100 * v['share']:5.1f} %  {v['cpu_us_per_sequence']:6.1f} µs CPU/sequence")
     if json_out:
         json_out.write_text(json.dumps(res, indent=2))
         typer.echo(f"wrote {json_out}")

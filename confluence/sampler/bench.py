@@ -18,6 +18,10 @@ from confluence.sampler.sampler import Sampler
 def run_bench(data: SamplerData, config: SamplerConfig, batches: int = 50, warmup: int = 3) -> dict[str, Any]:
     """Time `batches` training batches of one training stream.
 
+    With `threads` > 1 the stream builds whole batches concurrently (one per worker), so a phase's `seconds`
+    are the sum of its wall time over the builds, which overlap: they add up to about `threads` x the elapsed
+    time and `share` to about `threads`. `cpu_seconds` are CPU time either way.
+
     Untimed first: at least `warmup` batches and until every task was drawn once, so kernel compilation (or
     cache loading), the split hashing and the per-epoch seed shuffles (once per task and epoch in a real run)
     are not counted.
@@ -59,6 +63,8 @@ def run_bench(data: SamplerData, config: SamplerConfig, batches: int = 50, warmu
                 "cpu_us_per_sequence": 1e6 * cpu_phases[k] / seqs}
             for k in PHASES
         },
+        "phase_seconds": ("sum of per-build wall times; builds overlap (one per worker thread)" if cfg.threads > 1
+                          else "wall time"),
         "wall_s": wall,
         "cpu_s": cpu,
         "sequences_per_cpu_s": seqs / cpu,

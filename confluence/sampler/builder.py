@@ -1,6 +1,6 @@
 """`BatchBuilder`: seeds of one task -> one `TrainingBatch`, the phases run by worker threads in nogil kernels.
 
-Phase 1 (per sequence; worker threads take small chunks of the batch in turn): walk, linearize, permutations, in
+Phase 1 (per sequence; worker threads take one chunk of the batch each, unless the build is `serial`): walk, linearize, permutations, in
 one parallel section with no barrier in between. Phase 2 (once per batch): text dedup + gather. Collation
 (allocating the zeroed outputs, `fk_adj` from the edge lists once R is known, the bookkeeping vectors) is timed
 on its own.
@@ -73,11 +73,12 @@ class BatchBuilder:
         except queue.Empty:
             return _Scratch(self.data.num_rows)
 
-    def _parallel(self, n: int, fn: Callable[[int, int, _Scratch], None]) -> None:
-        """Run fn(lo, hi, scratch) over 0..n: in this thread, or by worker threads taking one chunk each (chunks
-        are still handed out dynamically; measured: 4 chunks per worker scaled 1.36x on 2 cores, 1 chunk 1.74x,
-        because every kernel call unboxes ~40 arrays while holding the GIL)."""
-        threads = min(self.config.threads, n)
+    def _parallel(self, n: int, fn: Callable[[int, int, _Scratch], None], serial: bool = False) -> None:
+        """Run fn(lo, hi, scratch) over 0..n: in this thread (`serial`, one thread, or no pool), or by worker
+        threads taking one chunk each (chunks are still handed out dynamically; measured: 4 chunks per worker
+        scaled 1.36x on 2 cores, 1 chunk 1.74x, because every kernel call unboxes ~40 arrays while holding the
+        GIL). A build running inside a pool worker must pass `serial`: waiting on the same pool could deadlock."""
+        threads = 1 if serial else min(self.config.threads, n)
         if threads <= 1 or self._pool is None:
             s = self._checkout()
             try:
@@ -107,8 +108,12 @@ class BatchBuilder:
             f.result()
 
     # ---- the build
-    def build(self, task: TaskData, seed_ids: np.ndarray, epoch: int = 0, n_valid: int | None = None) -> BuildResult:
-        """One batch of `batch_size` sequences for `seed_ids` (at most batch_size; the rest are filler)."""
+    def build(self, task: TaskData, seed_ids: np.ndarray, epoch: int = 0, n_valid: int | None = None,
+              serial: bool = False) -> BuildResult:
+        """One batch of `batch_size` sequences for `seed_ids` (at most batch_size; the rest are filler).
+
+        `serial`: build it entirely in the calling thread (how the batch stream builds whole batches in the pool's
+        workers); otherwise the sequences are split over the pool. The result is the same either way."""
         cfg, d = self.config, self.data
         seed_ids = np.asarray(seed_ids, dtype=np.int64)
         bsz = cfg.batch_size
@@ -192,7 +197,7 @@ class BatchBuilder:
             cpu_parts["permutations"][lo] += time.thread_time() - c3
 
         t0 = time.perf_counter()
-        self._parallel(bsz, phase1)
+        self._parallel(bsz, phase1, serial)
         wall = time.perf_counter() - t0
         # one fused section: its wall time is attributed to the phases by their CPU shares
         cpu1 = {k: cpu_parts[k].sum() for k in ("walk", "linearize", "permutations")}
@@ -216,7 +221,7 @@ class BatchBuilder:
         table16, text16 = d.text_embeddings.view(np.uint16), text.view(np.uint16)  # numba has no float16
         gather_cpu: list[float] = []
         # the gather is mostly page faults of the mmapped table: spread them over the workers
-        if uniq.shape[0] >= _PARALLEL_GATHER_MIN and self.config.threads > 1:
+        if uniq.shape[0] >= _PARALLEL_GATHER_MIN and self.config.threads > 1 and not serial:
 
             def gather(lo: int, hi: int, _s: _Scratch) -> None:
                 c1 = time.thread_time()

@@ -48,13 +48,22 @@ class Prefetcher(Generic[T]):
         return False
 
     def _produce(self, make: Callable[[], Iterable[T]]) -> None:
+        it: Iterator[T] | None = None
         try:
-            for item in make():
+            it = iter(make())
+            for item in it:
                 if not self._put(item):
                     return
             self._put(_End())
         except BaseException as exc:  # noqa: BLE001 - everything must reach the consumer
             self._put(_Failure(exc))
+        finally:
+            close = getattr(it, "close", None)  # a generator's cleanup (e.g. cancelling its pending builds) now
+            if close is not None:
+                try:
+                    close()
+                except Exception:  # noqa: BLE001 - cleanup of an abandoned stream must not kill the thread
+                    pass
 
     def __iter__(self) -> Iterator[T]:
         return self

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,10 +88,13 @@ class Sampler:
         """A batch for these seed indices plus walk details and phase timings (at most batch_size seeds)."""
         e = self.entry(task, db)
         res = self.builders[e.db_idx].build(e.task, np.asarray(seed_ids, dtype=np.int64), epoch)
+        self._account(res)
+        return res
+
+    def _account(self, res: BuildResult) -> None:
         for k, v in res.timings.items():
             self.timings[k] += v
             self.cpu_timings[k] += res.cpu[k]
-        return res
 
     def batch_for_seeds(self, task: str, seed_ids: np.ndarray, db: int | str = 0, epoch: int = 0) -> TrainingBatch:
         """The batch for exactly these seeds (in order); a short list is padded with `seq_valid` False filler."""
@@ -106,15 +110,79 @@ class Sampler:
 
     def batches(self, split: str = "train", epoch: int = 0) -> Iterator[TrainingBatch]:
         """Train: `batches_per_epoch` batches, a (database, task) drawn per batch by weight, seeds shuffled per
-        epoch. Val / test: every seed of every task once, in order, the last batch of a task padded."""
+        epoch. Val / test: every seed of every task once, in order, the last batch of a task padded.
+
+        With `threads` > 1 whole batches are built concurrently, each serially inside one pool worker, about
+        2 x threads ahead of the consumer, and yielded in order: the stream is the same for any thread count."""
+        specs = self._specs(split, epoch)
+        if self._pool is None:
+            for e, ids in specs:
+                yield self.build(e.task.name, ids, e.db_idx, epoch).batch
+            return
+        yield from self._concurrent(specs, epoch)
+
+    def _specs(self, split: str, epoch: int) -> Iterator[tuple[TaskEntry, np.ndarray]]:
+        """The (entry, seed ids) of each batch of `batches(split, epoch)`, in order (computed by the consumer)."""
         if split_index(split) == 0:
-            yield from self._train_batches(epoch)
+            yield from self._train_specs(epoch)
             return
         bsz = self.config.batch_size
         for e in self.entries:
             ids = self.seed_ids(split, e.task.name, e.db_idx)
             for lo in range(0, ids.shape[0], bsz):
-                yield self.batch_for_seeds(e.task.name, ids[lo : lo + bsz], e.db_idx, epoch)
+                yield e, ids[lo : lo + bsz]
+
+    def _submit(self, e: TaskEntry, ids: np.ndarray, epoch: int) -> Future[BuildResult] | None:
+        pool = self._pool
+        if pool is None:
+            return None
+        try:
+            return pool.submit(self.builders[e.db_idx].build, e.task, ids, epoch, serial=True)
+        except RuntimeError:  # the pool was shut down (sampler closed): the consumer builds it itself
+            return None
+
+    def _concurrent(self, specs: Iterator[tuple[TaskEntry, np.ndarray]], epoch: int) -> Iterator[TrainingBatch]:
+        """Whole batches built in the pool (`serial` builds: no nested use of the pool), bounded lookahead,
+        results yielded in submission order. Timings are added here, in the consumer, when a batch is yielded.
+        Leaving early (close, error, abandoned generator) cancels the builds not yet started; a build whose
+        future was cancelled by `close()` is rebuilt in the consumer, so the stream stays complete."""
+        lookahead = 2 * self.config.threads
+        pending: deque[tuple[TaskEntry, np.ndarray, Future[BuildResult] | None]] = deque()
+        spec_error: BaseException | None = None
+        more = True
+        try:
+            while True:
+                while more and len(pending) < lookahead:
+                    try:
+                        e, ids = next(specs)
+                    except StopIteration:
+                        more = False
+                        break
+                    except Exception as exc:  # noqa: BLE001 - raised in order, after the batches before it
+                        spec_error, more = exc, False
+                        break
+                    ids = np.asarray(ids, dtype=np.int64)
+                    pending.append((e, ids, self._submit(e, ids, epoch)))
+                if not pending:
+                    if spec_error is not None:
+                        raise spec_error
+                    return
+                e, ids, fut = pending.popleft()
+                res = None
+                if fut is not None:
+                    try:
+                        res = fut.result()
+                    except CancelledError:
+                        res = None
+                if res is None:
+                    res = self.builders[e.db_idx].build(e.task, ids, epoch, serial=True)
+                self._account(res)
+                yield res.batch
+        finally:
+            for _e, _ids, f in pending:
+                if f is not None:
+                    f.cancel()
+            specs.close()
 
     def num_train_batches(self) -> int:
         if self.config.batches_per_epoch is not None:
@@ -133,7 +201,7 @@ class Sampler:
             raise ConfluenceError(f"task weights must be non-negative with a positive sum, got {dict(zip([e.key for e in live], w, strict=True))}")
         return arr / arr.sum()
 
-    def _train_batches(self, epoch: int) -> Iterator[TrainingBatch]:
+    def _train_specs(self, epoch: int) -> Iterator[tuple[TaskEntry, np.ndarray]]:
         cfg = self.config
         live = [e for e in self.entries if self.seed_ids("train", e.task.name, e.db_idx).shape[0] > 0]
         if not live:
@@ -157,15 +225,17 @@ class Sampler:
                 take = min(cfg.batch_size - len(picked), orders[k].shape[0] - cursors[k])
                 picked.extend(orders[k][cursors[k] : cursors[k] + take].tolist())
                 cursors[k] += take
-            yield self.batch_for_seeds(e.task.name, np.asarray(picked, np.int64), e.db_idx, epoch)
+            yield e, np.asarray(picked, np.int64)
 
     def prefetch(self, split: str = "train", epoch: int = 0, capacity: int = 3) -> Prefetcher[TrainingBatch]:
         """`batches(split, epoch)` produced in a background thread, `capacity` batches ahead."""
         return Prefetcher(lambda: self.batches(split, epoch), capacity=capacity, name=f"sampler-{split}")
 
     def close(self) -> None:
+        """Shut the worker pool down: builds not yet started are cancelled (an open stream then builds the rest
+        in its consumer thread), running ones finish."""
         if self._pool is not None:
-            self._pool.shutdown(wait=True)
+            self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
             for b in self.builders:
                 b._pool = None
