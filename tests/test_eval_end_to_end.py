@@ -161,3 +161,11 @@ def test_evaluate_with_gbdt_adds_a_paired_comparison(shop):
     c = r["model_vs_gbdt"]
     assert c["diff"] == pytest.approx(r["model"]["mae"] - r["gbdt"]["mae"], rel=1e-9, abs=1e-12)
     assert c["ci_low"] <= c["diff"] <= c["ci_high"] and c["n_boot"] == 1000
+
+
+def test_write_json_is_atomic_and_maps_nan_to_null(tmp_path):
+    from confluence.evaluation.evaluate import write_json
+
+    path = write_json({"t": {"model": {"mae": float("nan"), "n": np.float32(2.0)}}}, tmp_path / "sub" / "m.json")
+    assert json.loads(path.read_text()) == {"t": {"model": {"mae": None, "n": 2.0}}}
+    assert [p.name for p in path.parent.iterdir()] == ["m.json"]  # no temporary file left behind

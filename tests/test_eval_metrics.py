@@ -121,3 +121,11 @@ def test_paired_bootstrap_auroc_and_accuracy_match_sklearn():
     assert c["diff"] == pytest.approx(1.0 - np.mean(k == 0))
     # Same seed, same interval.
     assert M.paired_bootstrap(SemanticType.CATEGORICAL, k, probs_a, probs_b, n_boot=200) == c
+
+
+def test_metrics_for_dispatches_on_the_target_type():
+    y = np.array([0.0, 1.0, 3.0])
+    f = np.array([0.5, 1.0, 2.0])
+    assert M.metrics_for(SemanticType.NUMERICAL, y, f, target_std=2.0) == M.regression_metrics(y, f, target_std=2.0)
+    assert M.metrics_for(SemanticType.TIMESTAMP, y, f) == M.timestamp_metrics(y, f)
+    assert M.headline_value(SemanticType.NUMERICAL, y, f) == pytest.approx(skm.mean_absolute_error(y, f))

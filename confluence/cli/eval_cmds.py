@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -76,7 +75,7 @@ def evaluate_cmd(
 ) -> None:
     """Per-task metrics of a checkpoint beside the trivial baselines (majority / mean / median) on the same rows."""
     from confluence.errors import ConfluenceError
-    from confluence.evaluation.evaluate import clean_json, evaluate
+    from confluence.evaluation.evaluate import evaluate, write_json
 
     try:
         results = evaluate(checkpoint, db, split=split, tasks=task or None, max_seeds=max_seeds or None, gbdt=gbdt,
@@ -85,9 +84,7 @@ def evaluate_cmd(
         raise _fail(exc) from None
     print_results(results, f"{db} — split {split}")
     if json_out:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(clean_json(results), indent=2))
-        typer.echo(f"wrote {json_out}")
+        typer.echo(f"wrote {write_json(results, json_out)}")
 
 
 def predict_cmd(
@@ -123,7 +120,7 @@ def baseline_cmd(
     """LightGBM per task on relational features (anchor row, parents, time-bounded child aggregates)."""
     from confluence.errors import ConfluenceError
     from confluence.evaluation.baselines import run_baselines
-    from confluence.evaluation.evaluate import clean_json
+    from confluence.evaluation.evaluate import write_json
 
     try:
         results = run_baselines(db, tasks=task or None, split=split, max_train=max_train,
@@ -132,9 +129,7 @@ def baseline_cmd(
         raise _fail(exc) from None
     print_results(results, f"{db} — baselines, split {split}")
     if json_out:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(clean_json(results), indent=2))
-        typer.echo(f"wrote {json_out}")
+        typer.echo(f"wrote {write_json(results, json_out)}")
 
 
 def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) -> None:

@@ -8,6 +8,7 @@ median) are fitted on the train split's targets of the same task.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,23 +48,13 @@ def model_point_predictions(predictor: Predictor, task: str, out: HeadOutputs, k
     return out.ts_pred[keep, 14].astype(np.float64) * std + mean
 
 
-def model_metrics(predictor: Predictor, task: str, out: HeadOutputs, truth_values: np.ndarray,
-                  truth_null: np.ndarray, train_std: float | None) -> dict[str, float]:
-    """Metrics of the model's head outputs against decoded ground truth."""
-    stype = SemanticType(int(predictor.store.task(task).target_stype))
-    keep = ~truth_null
-    y = truth_values[keep]
-    pred = model_point_predictions(predictor, task, out, keep)
-    if stype == SemanticType.NUMERICAL:
-        res = M.regression_metrics(y, pred, target_std=train_std)
-    elif stype == SemanticType.BOOLEAN:
-        res = M.binary_metrics(y, pred)
-    elif stype == SemanticType.CATEGORICAL:
-        res = M.categorical_metrics(y, pred)
-    else:
-        res = M.timestamp_metrics(y, pred)
+def model_metrics(stype: SemanticType, truth_values: np.ndarray, truth_null: np.ndarray, pred: np.ndarray,
+                  null_logit: np.ndarray, train_std: float | None) -> dict[str, float]:
+    """Metrics of the model against decoded ground truth: the type head's (`pred` from `model_point_predictions`,
+    on the non-null rows) plus the null head's AUROC where the rows have both null and non-null targets."""
+    res = M.metrics_for(stype, truth_values[~truth_null], pred, target_std=train_std)
     if truth_null.any() and not truth_null.all():
-        res.update(M.null_metrics(truth_null, sigmoid(out.null_logit)))
+        res.update(M.null_metrics(truth_null, sigmoid(null_logit)))
     return res
 
 
@@ -109,7 +100,9 @@ def evaluate(
             train_vals = train.values[~train.is_null]
             train_std = float(np.std(train_vals)) if stype == SemanticType.NUMERICAL and train_vals.size else None
             out = predictor.task_outputs(task, eval_ids, progress)
-            model = model_metrics(predictor, task, out, truth.values, truth.is_null, train_std)
+            keep = ~truth.is_null
+            pred = model_point_predictions(predictor, task, out, keep)
+            model = model_metrics(stype, truth.values, truth.is_null, pred, out.null_logit, train_std)
             trivial = M.trivial_baselines(stype, train_vals, truth.values[~truth.is_null],
                                           num_classes=truth.num_classes or None)
             best_name, best = M.best_baseline(stype, trivial)
@@ -121,10 +114,8 @@ def evaluate(
                 builder = builder or FeatureBuilder(store)
                 g = fit_gbdt(store, task, train_ids, eval_ids, builder=builder, max_train=gbdt_max_train)
                 entry["gbdt"] = g.metrics
-                keep = ~truth.is_null
                 # paired bootstrap of model minus GBDT on the same rows: is a gap more than row-sampling noise?
-                entry["model_vs_gbdt"] = M.paired_bootstrap(
-                    stype, truth.values[keep], model_point_predictions(predictor, task, out, keep), g.predictions)
+                entry["model_vs_gbdt"] = M.paired_bootstrap(stype, truth.values[keep], pred, g.predictions)
             entry["info"] = {"stype": stype.label, "split": split, "n_eval": int(len(eval_ids)),
                              "n_eval_non_null": int((~truth.is_null).sum()), "n_train": int(len(train_ids)),
                              "checkpoint_step": loaded.step}
@@ -132,6 +123,17 @@ def evaluate(
     finally:
         predictor.close()
     return results
+
+
+def write_json(results: Any, path: str | Path) -> Path:
+    """Write evaluation results as JSON (NaN -> null) atomically: a temporary file renamed into place, so an
+    interrupted write never leaves a truncated file that later parses as something else or fails to load."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(clean_json(results), indent=2))
+    tmp.replace(path)
+    return path
 
 
 def clean_json(obj: Any) -> Any:

@@ -340,18 +340,12 @@ def fit_gbdt(
     booster = lgb.train(params, ds, num_boost_round=num_boost_round)
     raw = booster.predict(f_ev.x)
     truth = y_ev.values[keep_ev]
-    if stype == SemanticType.BOOLEAN:
-        metrics = M.binary_metrics(truth, raw)
-    elif stype == SemanticType.CATEGORICAL:
-        probs = raw.reshape(len(truth), -1)[:, : y_ev.num_classes]
-        metrics = M.categorical_metrics(truth, probs)
-        raw = probs
-    elif stype == SemanticType.NUMERICAL:
+    if stype == SemanticType.CATEGORICAL:
+        raw = raw.reshape(len(truth), -1)[:, : y_ev.num_classes]
+    elif stype != SemanticType.BOOLEAN:
         raw = raw * scale[1] + scale[0]
-        metrics = M.regression_metrics(truth, raw, target_std=float(np.std(y_tr.values[keep_tr])) or None)
-    else:
-        raw = raw * scale[1] + scale[0]
-        metrics = M.timestamp_metrics(truth, raw)
+    train_std = (float(np.std(y_tr.values[keep_tr])) or None) if stype == SemanticType.NUMERICAL else None
+    metrics = M.metrics_for(stype, truth, raw, target_std=train_std)
     metrics = {k: (float(v) if not (isinstance(v, float) and math.isnan(v)) else math.nan) for k, v in metrics.items()}
     return GBDTResult(task=task_name, metrics=metrics, predictions=raw, feature_names=f_tr.names,
                       num_train=int(keep_tr.sum()))

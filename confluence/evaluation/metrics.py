@@ -169,18 +169,24 @@ def best_baseline(stype: SemanticType, baselines: dict[str, dict[str, float]]) -
 # ------------------------------------------------------------------------------------------- paired comparison
 
 
-def headline_value(stype: SemanticType, y_true: np.ndarray, pred: np.ndarray) -> float:
-    """The headline metric of one predictor: `pred` is P(true) (boolean), [n, K] probabilities (categorical),
-    values (numerical) or epoch microseconds (timestamp)."""
-    metric, _ = headline_metric(stype)
+def metrics_for(stype: SemanticType, y_true: np.ndarray, pred: np.ndarray,
+                target_std: float | None = None) -> dict[str, float]:
+    """Every metric of one predictor on the non-null targets of a task: `pred` is P(true) (boolean), [n, K]
+    probabilities (categorical), values (numerical; `target_std` normalizes the MAE) or epoch microseconds
+    (timestamp)."""
     stype = SemanticType(stype)
     if stype == SemanticType.BOOLEAN:
-        return binary_metrics(y_true, pred)[metric]
+        return binary_metrics(y_true, pred)
     if stype == SemanticType.CATEGORICAL:
-        return categorical_metrics(y_true, pred)[metric]
+        return categorical_metrics(y_true, pred)
     if stype == SemanticType.NUMERICAL:
-        return regression_metrics(y_true, pred)[metric]
-    return timestamp_metrics(y_true, pred)[metric]
+        return regression_metrics(y_true, pred, target_std=target_std)
+    return timestamp_metrics(y_true, pred)
+
+
+def headline_value(stype: SemanticType, y_true: np.ndarray, pred: np.ndarray) -> float:
+    """The headline metric of one predictor (`pred` as for `metrics_for`)."""
+    return metrics_for(stype, y_true, pred)[headline_metric(stype)[0]]
 
 
 def _per_row_scores(stype: SemanticType, y: np.ndarray, pred: np.ndarray) -> np.ndarray | None:

@@ -84,7 +84,8 @@ def plot_training_curves(csv_path: Path, png_path: Path) -> Path | None:
     return png_path
 
 
-_NOT_PREDICTORS = ("model", "baseline", "info", "model_vs_gbdt")
+_META_KEYS = ("info", "model_vs_gbdt")  # entries of a task's results that are not a predictor's metrics
+_NOT_PREDICTORS = ("model", "baseline", *_META_KEYS)
 
 
 def _ci_cell(c: Mapping[str, Any] | None) -> str:
@@ -125,10 +126,10 @@ def metrics_table_html(results: Mapping[str, Mapping[str, Any]], stypes: Mapping
 def all_metrics_html(results: Mapping[str, Mapping[str, Any]]) -> str:
     parts = []
     for task, r in results.items():
-        names = sorted({m for k, v in r.items() if isinstance(v, Mapping) and k not in ("info", "model_vs_gbdt") for m in v})
+        names = sorted({m for k, v in r.items() if isinstance(v, Mapping) and k not in _META_KEYS for m in v})
         rows = ["<tr><th></th>" + "".join(f"<th>{html.escape(n)}</th>" for n in names) + "</tr>"]
         for who, v in r.items():
-            if isinstance(v, Mapping) and who not in ("info", "model_vs_gbdt"):
+            if isinstance(v, Mapping) and who not in _META_KEYS:
                 rows.append(f"<tr><td>{html.escape(who)}</td>" + "".join(f"<td>{_fmt(v.get(n, math.nan))}</td>" for n in names) + "</tr>")
         parts.append(f"<h3>{html.escape(task)}</h3><table>{''.join(rows)}</table>")
     return "\n".join(parts)
