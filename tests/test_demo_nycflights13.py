@@ -79,3 +79,19 @@ def test_build_is_deterministic_and_cached(demo_dir, tmp_path):
     assert {f.name: f.stat().st_mtime_ns for f in demo_dir.iterdir()} == before
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
     assert not [p for p in demo_dir.parent.iterdir() if ".tmp-" in p.name]
+
+
+def test_gbdt_multiclass_stays_stable_with_many_train_seeds(demo_dir, tmp_path):
+    """Regression: with LightGBM's default min_sum_hessian_in_leaf, flights.carrier on 20,000 train seeds
+    collapsed to accuracy 0.34 (log loss 10.6); the baseline must not get worse with more data."""
+    from confluence.evaluation.baselines import split_ids
+    from confluence.evaluation.evaluate import subsample
+    from confluence.evaluation.gbdt import fit_gbdt
+    from confluence.preprocess.pipeline import preprocess
+    from confluence.store import Store
+
+    store = Store.open(preprocess(demo_dir, demo_metadata_path(), tmp_path / "store", progress=False))
+    task = "flights.carrier"
+    res = fit_gbdt(store, task, split_ids(store, task, "train"), subsample(split_ids(store, task, "test"), 500),
+                   max_train=20_000)
+    assert res.metrics["accuracy"] > 0.9 and res.metrics["log_loss"] < 1.0, res.metrics

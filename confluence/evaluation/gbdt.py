@@ -321,6 +321,11 @@ def fit_gbdt(
         "learning_rate": 0.05, "num_leaves": 63, "min_data_in_leaf": 20, "feature_fraction": 0.9,
         "bagging_fraction": 0.9, "bagging_freq": 1, "seed": seed, "deterministic": True, "verbose": -1,
         "num_threads": 2,
+        # LightGBM's default (1e-3) lets a multiclass leaf hold only rows it already predicts with near-certainty
+        # (hessian p(1-p) ~ 0), whose Newton step is then huge: on the demo's flights.carrier, 20,000 train seeds
+        # gave accuracy 0.34 and log loss 10.6 (5,000 gave 0.988). 1.0 keeps every objective stable (an L1
+        # regression row weighs 1, so it changes nothing there beyond min_data_in_leaf).
+        "min_sum_hessian_in_leaf": 1.0,
     }
     target = y_tr.values[keep_tr]
     scale = (0.0, 1.0)
