@@ -237,6 +237,9 @@ def bookstore(extra_orders: int = 0):
                  np.arange(n) % 3 == 0, np.ones(n, bool)),
         TaskSpec("next_order_at", "orders", np.arange(n), np.array(times, np.int64), ST.TIMESTAMP,
                  np.array(times, np.int64) + day, np.arange(n) != 2),
+        # predict an order's customer with its customer_id foreign key excluded: that parent edge must be cut
+        TaskSpec("whose_order", "orders", np.arange(n), np.array(times, np.int64), ST.BOOLEAN,
+                 np.array(cust) == 0, np.ones(n, bool), exclude=["customer_id"]),
         TaskSpec("country", "customers", np.array([0]), np.array([INT64_MAX]), ST.CATEGORICAL, np.array([1]),
                  np.array([True]), column="country", cat_count=2),
     ]
@@ -274,6 +277,9 @@ def random_store(seed: int, n_tables: int = 4, max_rows: int = 40, with_text: bo
         n = t.n
         obs = t.time.copy() if t.time is not None else np.full(n, INT64_MAX, np.int64)
         x = t.cols[[c.name for c in t.cols].index(f"x{t.name[1:]}")].values
+        # odd tables hide their first foreign key (its parent edge from the anchor is cut)
+        fks = [c.name for c in t.cols if c.fk]
+        exclude = fks[:1] if int(t.name[1:]) % 2 == 1 else []
         tasks.append(TaskSpec(f"x_{t.name}", t.name, np.arange(n), obs, ST.NUMERICAL, np.nan_to_num(x),
-                              ~np.isnan(x), column=f"x{t.name[1:]}"))
+                              ~np.isnan(x), column=f"x{t.name[1:]}", exclude=exclude))
     return build_store(tables, tasks, name=f"random{seed}")

@@ -134,6 +134,21 @@ def test_cell_masking_target_is_not_a_feature(stores):
     assert any(n.endswith("mean:orders.amount") for n in names)  # siblings' past amounts are fair game
 
 
+def test_observation_time_features(stores):
+    """A task with an observation_time_column gets the observation time's calendar features (the model sees it
+    as a cell); a task whose time is the anchor's own timestamp does not need them."""
+    a, _ = stores
+    obs = np.asarray(a.task_arrays("buys_next_30d").obs_time)[:5]
+    f = FeatureBuilder(a).build("buys_next_30d", np.arange(5))
+    x = {n: f.x[:, i] for i, n in enumerate(f.names)}
+    when = [dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=int(t)) for t in obs]
+    np.testing.assert_array_equal(x["obs:month"], [w.month for w in when])
+    np.testing.assert_array_equal(x["obs:weekday"], [w.weekday() for w in when])
+    np.testing.assert_array_equal(x["obs:day_of_year"], [w.timetuple().tm_yday for w in when])
+    np.testing.assert_allclose(x["obs:days"], obs / 86_400e6)
+    assert not any(n.startswith("obs:") for n in FeatureBuilder(a).build("amount", np.arange(5)).names)
+
+
 @pytest.mark.parametrize("task", ["amount", "status", "buys_next_30d"])
 def test_fit_gbdt_reports_metrics(stores, task):
     a, _ = stores

@@ -40,8 +40,9 @@ def test_layout_rows_and_columns(store):
     names = [(c.table or c.task, c.name) for c in store.columns]
     assert names[:6] == [("customers", "customer_id"), ("customers", "country"), ("customers", "age"),
                          ("customers", "is_premium"), ("customers", "bio"), ("customers", "signed_up_at")]
-    assert names[17:] == [("orders_next_30d", "n"), ("country_upper", "country_uc"), ("book_expensive", "expensive")]
-    assert store.num_columns == 20 and store.d_t == 16
+    assert names[17:] == [("orders_next_30d", "n"), ("country_upper", "country_uc"), ("book_expensive", "expensive"),
+                          ("orders_next_30d", "observation time")]
+    assert store.num_columns == 21 and store.d_t == 16  # + orders_next_30d's observation-time column
     assert store.values("orders", "order_id") is None  # identifier: presence only
     assert bits(store, "orders", "customer_id") == [1, 1, 1, 1, 0, 1]
 

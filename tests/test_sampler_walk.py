@@ -115,9 +115,10 @@ def test_width_bound():
         assert ((res.via[0, :n] == VIA_CHILD) & (res.src[0, :n] == i)).sum() <= 5
 
 
-def _check_walk(store, res, seq_len, width, max_rows):
+def _check_walk(store, res, seq_len, width, max_rows, cut=frozenset()):
+    """Walk invariants; `cut`: the task's columns whose parent edges from the anchor row are cut."""
     d_rt = store.row_time
-    pptr, pidx = store.parent_indptr, store.parent_indices
+    pptr, pidx, pcol = store.parent_indptr, store.parent_indices, store.parent_column
     cptr, cidx = store.child_indptr, store.child_indices
     for b in range(res.rows.shape[0]):
         n = int(res.nrows[b])
@@ -134,7 +135,9 @@ def _check_walk(store, res, seq_len, width, max_rows):
             j = int(res.src[b, i])
             assert 0 <= j < i
             if res.via[b, i] == VIA_PARENT:
-                assert rows[i] in pidx[pptr[rows[j]] : pptr[rows[j] + 1]]
+                lo, hi = pptr[rows[j]], pptr[rows[j] + 1]
+                ok = [e for e in range(lo, hi) if pidx[e] == rows[i] and not (j == 0 and int(pcol[e]) in cut)]
+                assert ok, (b, i)  # a real edge, and never one the task cut
             else:
                 assert rows[i] in cidx[cptr[rows[j]] : cptr[rows[j] + 1]]
         # width: at most `width` children reached through any one row
@@ -142,11 +145,14 @@ def _check_walk(store, res, seq_len, width, max_rows):
             assert ((res.via[b, :n] == VIA_CHILD) & (res.src[b, :n] == j)).sum() <= width
         # parents first: after row j, every visible parent of j is visited before any later child-heap row
         child_pos = [i for i in range(n) if res.via[b, i] == VIA_CHILD]
+        def visible_parents(j):
+            lo, hi = pptr[rows[j]], pptr[rows[j] + 1]
+            return [int(pidx[e]) for e in range(lo, hi)
+                    if d_rt[pidx[e]] <= obs and not (j == 0 and int(pcol[e]) in cut)]
+
         for j in range(n):
             nxt = [i for i in child_pos if i > j]
-            for p in pidx[pptr[rows[j]] : pptr[rows[j] + 1]]:
-                if d_rt[p] > obs:
-                    continue
+            for p in visible_parents(j):
                 if nxt:
                     assert int(p) in pos and pos[int(p)] < nxt[0], (b, j, p)
         # fewest hops: child-heap rows come out in non-decreasing hop order
@@ -156,18 +162,100 @@ def _check_walk(store, res, seq_len, width, max_rows):
         assert res.n_real[b] <= seq_len
         if res.n_real[b] < seq_len and n < max_rows:
             for j in range(n):
-                for p in pidx[pptr[rows[j]] : pptr[rows[j] + 1]]:
-                    assert d_rt[p] > obs or int(p) in pos
+                for p in visible_parents(j):
+                    assert p in pos
 
 
-@given(seed=st.integers(0, 10_000), width=st.integers(0, 4), seq_len=st.sampled_from([16, 64, 512]))
-def test_walk_properties_random_databases(seed, width, seq_len):
+@given(seed=st.integers(0, 10_000), width=st.integers(0, 4), seq_len=st.sampled_from([16, 64, 512]),
+       recent=st.integers(0, 4))
+def test_walk_properties_random_databases(seed, width, seq_len, recent):
     store = random_store(seed)
-    cfg = SamplerConfig(batch_size=6, seq_len=seq_len, width=width, max_rows=64, row_buckets=(8, 64), text_buckets=(8,))
+    recent = min(recent, width)
+    cfg = SamplerConfig(batch_size=6, seq_len=seq_len, width=width, recent=recent, max_rows=64, row_buckets=(8, 64),
+                        text_buckets=(8,))
     s = Sampler([store], cfg)
     rng = np.random.default_rng(seed)
     for e in s.entries:
         ids = rng.integers(0, e.task.num_seeds, min(6, e.task.num_seeds))
         res = s.build(e.task.name, ids)
         res.batch.validate()
-        _check_walk(store, res, seq_len, width, 64)
+        _check_walk(store, res, seq_len, width, 64, cut=frozenset(int(c) for c in e.task.cut_cols))
+        if recent:
+            _check_recent(store, res, recent)
+
+
+def _check_recent(store, res, recent):
+    """Each visited row's `recent` latest visible children were pushed (so visited, unless the walk stopped)."""
+    cptr, cidx, ctime = store.child_indptr, store.child_indices, store.child_time
+    for b in range(res.rows.shape[0]):
+        n = int(res.nrows[b])
+        if res.n_real[b] < res.batch.is_padding.shape[1] and n < 64:  # the walk ran out of frontier
+            rows = set(res.rows[b, :n].tolist())
+            obs = res.batch.obs_times[b]
+            for j in range(n):
+                r = res.rows[b, j]
+                lo, hi = cptr[r], cptr[r + 1]
+                k = lo + int(np.searchsorted(ctime[lo:hi], obs, side="right"))
+                for e in range(max(lo, k - recent), k):
+                    assert int(cidx[e]) in rows, (b, j, e)
+
+
+def test_excluded_foreign_key_cuts_the_anchor_parent_edge():
+    """spec/metadata.md: an excluded foreign-key column also cuts that parent edge of the anchor row."""
+    store = bookstore(extra_orders=8)
+    off = store.offsets
+    cust23, book42 = off["customers"], off["books"]
+    cfg = SamplerConfig(batch_size=16, seq_len=512, width=16, max_rows=64)
+    res = Sampler([store], cfg).build("whose_order", np.arange(13))
+    reached_otherwise = 0
+    for b in range(13):
+        n = int(res.nrows[b])
+        rows = res.rows[b, :n]
+        # never reached *from the anchor* through customer_id (it may still come in through another order)
+        for i in range(1, n):
+            if res.src[b, i] == 0 and res.via[b, i] == VIA_PARENT:
+                assert rows[i] != cust23, (b, i)
+        loc = _local_of(res, b)
+        adj = res.batch.fk_adj[b]
+        if cust23 in loc:
+            reached_otherwise += 1
+            assert not adj[0, loc[cust23]], b  # no anchor -> customer edge even when the customer is in context
+        if book42 in loc and store.parent_indptr[rows[0] + 1] - store.parent_indptr[rows[0]] == 2:
+            assert adj[0, loc[book42]]  # the other foreign key is kept
+    assert reached_otherwise > 0  # the customer did come in through other orders (so the fk_adj check ran)
+    # the same seeds on a task without the exclusion do reach the customer from the anchor
+    plain = Sampler([store], CFG).build("will_reorder", np.array([0]))
+    assert plain.rows[0, 1] == cust23 and plain.via[0, 1] == VIA_PARENT
+
+
+def test_recent_children_are_the_latest_before_the_observation_time():
+    store = bookstore(extra_orders=60)
+    cust = store.offsets["customers"]
+    cptr, cidx, ctime = store.child_indptr, store.child_indices, store.child_time
+    kids = cidx[cptr[cust] : cptr[cust + 1]]
+    kid_time = ctime[cptr[cust] : cptr[cust + 1]]
+    for recent in (0, 2, 5):
+        cfg = SamplerConfig(batch_size=1, seq_len=4096, width=5, recent=recent, max_rows=256)
+        res = Sampler([store], cfg).build("country", np.array([0]))
+        n = res.nrows[0]
+        got = set(res.rows[0, :n][(res.via[0, :n] == VIA_CHILD) & (res.src[0, :n] == 0)].tolist())
+        assert len(got) == 5
+        latest = set(kids[np.argsort(kid_time, kind="stable")[len(kids) - recent :]].tolist()) if recent else set()
+        assert latest <= got  # the `recent` latest children are always kept, the rest is a uniform draw
+        # the customer (no cut-off) has 64 orders; order 99 (day 20) is the latest of all
+        assert (store.offsets["orders"] + 4 in got) or recent == 0
+
+
+def test_recent_zero_is_the_uniform_walk_and_recent_is_validated():
+    import pytest
+
+    from confluence.errors import ConfluenceError
+
+    store = random_store(3)
+    task = store.tasks[0].name
+    a = Sampler([store], SamplerConfig(batch_size=8, seq_len=64, width=3, max_rows=32)).build(task, np.arange(8))
+    b = Sampler([store], SamplerConfig(batch_size=8, seq_len=64, width=3, recent=0, max_rows=32)).build(
+        task, np.arange(8))
+    np.testing.assert_array_equal(a.rows, b.rows)
+    with pytest.raises(ConfluenceError, match="recent"):
+        SamplerConfig(width=4, recent=5).check()

@@ -8,6 +8,8 @@ Features for a seed (anchor row `a`, observation time `t`), built with DuckDB SQ
   to a temporal table and was created after `t`;
 * aggregates over the anchor's child rows that existed at `t` (time <= t): count, mean of each numerical column
   and the last value of each numerical / categorical / boolean column;
+* the observation time's calendar features (days since the epoch, hour, weekday, day of month, month, day of
+  year) for a task with an `observation_time_column`, which the model sees as a cell too;
 * aggregates over the *siblings* reached through each parent (the parent's other children), restricted to
   children strictly before `t` (time < t), so neither the anchor row itself nor a row created at the same moment
   can leak the target.
@@ -33,6 +35,23 @@ from confluence.stypes import SemanticType
 
 INT64_MIN = np.iinfo(np.int64).min
 FEATURE_STYPES = (SemanticType.NUMERICAL, SemanticType.CATEGORICAL, SemanticType.BOOLEAN, SemanticType.TIMESTAMP)
+
+
+def observation_time_features(obs_us: np.ndarray) -> dict[str, np.ndarray]:
+    """Calendar features of observation times (epoch µs): days since the epoch, hour, weekday, day of month,
+    month and day of year."""
+    t = np.asarray(obs_us, dtype=np.int64).astype("datetime64[us]")
+    days = t.astype("datetime64[D]")
+    month = days.astype("datetime64[M]")
+    return {
+        "obs:days": (np.asarray(obs_us, dtype=np.float64) / 86_400e6),
+        "obs:hour": ((t - days) // np.timedelta64(1, "h")).astype(np.float64),
+        "obs:weekday": ((days.astype(np.int64) + 3) % 7).astype(np.float64),  # Monday = 0
+        "obs:day_of_month": ((days - month.astype("datetime64[D]")).astype(np.int64) + 1).astype(np.float64),
+        "obs:month": (month.astype(np.int64) % 12 + 1).astype(np.float64),
+        "obs:day_of_year": ((days - days.astype("datetime64[Y]").astype("datetime64[D]")).astype(np.int64)
+                            + 1).astype(np.float64),
+    }
 
 
 def _q(name: str) -> str:
@@ -227,6 +246,11 @@ class FeatureBuilder:
                 col[rows] = vals  # a seed has at most one row per block (one parent per FK, one aggregate row)
                 if is_cat:
                     all_cats.append(len(all_names))
+                all_names.append(name)
+                columns.append(col)
+        if int(getattr(task, "obs_column_idx", -1)) >= 0:
+            # the model sees the observation time as a cell (see preprocess/pipeline.py); so does LightGBM
+            for name, col in observation_time_features(np.asarray(arrays.obs_time, dtype=np.int64)[ids]).items():
                 all_names.append(name)
                 columns.append(col)
         x = np.stack(columns, axis=1) if columns else np.zeros((n, 0))

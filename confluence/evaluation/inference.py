@@ -24,7 +24,8 @@ from confluence.model.inputs import batch_to_inputs, bucket_size
 from confluence.model.loss import categorical_logits
 from confluence.model.transformer import RelationalTransformer
 from confluence.sampler.config import SamplerConfig, SplitConfig
-from confluence.sampler.data import TaskData
+from confluence.evaluation.targets import timestamp_stats
+from confluence.sampler.data import TaskData, obs_time_cells
 from confluence.sampler.sampler import Sampler
 from confluence.store import Store
 from confluence.stypes import D_TIME, SemanticType
@@ -179,6 +180,8 @@ class Predictor:
                             base.cat_block_start, np.uint32),
             tgt_bits=np.zeros((n + 7) // 8 if int(base.target_stype) == int(SemanticType.BOOLEAN) else 1, np.uint8),
             tgt_valid=np.zeros((n + 7) // 8, np.uint8),
+            obs_ts=obs_time_cells(base.obs_col, np.asarray(obs_times, dtype=np.int64),
+                                  timestamp_stats(self.store)),
         )
         return self._run(custom, np.arange(n, dtype=np.int64), progress)
 

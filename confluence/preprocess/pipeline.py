@@ -154,6 +154,10 @@ def _run(db: DatabaseMeta, con: duckdb.DuckDBPyConnection, writer: StoreWriter, 
                      ts_all, num_edges)
 
 
+OBS_COLUMN_NAME = "observation time"
+OBS_COLUMN_DESCRIPTION = "the moment the prediction is made; only rows up to it are visible"
+
+
 def _tasks(db: DatabaseMeta, con: duckdb.DuckDBPyConnection, writer: StoreWriter, tables: list[TablePlan],
            columns: list[ColumnPlan], row_time: np.ndarray, ts_mean: float, ts_std: float, cat_texts: list[str],
            rep: Reporter) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -200,6 +204,18 @@ def _tasks(db: DatabaseMeta, con: duckdb.DuckDBPyConnection, writer: StoreWriter
             "target_stats": res.target_stats, "unmatched_anchor_keys": res.unmatched_anchor_keys,
         })
         rep.advance(1)
+    # A task whose observation time comes from its own column (typically a derived task on a static anchor, such
+    # as "this plane's flights in the 30 days after t") shows that time as a timestamp cell of the anchor row:
+    # without it the model could not tell "now" from the context alone. Indices follow the target columns.
+    for entry in task_entries:
+        entry["obs_column_idx"] = -1
+        if entry["observation_time"] == "observation_time_column":
+            entry["obs_column_idx"] = len(columns) + len(derived_columns)
+            derived_columns.append({
+                "column_idx": entry["obs_column_idx"], "table": None, "task": entry["name"],
+                "name": OBS_COLUMN_NAME, "stype": SemanticType.TIMESTAMP.label,
+                "text": column_text(OBS_COLUMN_NAME, entry["name"], OBS_COLUMN_DESCRIPTION), "stats": {},
+            })
     return task_entries, derived_columns
 
 

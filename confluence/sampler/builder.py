@@ -170,19 +170,22 @@ class BatchBuilder:
             c1 = time.thread_time()
             anchor_cells_chunk(
                 lo, hi, anchors, d.tab_row_off, d.tab_col_ptr, d.tab_cols, d.col_stype, d.col_voff, d.valid_bits,
-                task.exclude_cols, task.target_col, task.is_derived, a_cells,
+                task.exclude_cols, task.target_col, task.is_derived, task.obs_col, a_cells,
             )
             walk_chunk(
-                lo, hi, anchors, obs, a_cells, states, s_len, cfg.width, max_rows, d.row_ncells, d.row_time,
-                d.parent_indptr, d.parent_indices, d.child_indptr, d.child_indices, d.child_time, d.max_parents,
+                lo, hi, anchors, obs, a_cells, states, s_len, cfg.width, cfg.recent, max_rows, d.row_ncells, d.row_time,
+                d.parent_indptr, d.parent_indices, d.parent_column, task.cut_cols, d.child_indptr, d.child_indices,
+                d.child_time, d.max_parents,
                 s.mark, s.stamp, rows, hops, via, src, nrows,
             )
             c2 = time.thread_time()
             linearize_chunk(
                 lo, hi, s_len, rows, nrows, seed_ids, task.target_stype, task.target_col, task.is_derived,
                 task.exclude_cols, task.tgt_f32, task.tgt_ts, task.tgt_u32, task.tgt_bits, task.tgt_valid,
+                task.obs_col, task.obs_ts,
                 d.tab_row_off, d.tab_col_ptr, d.tab_cols, d.col_stype, d.col_off, d.col_voff, d.num_pool, d.ts_pool,
-                d.u32_pool, d.bool_bits, d.valid_bits, d.parent_indptr, d.parent_indices,
+                d.u32_pool, d.bool_bits, d.valid_bits, d.parent_indptr, d.parent_indices, d.parent_column,
+                task.cut_cols,
                 out["semantic_types"], out["column_ids"], out["seq_row_ids"], out["is_null"], out["numeric_values"],
                 out["timestamp_values"], out["bool_values"], out["categorical_embed_ids"], out["text_embed_ids"],
                 out["is_target"], out["is_padding"], n_real, edges, n_edges,

@@ -41,6 +41,7 @@ class SamplerConfig:
     batch_size: int = 32
     seq_len: int = 1024
     width: int = 16  # at most this many children of a row are followed (uniform subsample)
+    recent: int = 0  # of those `width`, the most recent this many are always kept; the rest stay uniform
     max_rows: int = 256  # cap on R, the rows of one sequence
     row_buckets: tuple[int, ...] = (16, 32, 64, 128, 256)  # R is padded up to one of these
     text_buckets: tuple[int, ...] = (16, 64, 256, 1024, 4096, 16384)  # U is padded up to one of these
@@ -61,6 +62,8 @@ class SamplerConfig:
             raise ConfluenceError(f"seq_len must be in 2..65535 (uint16 permutations), got {self.seq_len}")
         if self.width < 0:
             raise ConfluenceError(f"width must be >= 0, got {self.width}")
+        if not 0 <= self.recent <= self.width:
+            raise ConfluenceError(f"recent must be in 0..width ({self.width}), got {self.recent}")
         if not 1 <= self.max_rows <= 65535:
             raise ConfluenceError(f"max_rows must be in 1..65535 (uint16 row ids), got {self.max_rows}")
         if not self.row_buckets or sorted(self.row_buckets) != list(self.row_buckets) or min(self.row_buckets) < 1:

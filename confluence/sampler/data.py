@@ -37,8 +37,10 @@ class TaskData:
     target_col: int
     is_derived: bool
     exclude_cols: np.ndarray  # int32
+    cut_cols: np.ndarray  # int32: exclude_cols and the target column; the anchor's parent edges through them are cut
     cat_block_start: int
     cat_count: int
+    obs_col: int  # column of the anchor row's observation-time cell, -1 for none
     anchor_row: np.ndarray  # i64[n]
     obs_time: np.ndarray  # i64[n]
     tgt_f32: np.ndarray  # f32[n] (numerical) or f32[1]
@@ -46,6 +48,7 @@ class TaskData:
     tgt_u32: np.ndarray  # u32[n] (categorical) or u32[1]
     tgt_bits: np.ndarray  # u8 packed bits (boolean) or u8[1]
     tgt_valid: np.ndarray  # u8 packed bits
+    obs_ts: np.ndarray  # f32[n, 15]: the encoded observation time (obs_col >= 0) or f32[1, 15]
 
     @property
     def num_seeds(self) -> int:
@@ -76,6 +79,7 @@ class SamplerData:
     row_time: np.ndarray  # i64[N]
     parent_indptr: np.ndarray
     parent_indices: np.ndarray
+    parent_column: np.ndarray  # i32[E]: the foreign-key column of each parent edge
     child_indptr: np.ndarray
     child_indices: np.ndarray
     child_time: np.ndarray
@@ -152,7 +156,8 @@ class SamplerData:
             return readonly(np.concatenate(parts) if parts else np.zeros(shape, dtype=dtype), dtype)
 
         parent_indptr = readonly(store.parent_indptr, np.int64)
-        tasks = [_task_data(store, ti) for ti in store.tasks]
+        ts_stats = _timestamp_stats(store)
+        tasks = [_task_data(store, ti, ts_stats) for ti in store.tasks]
         return cls(
             name=str(store.name),
             d_t=int(store.d_t),
@@ -174,6 +179,7 @@ class SamplerData:
             row_time=readonly(store.row_time, np.int64),
             parent_indptr=parent_indptr,
             parent_indices=readonly(store.parent_indices, np.int64),
+            parent_column=readonly(store.parent_column, np.int32),
             child_indptr=readonly(store.child_indptr, np.int64),
             child_indices=readonly(store.child_indices, np.int64),
             child_time=readonly(store.child_time, np.int64),
@@ -183,7 +189,25 @@ class SamplerData:
         )
 
 
-def _task_data(store: Any, info: Any) -> TaskData:
+def _timestamp_stats(store: Any) -> tuple[float, float]:
+    """The database-wide timestamp mean / std (µs) the store's timestamps are z-scored with."""
+    meta = getattr(store, "meta", None)
+    ts = meta.get("timestamp_stats") if isinstance(meta, dict) else None
+    if not ts:
+        return 0.0, 1.0
+    return float(ts["mean"]), float(ts["std"]) or 1.0
+
+
+def obs_time_cells(obs_col: int, obs_time: np.ndarray, ts_stats: tuple[float, float]) -> np.ndarray:
+    """The encoded observation times of a task's seeds (f32[n, 15]), or a [1, 15] placeholder without the cell."""
+    from confluence.preprocess.encode import encode_timestamp
+
+    if obs_col < 0:
+        return readonly(np.zeros((1, D_TIME), np.float32), np.float32)
+    return readonly(encode_timestamp(np.asarray(obs_time, dtype=np.int64), *ts_stats), np.float32)
+
+
+def _task_data(store: Any, info: Any, ts_stats: tuple[float, float]) -> TaskData:
     arrs = store.task_arrays(info.name)
     st = SemanticType(int(info.target_stype))
     if not st.can_be_target:
@@ -195,6 +219,7 @@ def _task_data(store: Any, info: Any) -> TaskData:
     u32 = vals if st == SemanticType.CATEGORICAL else np.zeros(1, np.uint32)
     bits = vals if st == SemanticType.BOOLEAN else np.zeros(1, np.uint8)
     valid = np.asarray(arrs.target_valid)
+    obs_col = int(getattr(info, "obs_column_idx", -1))
     if valid.shape[0] != (n + 7) // 8:
         raise StoreError(f"task {info.name!r}: target validity has {valid.shape[0]} bytes for {n} seeds")
     return TaskData(
@@ -204,8 +229,11 @@ def _task_data(store: Any, info: Any) -> TaskData:
         target_col=int(info.target_column_idx),
         is_derived=bool(info.is_derived),
         exclude_cols=readonly(np.array(list(info.exclude_column_idxs), dtype=np.int32), np.int32),
+        cut_cols=readonly(np.array(sorted({*map(int, info.exclude_column_idxs), int(info.target_column_idx)}),
+                                   dtype=np.int32), np.int32),
         cat_block_start=int(info.cat_block_start),
         cat_count=int(info.cat_count),
+        obs_col=obs_col,
         anchor_row=readonly(arrs.anchor_row, np.int64),
         obs_time=readonly(arrs.obs_time, np.int64),
         tgt_f32=readonly(f32, np.float32),
@@ -213,4 +241,5 @@ def _task_data(store: Any, info: Any) -> TaskData:
         tgt_u32=readonly(u32, np.uint32),
         tgt_bits=readonly(bits, np.uint8),
         tgt_valid=readonly(valid, np.uint8),
+        obs_ts=obs_time_cells(obs_col, arrs.obs_time, ts_stats),
     )

@@ -1,7 +1,7 @@
 """Linearization: visited rows -> the cell tensors of seed 000 sections 1-3 and the F->P edge list (numba, nogil).
 
-Order: the target cell first (so it always fits in S), then the anchor row's other cells (excluded columns
-hidden), then every other row in visit order, each row's cells in column order. The last row may be cut at S.
+Order: the target cell first (so it always fits in S), then the observation-time cell of a task that has one,
+then the anchor row's other cells (excluded columns hidden), then every other row in visit order, each row's cells in column order. The last row may be cut at S.
 Text cells hold GLOBAL text indices here; `textgather` rewrites them batch-locally.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from confluence.sampler.walk import bit
+from confluence.sampler.walk import bit, is_cut
 from confluence.stypes import D_TIME, SemanticType
 
 _IDENT = int(SemanticType.IDENTIFIER)
@@ -44,6 +44,8 @@ def linearize_chunk(
     tgt_u32: np.ndarray,
     tgt_bits: np.ndarray,
     tgt_valid: np.ndarray,
+    obs_col: int,
+    obs_ts: np.ndarray,
     # database
     tab_row_off: np.ndarray,
     tab_col_ptr: np.ndarray,
@@ -58,6 +60,8 @@ def linearize_chunk(
     valid_bits: np.ndarray,
     p_ptr: np.ndarray,
     p_idx: np.ndarray,
+    p_col: np.ndarray,
+    cut_cols: np.ndarray,
     # outputs [B, S(, 15)] and the edge list
     semantic_types: np.ndarray,
     column_ids: np.ndarray,
@@ -107,6 +111,13 @@ def linearize_chunk(
         else:
             categorical_embed_ids[b, 0] = tgt_u32[sid]
         pos = 1
+        if obs_col >= 0 and pos < seq_len:
+            # the observation time, a timestamp cell of the anchor row right after the target
+            semantic_types[b, pos] = _TS
+            column_ids[b, pos] = obs_col
+            for k in range(D_TIME):
+                timestamp_values[b, pos, k] = obs_ts[sid, k]
+            pos += 1
         for i in range(nr):
             if pos >= seq_len:
                 break
@@ -151,6 +162,8 @@ def linearize_chunk(
             row_first = ne
             for e in range(p_ptr[r], p_ptr[r + 1]):
                 p = p_idx[e]
+                if i == 0 and is_cut(p_col[e], cut_cols):
+                    continue  # no anchor -> parent edge through an excluded foreign key, even if reached otherwise
                 h = _slot(p, cap)
                 while hkeys[h] != -1:
                     if hkeys[h] == p:

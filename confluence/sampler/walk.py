@@ -34,6 +34,15 @@ def bit(bits: np.ndarray, byte_off: int, i: int) -> bool:
     return (bits[byte_off + (i >> 3)] >> (i & 7)) & 1 == 1
 
 
+@njit(nogil=True, cache=True, inline="always")
+def is_cut(col: int, cut_cols: np.ndarray) -> bool:
+    """Whether `col` is one of the task's cut columns (a handful: a linear scan)."""
+    for k in range(cut_cols.shape[0]):
+        if cut_cols[k] == col:
+            return True
+    return False
+
+
 @njit(nogil=True, cache=True)
 def anchor_cell_count(
     anchor: int,
@@ -46,11 +55,13 @@ def anchor_cell_count(
     exclude_cols: np.ndarray,
     target_col: int,
     is_derived: bool,
+    obs_col: int,
 ) -> int:
-    """Cells the anchor row contributes: its visible cells minus excluded columns, plus a derived target."""
+    """Cells the anchor row contributes: its visible cells minus excluded columns, plus a derived target and the
+    observation-time cell (obs_col >= 0)."""
     t = np.searchsorted(tab_row_off, anchor, side="right") - 1
     lr = anchor - tab_row_off[t]
-    n = 1 if is_derived else 0
+    n = (1 if is_derived else 0) + (1 if obs_col >= 0 else 0)
     for k in range(tab_col_ptr[t], tab_col_ptr[t + 1]):
         c = tab_cols[k]
         if c == target_col:
@@ -82,13 +93,14 @@ def anchor_cells_chunk(
     exclude_cols: np.ndarray,
     target_col: int,
     is_derived: bool,
+    obs_col: int,
     out: np.ndarray,
 ) -> None:
     """`anchor_cell_count` for sequences lo..hi-1."""
     for b in range(lo, hi):
         out[b] = anchor_cell_count(
             anchors[b], tab_row_off, tab_col_ptr, tab_cols, col_stype, col_voff, valid_bits, exclude_cols,
-            target_col, is_derived,
+            target_col, is_derived, obs_col,
         )
 
 
@@ -139,11 +151,14 @@ def walk_chunk(
     states: np.ndarray,  # u64[B] per-sequence generator state (advanced in place)
     seq_len: int,
     width: int,
+    recent: int,  # of the `width` children kept, this many are the most recent ones (0: all uniform)
     max_rows: int,
     row_ncells: np.ndarray,
     row_time: np.ndarray,
     p_ptr: np.ndarray,
     p_idx: np.ndarray,
+    p_col: np.ndarray,  # i32[E]: the foreign-key column of each parent edge
+    cut_cols: np.ndarray,  # i32: the anchor row's parent edges through these columns are cut (exclude_columns)
     c_ptr: np.ndarray,
     c_idx: np.ndarray,
     c_time: np.ndarray,
@@ -205,6 +220,8 @@ def walk_chunk(
                 p = p_idx[e]
                 if row_time[p] > obs:
                     continue
+                if nrows == 1 and is_cut(p_col[e], cut_cols):
+                    continue  # an excluded foreign key of the anchor row: its parent is not reached through it
                 pm = mark[p]
                 pf = (pm & 7) if (pm >> 3) == cur else 0
                 if pf & (_F_VISITED | _F_PARENT_Q):
@@ -224,12 +241,17 @@ def walk_chunk(
                     for j in range(cnt):
                         chosen[j] = c0 + j
                 else:
-                    # Floyd's algorithm: a uniform subset of `width` of the `cnt` children
+                    # the `recent` latest children (the end of the time-sorted prefix), then Floyd's algorithm:
+                    # a uniform subset of `width - recent` of the `cnt - recent` older ones
                     k = 0
-                    for j in range(cnt - width, cnt):
+                    for j in range(c1 - recent, c1):
+                        chosen[k] = j
+                        k += 1
+                    pool = cnt - recent
+                    for j in range(pool - (width - recent), pool):
                         t = below(st, j + 1)
                         dup = False
-                        for q in range(k):
+                        for q in range(recent, k):
                             if chosen[q] == c0 + t:
                                 dup = True
                                 break

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: tasks with an observation_time_column carry an observation-time cell
 METADATA_FILE = "metadata.json"
 
 INT64_MIN = np.iinfo(np.int64).min

@@ -70,6 +70,7 @@ class TaskInfo:
     num_seeds: int
     observation_time: str
     stats: dict[str, Any]
+    obs_column_idx: int = -1  # the anchor row's observation-time cell (-1: none; see preprocess/pipeline.py)
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ class Store:
                 is_derived=bool(k["is_derived"]), exclude_column_idxs=[int(i) for i in k["exclude_column_idxs"]],
                 cat_block_start=int(k["cat_block_start"]), cat_count=int(k["cat_count"]),
                 num_seeds=int(k["num_seeds"]), observation_time=k["observation_time"], stats=k["stats"],
+                obs_column_idx=int(k.get("obs_column_idx", -1)),
             )
             for k in meta["tasks"]
         ]
