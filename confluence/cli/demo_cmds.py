@@ -76,6 +76,9 @@ def step_train(ctx: DemoContext) -> None:
         # Every numerical / timestamp task of the demo is scored by MAE, and the GBDT it is compared with fits an
         # L1 objective: train for the conditional median too (docs/decisions.md). A config file decides itself.
         overrides["loss"] = {"numeric_loss": "median"}
+        # The demo's derived tasks ask "what happens next" of airports and planes with long histories: keep each
+        # row's 16 latest children rather than a uniform draw over its whole past (docs/sampler.md, "recent").
+        overrides["sampler"] = {"recent": 16}
     cfg = load_config(spec, overrides)
     run = ctx.out / "run"
     source = open_store_source([ctx.store_path], cfg)
