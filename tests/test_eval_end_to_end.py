@@ -148,6 +148,22 @@ def test_postprocess_matches_direct_computation(shop):
     assert np.all(np.abs(decoded - us) < std * 1e-6 + 1e6)  # float32 z-score: within a second
 
 
+def test_anchor_predictions_see_the_requested_observation_time(shop, monkeypatch):
+    """Predicting for (anchor, time) pairs of a task with an observation-time cell encodes *those* times."""
+    from confluence.evaluation.inference import Predictor
+    from confluence.preprocess.encode import encode_timestamp
+
+    store_path, run, _ = shop
+    store = Store.open(store_path)
+    assert store.task("buys_next_30d").obs_column_idx >= 0
+    seen = []
+    monkeypatch.setattr(Predictor, "_run", lambda self, task, ids, progress=None: seen.append(task))
+    obs = np.array([1_590_969_600_000_000, 1_600_000_000_000_000], np.int64)  # 2020-06-01, 2020-09-13
+    Predictor(load_model(run), store).anchor_outputs("buys_next_30d", np.array([0, 1]), obs)
+    mean, std = timestamp_stats(store)
+    np.testing.assert_array_equal(seen[0].obs_ts, encode_timestamp(obs, mean, std))
+
+
 def test_load_model_reports_a_missing_checkpoint(tmp_path):
     with pytest.raises(ConfluenceError, match="no checkpoint found"):
         load_model(tmp_path)

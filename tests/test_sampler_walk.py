@@ -145,7 +145,8 @@ def _check_walk(store, res, seq_len, width, max_rows, cut=frozenset()):
             assert ((res.via[b, :n] == VIA_CHILD) & (res.src[b, :n] == j)).sum() <= width
         # parents first: after row j, every visible parent of j is visited before any later child-heap row
         child_pos = [i for i in range(n) if res.via[b, i] == VIA_CHILD]
-        def visible_parents(j):
+
+        def visible_parents(j, rows=rows, obs=obs):
             lo, hi = pptr[rows[j]], pptr[rows[j] + 1]
             return [int(pidx[e]) for e in range(lo, hi)
                     if d_rt[pidx[e]] <= obs and not (j == 0 and int(pcol[e]) in cut)]

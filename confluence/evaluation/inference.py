@@ -20,11 +20,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from confluence.errors import ConfluenceError
+from confluence.evaluation.targets import timestamp_stats
 from confluence.model.inputs import batch_to_inputs, bucket_size
 from confluence.model.loss import categorical_logits
 from confluence.model.transformer import RelationalTransformer
 from confluence.sampler.config import SamplerConfig, SplitConfig
-from confluence.evaluation.targets import timestamp_stats
 from confluence.sampler.data import TaskData, obs_time_cells
 from confluence.sampler.sampler import Sampler
 from confluence.store import Store
