@@ -260,3 +260,31 @@ def test_recent_zero_is_the_uniform_walk_and_recent_is_validated():
     np.testing.assert_array_equal(a.rows, b.rows)
     with pytest.raises(ConfluenceError, match="recent"):
         SamplerConfig(width=4, recent=5).check()
+
+
+def test_task_recent_overrides_recent_per_task():
+    import pytest
+
+    from confluence.errors import ConfluenceError
+    from confluence.sampler.config import recent_for
+
+    store = bookstore(extra_orders=60)
+    cust = store.offsets["customers"]
+    cptr, cidx, ctime = store.child_indptr, store.child_indices, store.child_time
+    kids = cidx[cptr[cust] : cptr[cust + 1]]
+    latest = set(kids[np.argsort(ctime[cptr[cust] : cptr[cust + 1]], kind="stable")[-5:]].tolist())
+
+    def reached(cfg):
+        res = Sampler([store], cfg).build("country", np.array([0]))
+        n = res.nrows[0]
+        return set(res.rows[0, :n][(res.via[0, :n] == VIA_CHILD) & (res.src[0, :n] == 0)].tolist())
+
+    base = dict(batch_size=1, seq_len=4096, width=5, max_rows=256)
+    assert reached(SamplerConfig(**base, task_recent={"country": 5})) == latest
+    assert reached(SamplerConfig(**base, recent=5, task_recent={"bookstore/country": 0})) != latest
+    assert reached(SamplerConfig(**base, recent=5, task_recent={"rating": 0})) == latest  # another task's setting
+    cfg = SamplerConfig(**base, recent=1, task_recent={"country": 3, "bookstore/rating": 2})
+    assert (recent_for(cfg, "bookstore", "country"), recent_for(cfg, "bookstore", "rating"),
+            recent_for(cfg, "other", "rating"), recent_for(cfg, "bookstore", "next_order_at")) == (3, 2, 1, 1)
+    with pytest.raises(ConfluenceError, match="task_recent"):
+        SamplerConfig(width=4, task_recent={"country": 9}).check()

@@ -19,7 +19,7 @@ import numpy as np
 
 from confluence.errors import ConfluenceError
 from confluence.sampler.batch import TrainingBatch
-from confluence.sampler.config import SamplerConfig, bucket_size
+from confluence.sampler.config import SamplerConfig, bucket_size, recent_for
 from confluence.sampler.data import SamplerData, TaskData
 from confluence.sampler.linearize import fill_adjacency, linearize_chunk
 from confluence.sampler.perms import perms_chunk
@@ -123,6 +123,7 @@ class BatchBuilder:
             bad = int(seed_ids[(seed_ids < 0) | (seed_ids >= task.num_seeds)][0])
             raise ConfluenceError(f"task {task.name!r}: seed index {bad} out of range 0..{task.num_seeds - 1}")
         n_valid = seed_ids.shape[0] if n_valid is None else n_valid
+        recent = recent_for(cfg, d.name, task.name)
         seq_valid = np.zeros(bsz, dtype=np.bool_)
         seq_valid[:n_valid] = True
         if seed_ids.shape[0] < bsz:
@@ -173,7 +174,7 @@ class BatchBuilder:
                 task.exclude_cols, task.target_col, task.is_derived, task.obs_col, a_cells,
             )
             walk_chunk(
-                lo, hi, anchors, obs, a_cells, states, s_len, cfg.width, cfg.recent, max_rows, d.row_ncells, d.row_time,
+                lo, hi, anchors, obs, a_cells, states, s_len, cfg.width, recent, max_rows, d.row_ncells, d.row_time,
                 d.parent_indptr, d.parent_indices, d.parent_column, task.cut_cols, d.child_indptr, d.child_indices,
                 d.child_time, d.max_parents,
                 s.mark, s.stamp, rows, hops, via, src, nrows,

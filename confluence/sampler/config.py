@@ -42,6 +42,7 @@ class SamplerConfig:
     seq_len: int = 1024
     width: int = 16  # at most this many children of a row are followed (uniform subsample)
     recent: int = 0  # of those `width`, the most recent this many are always kept; the rest stay uniform
+    task_recent: dict[str, int] | None = None  # "task" or "db/task" -> `recent` for that task's sequences
     max_rows: int = 256  # cap on R, the rows of one sequence
     row_buckets: tuple[int, ...] = (16, 32, 64, 128, 256)  # R is padded up to one of these
     text_buckets: tuple[int, ...] = (16, 64, 256, 1024, 4096, 16384)  # U is padded up to one of these
@@ -64,6 +65,9 @@ class SamplerConfig:
             raise ConfluenceError(f"width must be >= 0, got {self.width}")
         if not 0 <= self.recent <= self.width:
             raise ConfluenceError(f"recent must be in 0..width ({self.width}), got {self.recent}")
+        for key, k in (self.task_recent or {}).items():
+            if not isinstance(k, int) or not 0 <= k <= self.width:
+                raise ConfluenceError(f"task_recent[{key!r}] must be an integer in 0..width ({self.width}), got {k!r}")
         if not 1 <= self.max_rows <= 65535:
             raise ConfluenceError(f"max_rows must be in 1..65535 (uint16 row ids), got {self.max_rows}")
         if not self.row_buckets or sorted(self.row_buckets) != list(self.row_buckets) or min(self.row_buckets) < 1:
@@ -75,6 +79,12 @@ class SamplerConfig:
         if not 0 <= self.rank < self.world_size:
             raise ConfluenceError(f"rank must be in 0..world_size-1, got rank={self.rank}, world_size={self.world_size}")
         self.split.check()
+
+
+def recent_for(cfg: SamplerConfig, db_name: str, task_name: str) -> int:
+    """The `recent` setting for one task's sequences: `task_recent` by "db/task", then by "task", else `recent`."""
+    given = cfg.task_recent or {}
+    return int(given.get(f"{db_name}/{task_name}", given.get(task_name, cfg.recent)))
 
 
 def bucket_size(n: int, buckets: tuple[int, ...], cap: int | None = None) -> int:
