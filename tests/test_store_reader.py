@@ -92,6 +92,16 @@ def test_format_version(copy):
         Store.open(copy)
 
 
+def test_timestamp_stats(copy):
+    s = Store.open(copy)
+    assert s.timestamp_stats == (s.meta["timestamp_stats"]["mean"], s.meta["timestamp_stats"]["std"] or 1.0)
+    meta = json.loads((copy / "metadata.json").read_text())
+    del meta["timestamp_stats"]
+    (copy / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(StoreError, match="lacks timestamp_stats"):
+        Store.open(copy).timestamp_stats  # noqa: B018
+
+
 def test_not_a_store(tmp_path):
     with pytest.raises(StoreError, match="not a processed store"):
         Store.open(tmp_path)

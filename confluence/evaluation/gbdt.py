@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from confluence.evaluation import metrics as M
 from confluence.evaluation.targets import DecodedTargets, decode_targets, timestamp_stats, unpack_bits
+from confluence.preprocess.encode import US_PER_DAY, calendar_fields
 from confluence.stypes import SemanticType
 
 INT64_MIN = np.iinfo(np.int64).min
@@ -38,19 +39,17 @@ FEATURE_STYPES = (SemanticType.NUMERICAL, SemanticType.CATEGORICAL, SemanticType
 
 
 def observation_time_features(obs_us: np.ndarray) -> dict[str, np.ndarray]:
-    """Calendar features of observation times (epoch µs): days since the epoch, hour, weekday, day of month,
-    month and day of year."""
-    t = np.asarray(obs_us, dtype=np.int64).astype("datetime64[us]")
-    days = t.astype("datetime64[D]")
-    month = days.astype("datetime64[M]")
+    """Calendar features of observation times (epoch µs; `preprocess.encode.calendar_fields`, the fields the
+    model's timestamp encoding is built from): days since the epoch, hour, weekday (Monday = 0), day of month,
+    month and day of year (1-based)."""
+    cal = calendar_fields(obs_us)
     return {
-        "obs:days": (np.asarray(obs_us, dtype=np.float64) / 86_400e6),
-        "obs:hour": ((t - days) // np.timedelta64(1, "h")).astype(np.float64),
-        "obs:weekday": ((days.astype(np.int64) + 3) % 7).astype(np.float64),  # Monday = 0
-        "obs:day_of_month": ((days - month.astype("datetime64[D]")).astype(np.int64) + 1).astype(np.float64),
-        "obs:month": (month.astype(np.int64) % 12 + 1).astype(np.float64),
-        "obs:day_of_year": ((days - days.astype("datetime64[Y]").astype("datetime64[D]")).astype(np.int64)
-                            + 1).astype(np.float64),
+        "obs:days": np.asarray(obs_us, dtype=np.float64) / US_PER_DAY,
+        "obs:hour": cal["hour"].astype(np.float64),
+        "obs:weekday": cal["weekday"].astype(np.float64),
+        "obs:day_of_month": cal["day_of_month0"].astype(np.float64) + 1,
+        "obs:month": cal["month0"].astype(np.float64) + 1,
+        "obs:day_of_year": cal["day_of_year0"].astype(np.float64) + 1,
     }
 
 

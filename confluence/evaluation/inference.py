@@ -20,7 +20,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from confluence.errors import ConfluenceError
-from confluence.evaluation.targets import timestamp_stats
 from confluence.model.inputs import batch_to_inputs, bucket_size
 from confluence.model.loss import categorical_logits
 from confluence.model.transformer import RelationalTransformer
@@ -180,8 +179,7 @@ class Predictor:
                             base.cat_block_start, np.uint32),
             tgt_bits=np.zeros((n + 7) // 8 if int(base.target_stype) == int(SemanticType.BOOLEAN) else 1, np.uint8),
             tgt_valid=np.zeros((n + 7) // 8, np.uint8),
-            obs_ts=obs_time_cells(base.obs_col, np.asarray(obs_times, dtype=np.int64),
-                                  timestamp_stats(self.store)),
+            obs_ts=obs_time_cells(self.store, base.obs_col, np.asarray(obs_times, dtype=np.int64)),
         )
         return self._run(custom, np.arange(n, dtype=np.int64), progress)
 

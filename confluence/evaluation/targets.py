@@ -30,9 +30,8 @@ class DecodedTargets:
 
 
 def timestamp_stats(store: Any) -> tuple[float, float]:
-    ts = store.meta["timestamp_stats"]
-    std = float(ts["std"]) or 1.0
-    return float(ts["mean"]), std
+    """(mean, std) of the store's timestamp z-score (`Store.timestamp_stats`)."""
+    return store.timestamp_stats
 
 
 def task_categories(store: Any, task: Any) -> list[str]:

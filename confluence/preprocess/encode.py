@@ -122,24 +122,34 @@ def _check_range(raw: np.ndarray, valid: np.ndarray, lo: int, hi: int, table: st
         raise DataError(f"{where(table, column, _first_invalid_row(ok, row0))}: timestamp out of range (years 1..9999)")
 
 
-def encode_timestamp(epoch_us: np.ndarray, mean: float, std: float) -> np.ndarray:
-    """The 15-float encoding of docs/architecture.md: 7 cyclic (sin, cos) pairs, then the z-scored epoch."""
+CALENDAR_FIELDS = ("second", "minute", "hour", "weekday", "day_of_month0", "month0", "day_of_year0")
+
+
+def calendar_fields(epoch_us: np.ndarray) -> dict[str, np.ndarray]:
+    """The calendar position of epoch-µs times (UTC), in the order and units of `TIMESTAMP_PERIODS`: second
+    (with its fraction), minute, hour, weekday (Monday = 0), day of month, month and day of year (all from 0)."""
     us = np.asarray(epoch_us, dtype=np.int64)
     days = np.floor_divide(us, US_PER_DAY)
     in_day = us - days * US_PER_DAY
-    second = (in_day % (60 * US_PER_SECOND)) / US_PER_SECOND
-    minute = (in_day // (60 * US_PER_SECOND)) % 60
-    hour = in_day // (3600 * US_PER_SECOND)
-    weekday = (days + 3) % 7  # 1970-01-01 was a Thursday; Monday = 0
     d = days.astype("datetime64[D]")
     month_start = d.astype("datetime64[M]")
-    day_of_month0 = (d - month_start.astype("datetime64[D]")).astype(np.int64)
-    month0 = month_start.astype(np.int64) % 12
-    day_of_year0 = (d - d.astype("datetime64[Y]").astype("datetime64[D]")).astype(np.int64)
+    return {
+        "second": (in_day % (60 * US_PER_SECOND)) / US_PER_SECOND,
+        "minute": (in_day // (60 * US_PER_SECOND)) % 60,
+        "hour": in_day // (3600 * US_PER_SECOND),
+        "weekday": (days + 3) % 7,  # 1970-01-01 was a Thursday
+        "day_of_month0": (d - month_start.astype("datetime64[D]")).astype(np.int64),
+        "month0": month_start.astype(np.int64) % 12,
+        "day_of_year0": (d - d.astype("datetime64[Y]").astype("datetime64[D]")).astype(np.int64),
+    }
+
+
+def encode_timestamp(epoch_us: np.ndarray, mean: float, std: float) -> np.ndarray:
+    """The 15-float encoding of docs/architecture.md: 7 cyclic (sin, cos) pairs, then the z-scored epoch."""
+    us = np.asarray(epoch_us, dtype=np.int64)
+    cal = calendar_fields(us)
     out = np.empty((len(us), D_TIME), dtype=np.float32)
-    for k, (x, period) in enumerate(
-        zip((second, minute, hour, weekday, day_of_month0, month0, day_of_year0), TIMESTAMP_PERIODS, strict=True)
-    ):
+    for k, (x, period) in enumerate(zip((cal[f] for f in CALENDAR_FIELDS), TIMESTAMP_PERIODS, strict=True)):
         angle = ((2.0 * np.pi / period) * np.asarray(x, dtype=np.float64)).astype(np.float32)  # in [0, 2π)
         np.sin(angle, out=out[:, 2 * k])
         np.cos(angle, out=out[:, 2 * k + 1])

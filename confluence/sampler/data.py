@@ -156,8 +156,7 @@ class SamplerData:
             return readonly(np.concatenate(parts) if parts else np.zeros(shape, dtype=dtype), dtype)
 
         parent_indptr = readonly(store.parent_indptr, np.int64)
-        ts_stats = _timestamp_stats(store)
-        tasks = [_task_data(store, ti, ts_stats) for ti in store.tasks]
+        tasks = [_task_data(store, ti) for ti in store.tasks]
         return cls(
             name=str(store.name),
             d_t=int(store.d_t),
@@ -189,25 +188,18 @@ class SamplerData:
         )
 
 
-def _timestamp_stats(store: Any) -> tuple[float, float]:
-    """The database-wide timestamp mean / std (µs) the store's timestamps are z-scored with."""
-    meta = getattr(store, "meta", None)
-    ts = meta.get("timestamp_stats") if isinstance(meta, dict) else None
-    if not ts:
-        return 0.0, 1.0
-    return float(ts["mean"]), float(ts["std"]) or 1.0
-
-
-def obs_time_cells(obs_col: int, obs_time: np.ndarray, ts_stats: tuple[float, float]) -> np.ndarray:
-    """The encoded observation times of a task's seeds (f32[n, 15]), or a [1, 15] placeholder without the cell."""
+def obs_time_cells(store: Any, obs_col: int, obs_time: np.ndarray) -> np.ndarray:
+    """The encoded observation times of a task's seeds (f32[n, 15], with the store's timestamp z-score); a task
+    without the cell (obs_col < 0) gets an unread [1, 15] array of zeros, like the other unused target slots,
+    because the kernels take the same argument types for every task."""
     from confluence.preprocess.encode import encode_timestamp
 
     if obs_col < 0:
         return readonly(np.zeros((1, D_TIME), np.float32), np.float32)
-    return readonly(encode_timestamp(np.asarray(obs_time, dtype=np.int64), *ts_stats), np.float32)
+    return readonly(encode_timestamp(np.asarray(obs_time, dtype=np.int64), *store.timestamp_stats), np.float32)
 
 
-def _task_data(store: Any, info: Any, ts_stats: tuple[float, float]) -> TaskData:
+def _task_data(store: Any, info: Any) -> TaskData:
     arrs = store.task_arrays(info.name)
     st = SemanticType(int(info.target_stype))
     if not st.can_be_target:
@@ -241,5 +233,5 @@ def _task_data(store: Any, info: Any, ts_stats: tuple[float, float]) -> TaskData
         tgt_u32=readonly(u32, np.uint32),
         tgt_bits=readonly(bits, np.uint8),
         tgt_valid=readonly(valid, np.uint8),
-        obs_ts=obs_time_cells(obs_col, arrs.obs_time, ts_stats),
+        obs_ts=obs_time_cells(store, obs_col, arrs.obs_time),
     )

@@ -214,6 +214,14 @@ class Store:
         return np.searchsorted(offsets, np.asarray(rows, dtype=np.int64), side="right") - 1
 
     @property
+    def timestamp_stats(self) -> tuple[float, float]:
+        """(mean, std) in epoch µs of the database-wide z-score every timestamp of the store is encoded with."""
+        ts = self.meta.get("timestamp_stats")
+        if not isinstance(ts, dict) or "mean" not in ts or "std" not in ts:
+            raise StoreError(f"{self.path}: metadata.json lacks timestamp_stats; preprocess the database again")
+        return float(ts["mean"]), float(ts["std"]) or 1.0
+
+    @property
     def row_time(self) -> np.ndarray:
         return self._get(fmt.ROW_TIME)
 
