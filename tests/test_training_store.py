@@ -80,3 +80,13 @@ def test_store_source_rejects_a_too_small_max_k(bookstore):
             DbTables.build(db.name, db.column_embeddings, db.categorical_embeddings, db.max_k, cfg.loss.max_k)
     finally:
         src.close()
+
+
+def test_per_task_sampler_settings_must_name_known_tasks(bookstore):
+    for setting, value in (("task_recent", {"order_ratin": 2}), ("task_weights", {"bookstore/nope": 1.0})):
+        cfg = tiny_train_config(model={"d_t": 16}, sampler={**SAMPLER, setting: value}, max_rows=16, seq_len=48)
+        with pytest.raises(ConfluenceError, match=f"{setting}: unknown task"):
+            open_store_source([bookstore], cfg)
+    ok = tiny_train_config(model={"d_t": 16}, max_rows=16, seq_len=48, sampler={
+        **SAMPLER, "task_recent": {"order_rating": 2}, "task_weights": {"bookstore/order_rating": 2.0}})
+    open_store_source([bookstore], ok).close()

@@ -187,4 +187,18 @@ def open_store_source(paths: list[Path], cfg: Any) -> StoreSource:
         sconf = SamplerConfig(**fields)
     except TypeError as exc:
         raise ConfluenceError(f"training config [sampler]: {exc}") from exc
-    return StoreSource(Sampler(stores, sconf), stores, local_b, cfg.seed)
+    sampler = Sampler(stores, sconf)
+    _check_task_keys(sampler, sconf)
+    return StoreSource(sampler, stores, local_b, cfg.seed)
+
+
+def _check_task_keys(sampler: Any, sconf: Any) -> None:
+    """Per-task sampler settings must name tasks of the training stores: a misspelt key would silently do nothing.
+    (Evaluation does not check: a checkpoint's settings may name tasks another database lacks.)"""
+    known = {k for d in sampler.data for t in d.tasks for k in (t.name, f"{d.name}/{t.name}")}
+    for setting in ("task_weights", "task_recent"):
+        unknown = sorted(set(getattr(sconf, setting) or {}) - known)
+        if unknown:
+            sampler.close()
+            raise ConfluenceError(f"training config [sampler] {setting}: unknown task(s) {unknown}; "
+                                  f"known: {sorted(known)}")
