@@ -82,8 +82,7 @@ def bench_sampler(
 
     data = _open(db)
     cfg = _config(batch_size=batch_size, seq_len=seq_len, width=width, recent=recent, max_rows=max_rows,
-                  threads=threads,
-                  tasks=tuple(task) if task else None)
+                  threads=threads, tasks=tuple(task) if task else None)
     res = run_bench(data, cfg, batches=batches)
     typer.echo(
         f"{res['database']}: {res['sequences_per_s']:,.0f} sequences/s, {res['cells_per_s']:,.0f} real cells/s, "

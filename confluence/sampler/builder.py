@@ -1,9 +1,9 @@
 """`BatchBuilder`: seeds of one task -> one `TrainingBatch`, the phases run by worker threads in nogil kernels.
 
-Phase 1 (per sequence; worker threads take one chunk of the batch each, unless the build is `serial`): walk, linearize, permutations, in
-one parallel section with no barrier in between. Phase 2 (once per batch): text dedup + gather. Collation
-(allocating the zeroed outputs, `fk_adj` from the edge lists once R is known, the bookkeeping vectors) is timed
-on its own.
+Phase 1 (per sequence; worker threads take one chunk of the batch each, unless the build is `serial`): walk,
+linearize, permutations, in one parallel section with no barrier in between. Phase 2 (once per batch): text
+dedup + gather. Collation (allocating the zeroed outputs, `fk_adj` from the edge lists once R is known, the
+bookkeeping vectors) is timed on its own.
 """
 
 from __future__ import annotations

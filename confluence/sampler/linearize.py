@@ -1,7 +1,8 @@
 """Linearization: visited rows -> the cell tensors of seed 000 sections 1-3 and the F->P edge list (numba, nogil).
 
 Order: the target cell first (so it always fits in S), then the observation-time cell of a task that has one,
-then the anchor row's other cells (excluded columns hidden), then every other row in visit order, each row's cells in column order. The last row may be cut at S.
+then the anchor row's other cells (excluded columns hidden), then every other row in visit order, each row's
+cells in column order. The last row may be cut at S.
 Text cells hold GLOBAL text indices here; `textgather` rewrites them batch-locally.
 """
 
