@@ -115,7 +115,7 @@ def test_width_bound():
         assert ((res.via[0, :n] == VIA_CHILD) & (res.src[0, :n] == i)).sum() <= 5
 
 
-def _check_walk(store, res, seq_len, width, max_rows, cut=frozenset()):
+def _check_walk(store, res, seq_len, width, max_rows, cut=frozenset(), per_fk=False):
     """Walk invariants; `cut`: the task's columns whose parent edges from the anchor row are cut."""
     d_rt = store.row_time
     pptr, pidx, pcol = store.parent_indptr, store.parent_indices, store.parent_column
@@ -140,9 +140,16 @@ def _check_walk(store, res, seq_len, width, max_rows, cut=frozenset()):
                 assert ok, (b, i)  # a real edge, and never one the task cut
             else:
                 assert rows[i] in cidx[cptr[rows[j]] : cptr[rows[j] + 1]]
-        # width: at most `width` children reached through any one row
+        # width: at most `width` children reached through any one row (per child table with `per_fk`: the random
+        # databases have at most one foreign key from one table to another)
+        kids = (res.via[b, :n] == VIA_CHILD)
         for j in range(n):
-            assert ((res.via[b, :n] == VIA_CHILD) & (res.src[b, :n] == j)).sum() <= width
+            if per_fk:
+                offs = np.array(sorted(store.offsets.values()))
+                tabs = np.searchsorted(offs, rows[kids & (res.src[b, :n] == j)], side="right")
+                assert (np.bincount(tabs) <= width).all() if tabs.size else True
+            else:
+                assert (kids & (res.src[b, :n] == j)).sum() <= width
         # parents first: after row j, every visible parent of j is visited before any later child-heap row
         child_pos = [i for i in range(n) if res.via[b, i] == VIA_CHILD]
 
@@ -168,37 +175,97 @@ def _check_walk(store, res, seq_len, width, max_rows, cut=frozenset()):
 
 
 @given(seed=st.integers(0, 10_000), width=st.integers(0, 4), seq_len=st.sampled_from([16, 64, 512]),
-       recent=st.integers(0, 4))
-def test_walk_properties_random_databases(seed, width, seq_len, recent):
+       recent=st.integers(0, 4), per_fk=st.booleans())
+def test_walk_properties_random_databases(seed, width, seq_len, recent, per_fk):
     store = random_store(seed)
     recent = min(recent, width)
     cfg = SamplerConfig(batch_size=6, seq_len=seq_len, width=width, recent=recent, max_rows=64, row_buckets=(8, 64),
-                        text_buckets=(8,))
+                        text_buckets=(8,), width_per_fk=per_fk)
     s = Sampler([store], cfg)
+    segs = s.data[0].child_segments(per_fk)
     rng = np.random.default_rng(seed)
     for e in s.entries:
         ids = rng.integers(0, e.task.num_seeds, min(6, e.task.num_seeds))
         res = s.build(e.task.name, ids)
         res.batch.validate()
-        _check_walk(store, res, seq_len, width, 64, cut=frozenset(int(c) for c in e.task.cut_cols))
+        _check_walk(store, res, seq_len, width, 64, cut=frozenset(int(c) for c in e.task.cut_cols), per_fk=per_fk)
         if recent:
-            _check_recent(store, res, recent)
+            _check_recent(segs, res, recent)
+            _check_recent_first(segs, res, recent)
 
 
-def _check_recent(store, res, recent):
-    """Each visited row's `recent` latest visible children were pushed (so visited, unless the walk stopped)."""
-    cptr, cidx, ctime = store.child_indptr, store.child_indices, store.child_time
+def _segments_of(segs, r):
+    """Row r's child segments as (lo, hi) edge ranges."""
+    return [(int(segs.seg_off[g]), int(segs.seg_off[g + 1])) for g in range(segs.seg_ptr[r], segs.seg_ptr[r + 1])]
+
+
+def _check_recent(segs, res, recent):
+    """Each visited row's `recent` latest visible children (per segment) were pushed (so visited, unless the walk
+    stopped)."""
     for b in range(res.rows.shape[0]):
         n = int(res.nrows[b])
         if res.n_real[b] < res.batch.is_padding.shape[1] and n < 64:  # the walk ran out of frontier
             rows = set(res.rows[b, :n].tolist())
             obs = res.batch.obs_times[b]
             for j in range(n):
-                r = res.rows[b, j]
-                lo, hi = cptr[r], cptr[r + 1]
-                k = lo + int(np.searchsorted(ctime[lo:hi], obs, side="right"))
-                for e in range(max(lo, k - recent), k):
-                    assert int(cidx[e]) in rows, (b, j, e)
+                for lo, hi in _segments_of(segs, res.rows[b, j]):
+                    k = lo + int(np.searchsorted(segs.c_time[lo:hi], obs, side="right"))
+                    for e in range(max(lo, k - recent), k):
+                        assert int(segs.c_idx[e]) in rows, (b, j, e)
+
+
+def _check_recent_first(segs, res, recent):
+    """With `recent` > 0, child-heap rows of one hop count come out latest first: the rank of the edge that reached
+    each (its age among its source row's visible children of that segment, or "older" beyond `recent`) never
+    decreases along the visit order within a hop count."""
+    for b in range(res.rows.shape[0]):
+        n = int(res.nrows[b])
+        obs = res.batch.obs_times[b]
+        last = (-1, -1)
+        for i in range(1, n):
+            if res.via[b, i] != VIA_CHILD:
+                continue
+            r, j = int(res.rows[b, i]), int(res.src[b, i])
+            best = 255
+            for lo, hi in _segments_of(segs, res.rows[b, j]):
+                k = lo + int(np.searchsorted(segs.c_time[lo:hi], obs, side="right"))
+                for e in range(lo, k):
+                    if int(segs.c_idx[e]) == r and k - 1 - e < recent:
+                        best = min(best, k - 1 - e)
+            key = (int(res.hops[b, i]), best)
+            assert key >= last, (b, i, key, last)
+            last = key
+
+
+def test_fk_segments_split_children_by_column_keeping_time_order():
+    from confluence.sampler.data import fk_segments
+
+    indptr = np.array([0, 5, 5, 7], np.int64)  # row 0: five children through two columns; row 1: none; row 2: two
+    column = np.array([3, 4, 3, 4, 4, 7, 7], np.int32)  # edges already time-sorted within each row
+    order, seg_ptr, seg_off = fk_segments(indptr, column)
+    assert order.tolist() == [0, 2, 1, 3, 4, 5, 6]  # stable: time order kept inside each column
+    assert seg_ptr.tolist() == [0, 2, 2, 3]
+    assert seg_off.tolist() == [0, 2, 5, 7]
+
+
+def test_width_per_fk_segments_partition_each_rows_children_by_table():
+    """Per column, a row's children are split into time-sorted segments, one per child foreign-key column (here one
+    per child table), that together hold exactly the row's children."""
+    seed = next(k for k in range(100) if Sampler([random_store(k)], SamplerConfig()).data[0]
+                .child_segments(True).max_segs >= 2)
+    data = Sampler([random_store(seed)], SamplerConfig()).data[0]
+    per_row, per_col = data.child_segments(False), data.child_segments(True)
+    assert per_row.max_segs == 1 and per_col.max_segs >= 2
+    for r in range(data.num_rows):
+        got = sorted(int(x) for lo, hi in _segments_of(per_col, r) for x in per_col.c_idx[lo:hi])
+        assert got == sorted(int(x) for x in per_row.c_idx[per_row.seg_off[r] : per_row.seg_off[r + 1]])
+        tables = []
+        for lo, hi in _segments_of(per_col, r):
+            assert hi > lo and (np.diff(per_col.c_time[lo:hi]) >= 0).all()  # non-empty, time-sorted
+            seg_tables = {data.table_of_row(int(x)) for x in per_col.c_idx[lo:hi]}
+            assert len(seg_tables) == 1
+            tables += seg_tables
+        assert len(tables) == len(set(tables))
 
 
 def test_excluded_foreign_key_cuts_the_anchor_parent_edge():
@@ -260,6 +327,8 @@ def test_recent_zero_is_the_uniform_walk_and_recent_is_validated():
     np.testing.assert_array_equal(a.rows, b.rows)
     with pytest.raises(ConfluenceError, match="recent"):
         SamplerConfig(width=4, recent=5).check()
+    with pytest.raises(ConfluenceError, match="width_per_fk"):
+        SamplerConfig(width_per_fk="yes").check()
 
 
 def test_task_recent_overrides_recent_per_task():

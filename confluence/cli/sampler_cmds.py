@@ -42,6 +42,7 @@ def show(
     seq_len: int = typer.Option(1024, "--seq-len"),
     width: int = typer.Option(16, "--width"),
     recent: int = typer.Option(0, "--recent", help="of the `width` children, keep this many latest ones"),
+    per_fk: bool = typer.Option(False, "--per-fk", help="`width` children per child foreign-key column, not per row"),
     max_rows: int = typer.Option(256, "--max-rows"),
     seed: int = typer.Option(0, "--seed", help="sampling seed"),
     epoch: int = typer.Option(0, "--epoch"),
@@ -56,7 +57,8 @@ def show(
     from confluence.sampler.show import render_sequence
 
     data = _open(db)
-    cfg = _config(batch_size=1, seq_len=seq_len, width=width, recent=recent, max_rows=max_rows, seed=seed)
+    cfg = _config(batch_size=1, seq_len=seq_len, width=width, recent=recent, width_per_fk=per_fk, max_rows=max_rows,
+                  seed=seed)
     try:
         res = Sampler([data], cfg).build(task, np.array([seed_index]), epoch=epoch)
     except ConfluenceError as exc:
@@ -72,6 +74,7 @@ def bench_sampler(
     seq_len: int = typer.Option(1024, "--seq-len"),
     width: int = typer.Option(16, "--width"),
     recent: int = typer.Option(0, "--recent", help="of the `width` children, keep this many latest ones"),
+    per_fk: bool = typer.Option(False, "--per-fk", help="`width` children per child foreign-key column, not per row"),
     max_rows: int = typer.Option(256, "--max-rows"),
     batches: int = typer.Option(50, "--batches", help="timed batches"),
     task: list[str] = typer.Option(None, "--task", help="restrict to these tasks (repeatable)"),
@@ -81,8 +84,8 @@ def bench_sampler(
     from confluence.sampler.bench import run_bench
 
     data = _open(db)
-    cfg = _config(batch_size=batch_size, seq_len=seq_len, width=width, recent=recent, max_rows=max_rows,
-                  threads=threads, tasks=tuple(task) if task else None)
+    cfg = _config(batch_size=batch_size, seq_len=seq_len, width=width, recent=recent, width_per_fk=per_fk,
+                  max_rows=max_rows, threads=threads, tasks=tuple(task) if task else None)
     res = run_bench(data, cfg, batches=batches)
     typer.echo(
         f"{res['database']}: {res['sequences_per_s']:,.0f} sequences/s, {res['cells_per_s']:,.0f} real cells/s, "

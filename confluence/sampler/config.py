@@ -43,6 +43,7 @@ class SamplerConfig:
     width: int = 16  # at most this many children of a row are followed (uniform subsample)
     recent: int = 0  # of those `width`, the most recent this many are always kept; the rest stay uniform
     task_recent: dict[str, int] | None = None  # "task" or "db/task" -> `recent` for that task's sequences
+    width_per_fk: bool = False  # `width` (and `recent`) per row and child foreign-key column, not per row
     max_rows: int = 256  # cap on R, the rows of one sequence
     row_buckets: tuple[int, ...] = (16, 32, 64, 128, 256)  # R is padded up to one of these
     text_buckets: tuple[int, ...] = (16, 64, 256, 1024, 4096, 16384)  # U is padded up to one of these
@@ -68,6 +69,8 @@ class SamplerConfig:
         for key, k in (self.task_recent or {}).items():
             if not isinstance(k, int) or not 0 <= k <= self.width:
                 raise ConfluenceError(f"task_recent[{key!r}] must be an integer in 0..width ({self.width}), got {k!r}")
+        if not isinstance(self.width_per_fk, bool):
+            raise ConfluenceError(f"width_per_fk must be true or false, got {self.width_per_fk!r}")
         if not 1 <= self.max_rows <= 65535:
             raise ConfluenceError(f"max_rows must be in 1..65535 (uint16 row ids), got {self.max_rows}")
         if not self.row_buckets or sorted(self.row_buckets) != list(self.row_buckets) or min(self.row_buckets) < 1:

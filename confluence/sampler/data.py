@@ -7,9 +7,10 @@ with a per-column offset. The graph arrays and the text embedding table stay mem
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import numba
 import numpy as np
 
 from confluence.errors import StoreError
@@ -55,6 +56,53 @@ class TaskData:
         return int(self.anchor_row.shape[0])
 
 
+@dataclass(frozen=True)
+class ChildSegments:
+    """Child edges grouped into time-sorted segments: row r's segments are seg_ptr[r]..seg_ptr[r+1]; segment s
+    covers c_idx[seg_off[s]:seg_off[s+1]] (child rows) and c_time (their times)."""
+
+    seg_ptr: np.ndarray  # i64[N+1]
+    seg_off: np.ndarray  # i64[n_seg+1]
+    c_idx: np.ndarray  # i64[E]
+    c_time: np.ndarray  # i64[E]
+    max_segs: int
+
+
+@numba.njit(cache=True, nogil=True)
+def fk_segments(indptr: np.ndarray, column: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Split each row's time-sorted child edges by foreign-key column (a stable sort within the row, so each
+    segment stays time-sorted). Returns (edge order, seg_ptr[N+1], seg_off[n_seg+1]); O(E) for rows whose
+    children all come through one column."""
+    n = indptr.shape[0] - 1
+    n_edges = indptr[n]
+    order = np.empty(n_edges, dtype=np.int64)
+    seg_ptr = np.zeros(n + 1, dtype=np.int64)
+    seg_off = np.zeros(n_edges + 1, dtype=np.int64)
+    nseg = 0
+    for p in range(n):
+        a, b = indptr[p], indptr[p + 1]
+        if b > a:
+            same = True
+            for e in range(a + 1, b):
+                if column[e] != column[a]:
+                    same = False
+                    break
+            if same:
+                for e in range(a, b):
+                    order[e] = e
+            else:
+                idx = np.argsort(column[a:b], kind="mergesort")
+                for i in range(b - a):
+                    order[a + i] = a + idx[i]
+            for e in range(a, b):
+                if e == a or column[order[e]] != column[order[e - 1]]:
+                    seg_off[nseg] = e
+                    nseg += 1
+        seg_ptr[p + 1] = nseg
+    seg_off[nseg] = n_edges
+    return order, seg_ptr, seg_off[: nseg + 1].copy()
+
+
 @dataclass
 class SamplerData:
     """One database in the form the sampler kernels read (see module docstring)."""
@@ -83,9 +131,28 @@ class SamplerData:
     child_indptr: np.ndarray
     child_indices: np.ndarray
     child_time: np.ndarray
+    child_column: np.ndarray  # i32[E]: the foreign-key column of each child edge
     max_parents: int
     text_embeddings: np.ndarray  # f16[Vt, D_t], memory-mapped
     tasks: list[TaskData]
+    _segments: dict[bool, ChildSegments] = field(default_factory=dict, repr=False)
+
+    def child_segments(self, per_fk: bool) -> ChildSegments:
+        """The child lists as the walk reads them: one segment per row (`per_fk` False, the store's arrays as they
+        are) or one per (row, child foreign-key column), each still time-sorted. Built once, on first use."""
+        if per_fk not in self._segments:
+            n = self.num_rows
+            if not per_fk:
+                seg = ChildSegments(readonly(np.arange(n + 1), np.int64), self.child_indptr, self.child_indices,
+                                    self.child_time, 1)
+            else:
+                order, seg_ptr, seg_off = fk_segments(self.child_indptr, self.child_column)
+                seg = ChildSegments(readonly(seg_ptr, np.int64), readonly(seg_off, np.int64),
+                                    readonly(self.child_indices[order], np.int64),
+                                    readonly(self.child_time[order], np.int64),
+                                    int(np.max(np.diff(seg_ptr))) if n else 1)
+            self._segments[per_fk] = seg
+        return self._segments[per_fk]
 
     def task(self, name: str) -> TaskData:
         for t in self.tasks:
@@ -182,6 +249,7 @@ class SamplerData:
             child_indptr=readonly(store.child_indptr, np.int64),
             child_indices=readonly(store.child_indices, np.int64),
             child_time=readonly(store.child_time, np.int64),
+            child_column=readonly(store.child_column, np.int32),
             max_parents=int(np.max(np.diff(parent_indptr))) if parent_indptr.shape[0] > 1 else 0,
             text_embeddings=readonly(store.text_embeddings, np.float16),
             tasks=tasks,

@@ -4,7 +4,12 @@ Frontier: a FIFO of rows reached through parent edges (always served first) and 
 EDGES keyed by `(hops << 32) | random32`, so the pop is "fewest hops, ties at random". The heap is lazy: a child
 row is read and checked (visited?) only when its edge is popped, which saves two cache misses per pushed child;
 a row reached through k sampled child edges at the same hop count holds k keys (so it is more likely to come
-first, by design: it is better connected to the context).
+first, by design: it is better connected to the context). With `recent > 0` the key's low bits rank the `recent`
+latest children of each row latest first (a random tie-break among equal ranks) ahead of the uniform ones, so a
+short context holds the newest history; `recent = 0` keeps the spec's key exactly.
+A row's children come in segments: one per row (the spec: `width` children per row), or one per child foreign-key
+column (`SamplerConfig.width_per_fk`: `width` per row and child FK column, as heterogeneous GNN samplers do per
+edge type), each sorted by time.
 Per-sequence state lives in a per-worker int32 `mark` array over all rows (3 flag bits + a stamp that increases
 per sequence), so it is never cleared between sequences (O(rows visited) per sequence, not O(database)); it is
 zeroed once every 2**28 sequences when the stamp wraps.
@@ -159,10 +164,12 @@ def walk_chunk(
     p_idx: np.ndarray,
     p_col: np.ndarray,  # i32[E]: the foreign-key column of each parent edge
     cut_cols: np.ndarray,  # i32: the anchor row's parent edges through these columns are cut (exclude_columns)
-    c_ptr: np.ndarray,
+    seg_ptr: np.ndarray,  # i64[N+1]: each row's child segments (one per row, or one per child FK column)
+    seg_off: np.ndarray,  # i64[n_seg+1]: each segment's range in c_idx / c_time (time-sorted within a segment)
     c_idx: np.ndarray,
     c_time: np.ndarray,
     max_parents: int,
+    max_segs: int,  # the most child segments of any row (sizes the heap)
     mark: np.ndarray,  # i32[N] per-worker scratch
     stamp: np.ndarray,  # i64[1] per-worker scratch
     out_rows: np.ndarray,  # i64[B, max_rows]
@@ -172,7 +179,7 @@ def walk_chunk(
     out_nrows: np.ndarray,  # i32[B]
 ) -> None:
     """Walk sequences lo..hi-1: visit rows parents-first, then fewest hops (random tie-break), until S cells."""
-    heap_cap = max_rows * max(width, 1) + 1
+    heap_cap = max_rows * max(width, 1) * max(max_segs, 1) + 1
     hkey = np.empty(heap_cap, dtype=np.int64)
     hrow = np.empty(heap_cap, dtype=np.int64)  # entry id into erow / esrc
     erow = np.empty(heap_cap, dtype=np.int64)  # child edge (index into c_idx)
@@ -231,11 +238,14 @@ def walk_chunk(
                 qhop[qtail] = hop + 1
                 qsrc[qtail] = nrows - 1
                 qtail += 1
-            # children that existed at the observation time: a prefix of the time-sorted list
-            c0 = c_ptr[row]
-            c1 = c0 + np.searchsorted(c_time[c0 : c_ptr[row + 1]], obs, side="right")
-            cnt = c1 - c0
-            if cnt > 0 and width > 0:
+            # children that existed at the observation time: a prefix of each time-sorted segment, of which at
+            # most `width` are kept (per row, or per child foreign-key column when the segments are split so)
+            for sg in range(seg_ptr[row], seg_ptr[row + 1]):
+                c0 = seg_off[sg]
+                c1 = c0 + np.searchsorted(c_time[c0 : seg_off[sg + 1]], obs, side="right")
+                cnt = c1 - c0
+                if cnt == 0 or width == 0:
+                    continue
                 if cnt <= width:
                     k = cnt
                     for j in range(cnt):
@@ -257,9 +267,16 @@ def walk_chunk(
                                 break
                         chosen[k] = c0 + (j if dup else t)
                         k += 1
-                # lazy: the heap holds child *edges*; the child row is read (and checked) only when popped
+                # lazy: the heap holds child *edges*; the child row is read (and checked) only when popped.
+                # Key: hops, then (recent > 0) the `recent` latest children latest first, then at random.
                 for j in range(k):
-                    key = (np.int64(hop + 1) << 32) | np.int64(next_u64(st) >> np.uint64(32))
+                    r32 = np.int64(next_u64(st) >> np.uint64(32))
+                    if recent > 0:
+                        age = c1 - 1 - chosen[j]  # 0 = the latest child that existed at the observation time
+                        prio = np.int64(min(age, 254) if age < recent else 255)
+                        key = (np.int64(hop + 1) << 32) | (prio << 24) | (r32 >> 8)
+                    else:
+                        key = (np.int64(hop + 1) << 32) | r32
                     erow[n_entries] = chosen[j]
                     esrc[n_entries] = nrows - 1
                     hsize = _heap_push(hkey, hrow, hsize, key, n_entries)
