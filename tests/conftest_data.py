@@ -6,7 +6,8 @@ Reusable by every area's tests::
     src = write_bookstore(tmp_path, "parquet")   # or csv, sqlite, duckdb, relbench
     meta = bookstore_metadata()                  # dict in the metadata-file shape
 
-Deterministic: the same bytes of data for every call (numpy generator with a fixed seed).
+Deterministic: the same bytes of data for every call (numpy generator with a fixed seed). The store tests use a
+different, hand-written bookstore (`tests/conftest_store.py`) whose every value they assert.
 """
 
 from __future__ import annotations

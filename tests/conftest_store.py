@@ -1,6 +1,10 @@
-"""Fixtures of the preprocessing / store tests: a deterministic hashing text encoder and a small bookstore.
+"""Fixtures of the preprocessing / store tests: a deterministic hashing text encoder and a tiny bookstore.
 
 Import explicitly: `from tests.conftest_store import HashEncoder, write_bookstore`.
+
+Two bookstores exist on purpose: this one is hand-written (four customers, a dangling foreign key, duplicate
+texts) so the store tests can assert every encoded value and byte; `tests/conftest_data.py` generates a larger one
+(60 / 25 / 500 rows) in every source format for the source, schema and end-to-end tests.
 """
 
 from __future__ import annotations
