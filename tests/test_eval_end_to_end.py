@@ -17,7 +17,7 @@ from confluence.errors import ConfluenceError
 from confluence.evaluation.evaluate import evaluate
 from confluence.evaluation.inference import HeadOutputs, load_model
 from confluence.evaluation.predict import postprocess, predict
-from confluence.evaluation.targets import decode_targets, timestamp_stats
+from confluence.evaluation.targets import decode_targets
 from confluence.preprocess.pipeline import preprocess
 from confluence.store import Store
 from confluence.training.data import open_store_source
@@ -130,7 +130,7 @@ def test_postprocess_matches_direct_computation(shop):
     assert cols["prediction"].to_pylist() == [truth.categories[i] for i in truth.values]
     assert all(c > 0.9 for c in cols["confidence"].to_pylist())
     # timestamp: the true encoding's epoch component decodes back to the true datetime
-    mean, std = timestamp_stats(store)
+    mean, std = store.timestamp_stats
     when = np.array([dt.datetime(2020, 3, 4, 5, 6, 7), dt.datetime(2021, 12, 31, 23, 0)], dtype="datetime64[us]")
     us = when.astype(np.int64)
     ts = np.zeros((2, 15), np.float32)
@@ -160,7 +160,7 @@ def test_anchor_predictions_see_the_requested_observation_time(shop, monkeypatch
     monkeypatch.setattr(Predictor, "_run", lambda self, task, ids, progress=None: seen.append(task))
     obs = np.array([1_590_969_600_000_000, 1_600_000_000_000_000], np.int64)  # 2020-06-01, 2020-09-13
     Predictor(load_model(run), store).anchor_outputs("buys_next_30d", np.array([0, 1]), obs)
-    mean, std = timestamp_stats(store)
+    mean, std = store.timestamp_stats
     np.testing.assert_array_equal(seen[0].obs_ts, encode_timestamp(obs, mean, std))
 
 

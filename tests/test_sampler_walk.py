@@ -142,14 +142,12 @@ def _check_walk(store, res, seq_len, width, max_rows, cut=frozenset(), per_fk=Fa
                 assert rows[i] in cidx[cptr[rows[j]] : cptr[rows[j] + 1]]
         # width: at most `width` children reached through any one row (per child table with `per_fk`: the random
         # databases have at most one foreign key from one table to another)
-        kids = (res.via[b, :n] == VIA_CHILD)
+        kids = res.via[b, :n] == VIA_CHILD
+        table = np.searchsorted(np.array(sorted(store.offsets.values())), rows, side="right")
         for j in range(n):
-            if per_fk:
-                offs = np.array(sorted(store.offsets.values()))
-                tabs = np.searchsorted(offs, rows[kids & (res.src[b, :n] == j)], side="right")
-                assert (np.bincount(tabs) <= width).all() if tabs.size else True
-            else:
-                assert (kids & (res.src[b, :n] == j)).sum() <= width
+            from_j = kids & (res.src[b, :n] == j)
+            per_group = np.bincount(table[from_j]) if per_fk else np.array([from_j.sum()])
+            assert (per_group <= width).all()
         # parents first: after row j, every visible parent of j is visited before any later child-heap row
         child_pos = [i for i in range(n) if res.via[b, i] == VIA_CHILD]
 

@@ -19,7 +19,7 @@ import numpy as np
 from confluence.errors import ConfluenceError
 from confluence.evaluation import metrics as M
 from confluence.evaluation.inference import HeadOutputs, LoadedModel, Predictor, load_model, sigmoid, softmax
-from confluence.evaluation.targets import decode_targets, timestamp_stats
+from confluence.evaluation.targets import decode_targets
 from confluence.stypes import SemanticType
 
 
@@ -44,7 +44,7 @@ def model_point_predictions(predictor: Predictor, task: str, out: HeadOutputs, k
         return sigmoid(out.bool_logit[keep])
     if stype == SemanticType.CATEGORICAL:
         return softmax(out.cat_logits[keep])
-    mean, std = timestamp_stats(store)
+    mean, std = store.timestamp_stats
     return out.ts_pred[keep, 14].astype(np.float64) * std + mean
 
 

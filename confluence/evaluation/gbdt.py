@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from confluence.evaluation import metrics as M
-from confluence.evaluation.targets import DecodedTargets, decode_targets, timestamp_stats, unpack_bits
+from confluence.evaluation.targets import DecodedTargets, decode_targets, unpack_bits
 from confluence.preprocess.encode import US_PER_DAY, calendar_fields
 from confluence.stypes import SemanticType
 
@@ -379,4 +379,4 @@ def fit_gbdt(
                       num_train=int(keep_tr.sum()))
 
 
-__all__ = ["FeatureBuilder", "FeatureTable", "GBDTResult", "fit_gbdt", "DecodedTargets", "timestamp_stats"]
+__all__ = ["FeatureBuilder", "FeatureTable", "GBDTResult", "fit_gbdt", "DecodedTargets"]

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from confluence.errors import ConfluenceError
 from confluence.evaluation.inference import HeadOutputs, LoadedModel, Predictor, load_model, sigmoid, softmax
-from confluence.evaluation.targets import task_categories, timestamp_stats
+from confluence.evaluation.targets import task_categories
 from confluence.stypes import SemanticType
 
 NO_CUTOFF = np.iinfo(np.int64).max
@@ -82,7 +82,7 @@ def postprocess(store: Any, task: str, out: HeadOutputs) -> dict[str, pa.Array]:
         cols["prediction"] = pa.array(cats[best] if len(cats) else [None] * len(best), pa.string(), mask=is_null)
         conf = (probs[np.arange(len(best)), best] if probs.shape[1] else np.zeros(len(best))) * (1 - p_null)
     else:
-        mean, std = timestamp_stats(store)
+        mean, std = store.timestamp_stats
         us = np.round(out.ts_pred[:, 14].astype(np.float64) * std + mean)
         lo, hi = -62_135_596_800_000_000, 253_402_300_799_000_000  # years 1..9999
         cols["prediction"] = pa.array(np.clip(us, lo, hi).astype(np.int64), pa.timestamp("us"), mask=is_null)

@@ -29,11 +29,6 @@ class DecodedTargets:
     categories: list[str] | None  # categorical: the class strings, in block order
 
 
-def timestamp_stats(store: Any) -> tuple[float, float]:
-    """(mean, std) of the store's timestamp z-score (`Store.timestamp_stats`)."""
-    return store.timestamp_stats
-
-
 def task_categories(store: Any, task: Any) -> list[str]:
     """Class strings of a categorical task, in block order (derived targets have their own block)."""
     stats = task.stats or {}
@@ -64,7 +59,7 @@ def decode_targets(store: Any, task_name: str, ids: np.ndarray | None = None) ->
         k = int(task.cat_count)
         cats = task_categories(store, task)
     elif stype == SemanticType.TIMESTAMP:
-        mean, std = timestamp_stats(store)
+        mean, std = store.timestamp_stats
         values = np.asarray(raw[ids, 14], dtype=np.float64) * std + mean
     else:
         raise ValueError(f"task '{task_name}': target type {stype.label} cannot be a target")

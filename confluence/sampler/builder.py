@@ -125,7 +125,6 @@ class BatchBuilder:
             raise ConfluenceError(f"task {task.name!r}: seed index {bad} out of range 0..{task.num_seeds - 1}")
         n_valid = seed_ids.shape[0] if n_valid is None else n_valid
         recent = recent_for(cfg, d.name, task.name)
-        segs = self._segs
         seq_valid = np.zeros(bsz, dtype=np.bool_)
         seq_valid[:n_valid] = True
         if seed_ids.shape[0] < bsz:
@@ -177,8 +176,8 @@ class BatchBuilder:
             )
             walk_chunk(
                 lo, hi, anchors, obs, a_cells, states, s_len, cfg.width, recent, max_rows, d.row_ncells, d.row_time,
-                d.parent_indptr, d.parent_indices, d.parent_column, task.cut_cols, segs.seg_ptr, segs.seg_off,
-                segs.c_idx, segs.c_time, d.max_parents, segs.max_segs,
+                d.parent_indptr, d.parent_indices, d.parent_column, task.cut_cols, self._segs.seg_ptr,
+                self._segs.seg_off, self._segs.c_idx, self._segs.c_time, d.max_parents, self._segs.max_segs,
                 s.mark, s.stamp, rows, hops, via, src, nrows,
             )
             c2 = time.thread_time()
