@@ -106,7 +106,8 @@ def build_store(tables: list[Tab], tasks: list[TaskSpec], d_t: int = 8, name: st
                 n_texts = max(n_texts, int(v.max()) + 1 if valid.any() else 0)
             else:
                 raise ValueError(c.stype)
-            info = SimpleNamespace(column_idx=col_idx, table=t.name, task=None, name=c.name, stype=c.stype, stats=stats)
+            info = SimpleNamespace(column_idx=col_idx, table=t.name, task=None, name=c.name, stype=c.stype, stats=stats,
+                                   foreign_key=f"{c.fk}.id" if c.fk else None)
             col_index[(t.name, c.name)] = col_idx
             col_idx += 1
             columns.append(info)
@@ -177,6 +178,15 @@ def build_store(tables: list[Tab], tasks: list[TaskSpec], d_t: int = 8, name: st
             name=ts.name, index=k, anchor_table=ts.table, target_stype=ts.stype, target_column_idx=tcol,
             is_derived=derived, exclude_column_idxs=[col_index[(ts.table, e)] for e in ts.exclude],
             cat_block_start=cbs, cat_count=ts.cat_count, num_seeds=len(anchors), stats={}))
+    # one child-count column per foreign-key column, as preprocessing registers them
+    for t in tables:
+        for c in t.cols:
+            if c.fk:
+                columns.append(SimpleNamespace(
+                    column_idx=col_idx, table=None, task=None, name=f"number of {t.name} rows by {c.name}",
+                    stype=ST.NUMERICAL, stats={}, count_of={"parent_table": c.fk, "child_table": t.name,
+                                                            "column": c.name, "column_idx": col_index[(t.name, c.name)]}))
+                col_idx += 1
     store = SimpleNamespace(
         name=name, d_t=d_t, num_rows=n_rows, num_columns=col_idx, max_k=0, tables=table_infos, columns=columns,
         row_time=row_time, parent_indptr=p_ptr, parent_indices=np.asarray(p_idx, np.int64),

@@ -40,9 +40,10 @@ def test_layout_rows_and_columns(store):
     names = [(c.table or c.task, c.name) for c in store.columns]
     assert names[:6] == [("customers", "customer_id"), ("customers", "country"), ("customers", "age"),
                          ("customers", "is_premium"), ("customers", "bio"), ("customers", "signed_up_at")]
-    assert names[17:] == [("orders_next_30d", "n"), ("country_upper", "country_uc"), ("book_expensive", "expensive"),
-                          ("orders_next_30d", "observation time")]
-    assert store.num_columns == 21 and store.d_t == 16  # + orders_next_30d's observation-time column
+    assert names[17:21] == [("orders_next_30d", "n"), ("country_upper", "country_uc"),
+                            ("book_expensive", "expensive"), ("orders_next_30d", "observation time")]
+    # + orders_next_30d's observation-time column, then one child-count column per foreign key
+    assert store.num_columns == 23 and store.d_t == 16
     assert store.values("orders", "order_id") is None  # identifier: presence only
     assert bits(store, "orders", "customer_id") == [1, 1, 1, 1, 0, 1]
 
@@ -178,6 +179,20 @@ def test_exclude_columns_and_categorical_cell_masking(store):
     assert (info.cat_block_start, info.cat_count, info.target_column_idx) == (2, 3, 14)
     arr = store.task_arrays("order_status")
     assert arr.target_values.tolist() == [4, 3, 2, 3, 0, 4]
+
+
+def test_child_count_columns_one_per_foreign_key(store):
+    """Each foreign-key column gets a numerical column naming the count of referencing rows (the sampler's
+    `child_counts` cells); its text is embedded like any column name."""
+    counts = [c for c in store.columns if c.count_of]
+    fks = [c for c in store.columns if c.foreign_key]
+    assert [c.count_of["column_idx"] for c in counts] == [c.column_idx for c in fks] and len(fks) == 2
+    assert [c.column_idx for c in counts] == [21, 22]
+    for c, fk in zip(counts, fks, strict=True):
+        assert c.table is None and c.task is None and c.stype.label == "numerical"
+        assert c.count_of == {"parent_table": fk.foreign_key.split(".")[0], "child_table": fk.table,
+                              "column": fk.name, "column_idx": fk.column_idx}
+        assert c.name == f"number of {fk.table} rows by {fk.name}" and fk.name in c.text
 
 
 def test_derived_numerical_with_observation_column(store):

@@ -43,6 +43,8 @@ def show(
     width: int = typer.Option(16, "--width"),
     recent: int = typer.Option(0, "--recent", help="of the `width` children, keep this many latest ones"),
     per_fk: bool = typer.Option(False, "--per-fk", help="`width` children per child foreign-key column, not per row"),
+    child_counts: bool = typer.Option(False, "--child-counts",
+                                      help="each row also shows how many rows referenced it, per foreign key"),
     max_rows: int = typer.Option(256, "--max-rows"),
     seed: int = typer.Option(0, "--seed", help="sampling seed"),
     epoch: int = typer.Option(0, "--epoch"),
@@ -58,7 +60,7 @@ def show(
 
     data = _open(db)
     cfg = _config(batch_size=1, seq_len=seq_len, width=width, recent=recent, width_per_fk=per_fk, max_rows=max_rows,
-                  seed=seed)
+                  child_counts=child_counts, seed=seed)
     try:
         res = Sampler([data], cfg).build(task, np.array([seed_index]), epoch=epoch)
     except ConfluenceError as exc:
@@ -75,6 +77,8 @@ def bench_sampler(
     width: int = typer.Option(16, "--width"),
     recent: int = typer.Option(0, "--recent", help="of the `width` children, keep this many latest ones"),
     per_fk: bool = typer.Option(False, "--per-fk", help="`width` children per child foreign-key column, not per row"),
+    child_counts: bool = typer.Option(False, "--child-counts",
+                                      help="each row also shows how many rows referenced it, per foreign key"),
     max_rows: int = typer.Option(256, "--max-rows"),
     batches: int = typer.Option(50, "--batches", help="timed batches"),
     task: list[str] = typer.Option(None, "--task", help="restrict to these tasks (repeatable)"),
@@ -85,7 +89,7 @@ def bench_sampler(
 
     data = _open(db)
     cfg = _config(batch_size=batch_size, seq_len=seq_len, width=width, recent=recent, width_per_fk=per_fk,
-                  max_rows=max_rows, threads=threads, tasks=tuple(task) if task else None)
+                  child_counts=child_counts, max_rows=max_rows, threads=threads, tasks=tuple(task) if task else None)
     res = run_bench(data, cfg, batches=batches)
     typer.echo(
         f"{res['database']}: {res['sequences_per_s']:,.0f} sequences/s, {res['cells_per_s']:,.0f} real cells/s, "

@@ -144,6 +144,7 @@ def _run(db: DatabaseMeta, con: duckdb.DuckDBPyConnection, writer: StoreWriter, 
 
     task_entries, derived_columns = _tasks(db, con, writer, tables, columns, row_time, ts_mean, ts_std,
                                            cat_texts, rep)
+    derived_columns += child_count_columns(columns, len(columns) + len(derived_columns))
     num_edges = _graph(writer, tables, num_rows, np.asarray(row_time), rep)
     writer.close(fmt.ROW_TIME)
 
@@ -217,6 +218,24 @@ def _tasks(db: DatabaseMeta, con: duckdb.DuckDBPyConnection, writer: StoreWriter
                 "text": column_text(OBS_COLUMN_NAME, entry["name"], OBS_COLUMN_DESCRIPTION), "stats": {},
             })
     return task_entries, derived_columns
+
+
+def child_count_columns(columns: list[ColumnPlan], first_idx: int) -> list[dict[str, Any]]:
+    """One numerical "child count" column per foreign-key column: how many rows of the child table point at a
+    parent row through it (up to the observation time). The sampler shows them as cells of the parent row when
+    `SamplerConfig.child_counts` is on (docs/sampler.md); the store only names them and embeds their text."""
+    out: list[dict[str, Any]] = []
+    for c in columns:
+        if not c.meta.foreign_key:
+            continue
+        parent_table = str(c.meta.fk_table)
+        name = f"number of {c.table} rows by {c.meta.name}"
+        desc = f"how many rows of {c.table} reference this {parent_table} row through {c.table}.{c.meta.name}"
+        out.append({"column_idx": first_idx + len(out), "table": None, "task": None, "name": name,
+                    "stype": SemanticType.NUMERICAL.label, "text": column_text(name, parent_table, desc), "stats": {},
+                    "count_of": {"parent_table": parent_table, "child_table": c.table,
+                                 "column": c.meta.name, "column_idx": c.column_idx}})
+    return out
 
 
 def _graph(writer: StoreWriter, tables: list[TablePlan], num_rows: int, row_time: np.ndarray,

@@ -65,6 +65,9 @@ class BatchBuilder:
         self.db_idx = db_idx
         self._pool = pool
         self._segs = data.child_segments(config.width_per_fk)  # built here, once, not in the worker threads
+        self._counts = data.child_counts(config.child_counts)
+        # the count cells read each (row, foreign key)'s time-sorted children
+        self._cnt_segs = data.child_segments(True) if self._counts.num else self._segs
         self._scratch: queue.SimpleQueue[_Scratch] = queue.SimpleQueue()
 
     # ---- helpers
@@ -164,6 +167,16 @@ class BatchBuilder:
         n_real = np.zeros(bsz, dtype=np.int32)
         edges = np.empty((bsz, max_rows * max(d.max_parents, 1)), dtype=np.int32)
         n_edges = np.zeros(bsz, dtype=np.int32)
+        cnt = self._counts
+        if cnt.num:
+            # count cells per row of each table; none through the task's excluded / target columns
+            shown = ~np.isin(cnt.fk, task.cut_cols)
+            tab_extra = np.array([shown[a:z].sum() for a, z in zip(cnt.tab_ptr[:-1], cnt.tab_ptr[1:], strict=True)],
+                                 dtype=np.int32)
+            anchor_extra = tab_extra[np.searchsorted(d.tab_row_off, anchors, side="right") - 1]
+        else:
+            tab_extra = np.zeros(0, np.int32)
+            anchor_extra = None
         timings["collation"] += time.perf_counter() - t0
         cpu_parts["collation"][0] += time.thread_time() - c0
 
@@ -174,11 +187,13 @@ class BatchBuilder:
                 lo, hi, anchors, d.tab_row_off, d.tab_col_ptr, d.tab_cols, d.col_stype, d.col_voff, d.valid_bits,
                 task.exclude_cols, task.target_col, task.is_derived, task.obs_col, a_cells,
             )
+            if anchor_extra is not None:
+                a_cells[lo:hi] += anchor_extra[lo:hi]
             walk_chunk(
                 lo, hi, anchors, obs, a_cells, states, s_len, cfg.width, recent, max_rows, d.row_ncells, d.row_time,
                 d.parent_indptr, d.parent_indices, d.parent_column, task.cut_cols, self._segs.seg_ptr,
                 self._segs.seg_off, self._segs.c_idx, self._segs.c_time, d.max_parents, self._segs.max_segs,
-                s.mark, s.stamp, rows, hops, via, src, nrows,
+                d.tab_row_off, tab_extra, s.mark, s.stamp, rows, hops, via, src, nrows,
             )
             c2 = time.thread_time()
             linearize_chunk(
@@ -187,7 +202,8 @@ class BatchBuilder:
                 task.obs_col, task.obs_ts,
                 d.tab_row_off, d.tab_col_ptr, d.tab_cols, d.col_stype, d.col_off, d.col_voff, d.num_pool, d.ts_pool,
                 d.u32_pool, d.bool_bits, d.valid_bits, d.parent_indptr, d.parent_indices, d.parent_column,
-                task.cut_cols,
+                task.cut_cols, obs, cnt.tab_ptr, cnt.col, cnt.fk, cnt.mean, cnt.std, self._cnt_segs.seg_ptr,
+                self._cnt_segs.seg_off, self._cnt_segs.seg_col, self._cnt_segs.c_time,
                 out["semantic_types"], out["column_ids"], out["seq_row_ids"], out["is_null"], out["numeric_values"],
                 out["timestamp_values"], out["bool_values"], out["categorical_embed_ids"], out["text_embed_ids"],
                 out["is_target"], out["is_padding"], n_real, edges, n_edges,

@@ -66,6 +66,30 @@ class ChildSegments:
     c_idx: np.ndarray  # i64[E]
     c_time: np.ndarray  # i64[E]
     max_segs: int
+    seg_col: np.ndarray  # i32[n_seg]: the foreign-key column of each segment (-1: a row's mixed children)
+
+
+@dataclass(frozen=True)
+class ChildCounts:
+    """The child-count cells (`SamplerConfig.child_counts`): count k shows, on each row of its parent table, how
+    many rows reference that row through foreign-key column `fk[k]` and existed at the observation time, as
+    `(log1p(count) - mean[k]) / std[k]` in the numerical cell of column `col[k]`. Table t's counts are
+    `tab_ptr[t]..tab_ptr[t+1]`. `mean` and `std` are those of log1p(final count) over the parent table's rows,
+    from the whole graph: fixed per database, like a column's z-score."""
+
+    tab_ptr: np.ndarray  # i64[T+1]
+    col: np.ndarray  # i32[K]: the derived count column (its embedding names the cell)
+    fk: np.ndarray  # i32[K]: the child table's foreign-key column that is counted
+    mean: np.ndarray  # f32[K]
+    std: np.ndarray  # f32[K]
+
+    @property
+    def num(self) -> int:
+        return int(self.col.shape[0])
+
+    def per_table(self) -> np.ndarray:
+        """i32[T]: count cells on each row of table t (the walk budgets them into a row's cells)."""
+        return readonly(np.diff(self.tab_ptr), np.int32)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -135,7 +159,11 @@ class SamplerData:
     max_parents: int
     text_embeddings: np.ndarray  # f16[Vt, D_t], memory-mapped
     tasks: list[TaskData]
+    # child-count columns of the store, (column, foreign-key column, parent table index), parent-table order
+    count_columns: list[tuple[int, int, int]] = field(default_factory=list)
+    has_foreign_keys: bool = False
     _segments: dict[bool, ChildSegments] = field(default_factory=dict, repr=False)
+    _counts: dict[bool, ChildCounts] = field(default_factory=dict, repr=False)
 
     def child_segments(self, per_fk: bool) -> ChildSegments:
         """The child lists as the walk reads them: one segment per row (`per_fk` False, the store's arrays as they
@@ -144,15 +172,49 @@ class SamplerData:
             n = self.num_rows
             if not per_fk:
                 seg = ChildSegments(readonly(np.arange(n + 1), np.int64), self.child_indptr, self.child_indices,
-                                    self.child_time, 1)
+                                    self.child_time, 1, readonly(np.full(n, -1), np.int32))
             else:
                 order, seg_ptr, seg_off = fk_segments(self.child_indptr, self.child_column)
                 seg = ChildSegments(readonly(seg_ptr, np.int64), readonly(seg_off, np.int64),
                                     readonly(self.child_indices[order], np.int64),
                                     readonly(self.child_time[order], np.int64),
-                                    int(np.max(np.diff(seg_ptr))) if n else 1)
+                                    int(np.max(np.diff(seg_ptr))) if n else 1,
+                                    readonly(self.child_column[order][seg_off[:-1]], np.int32))
             self._segments[per_fk] = seg
         return self._segments[per_fk]
+
+    def child_counts(self, enabled: bool) -> ChildCounts:
+        """The child-count cells' arrays (no counts at all when not `enabled`). Built once, on first use, from the
+        per-foreign-key child segments. Raises StoreError for a store preprocessed before count columns existed."""
+        if enabled not in self._counts:
+            n_tab = len(self.table_names)
+            cols = self.count_columns if enabled else []
+            if enabled and not cols and self.has_foreign_keys:
+                raise StoreError(f"database {self.name!r}: the store has no child-count columns (it was "
+                                 "preprocessed before they existed); run `confluence preprocess` again to use "
+                                 "sampler.child_counts")
+            per_tab = np.bincount(np.array([t for _, _, t in cols], dtype=np.int64), minlength=n_tab)
+            mean = np.zeros(len(cols), np.float32)
+            std = np.ones(len(cols), np.float32)
+            if cols:
+                seg = self.child_segments(True)
+                seg_row = np.repeat(np.arange(self.num_rows), np.diff(seg.seg_ptr))
+                seg_len = np.diff(seg.seg_off)
+                for k, (_, fk, t) in enumerate(cols):
+                    lo, hi = int(self.tab_row_off[t]), int(self.tab_row_off[t + 1])
+                    deg = np.zeros(hi - lo, np.float64)
+                    sel = seg.seg_col == fk
+                    np.add.at(deg, seg_row[sel] - lo, seg_len[sel])
+                    v = np.log1p(deg)
+                    mean[k] = v.mean() if v.size else 0.0
+                    sd = float(v.std()) if v.size else 0.0
+                    std[k] = sd if sd > 1e-6 else 1.0
+            self._counts[enabled] = ChildCounts(
+                tab_ptr=readonly(np.concatenate([[0], np.cumsum(per_tab)]), np.int64),
+                col=readonly(np.array([c for c, _, _ in cols], dtype=np.int32), np.int32),
+                fk=readonly(np.array([f for _, f, _ in cols], dtype=np.int32), np.int32),
+                mean=readonly(mean, np.float32), std=readonly(std, np.float32))
+        return self._counts[enabled]
 
     def task(self, name: str) -> TaskData:
         for t in self.tasks:
@@ -172,9 +234,18 @@ class SamplerData:
         col_off = np.zeros(n_cols, dtype=np.int64)
         col_voff = np.zeros(n_cols, dtype=np.int64)
         column_names = [""] * n_cols
+        table_index = {t.name: i for i, t in enumerate(store.tables)}
+        count_columns: list[tuple[int, int, int]] = []
         for c in store.columns:
             col_stype[c.column_idx] = int(c.stype)
-            column_names[c.column_idx] = f"{c.table}.{c.name}" if c.table else f"{c.task}.{c.name}"
+            count_of = getattr(c, "count_of", None)
+            if count_of:
+                column_names[c.column_idx] = f"{count_of['parent_table']}.{c.name}"
+                count_columns.append((int(c.column_idx), int(count_of["column_idx"]),
+                                      table_index[count_of["parent_table"]]))
+            else:
+                column_names[c.column_idx] = f"{c.table}.{c.name}" if c.table else f"{c.task}.{c.name}"
+        count_columns.sort(key=lambda x: (x[2], x[0]))
         num, ts, u32, bools, valid = [], [], [], [], []
         sizes = {"num": 0, "ts": 0, "u32": 0, "bool": 0, "valid": 0}
         tab_row_off = [0]
@@ -253,6 +324,8 @@ class SamplerData:
             max_parents=int(np.max(np.diff(parent_indptr))) if parent_indptr.shape[0] > 1 else 0,
             text_embeddings=readonly(store.text_embeddings, np.float16),
             tasks=tasks,
+            count_columns=count_columns,
+            has_foreign_keys=any(getattr(c, "foreign_key", None) for c in store.columns),
         )
 
 

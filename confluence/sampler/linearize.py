@@ -2,7 +2,8 @@
 
 Order: the target cell first (so it always fits in S), then the observation-time cell of a task that has one,
 then the anchor row's other cells (excluded columns hidden), then every other row in visit order, each row's
-cells in column order. The last row may be cut at S.
+cells in column order followed by its child-count cells (`SamplerConfig.child_counts`). The last row may be cut
+at S.
 Text cells hold GLOBAL text indices here; `textgather` rewrites them batch-locally.
 """
 
@@ -63,6 +64,17 @@ def linearize_chunk(
     p_idx: np.ndarray,
     p_col: np.ndarray,
     cut_cols: np.ndarray,
+    # child-count cells (`ChildCounts`; no counts: cnt_tab_ptr all zero) and the per-FK child segments they read
+    obs_times: np.ndarray,  # i64[B]
+    cnt_tab_ptr: np.ndarray,
+    cnt_col: np.ndarray,
+    cnt_fk: np.ndarray,
+    cnt_mean: np.ndarray,
+    cnt_std: np.ndarray,
+    seg_ptr: np.ndarray,
+    seg_off: np.ndarray,
+    seg_col: np.ndarray,
+    c_time: np.ndarray,
     # outputs [B, S(, 15)] and the edge list
     semantic_types: np.ndarray,
     column_ids: np.ndarray,
@@ -158,6 +170,22 @@ def linearize_chunk(
                     categorical_embed_ids[b, pos] = u32_pool[col_off[c] + lr]
                 elif s == _TEXT:
                     text_embed_ids[b, pos] = u32_pool[col_off[c] + lr]
+                pos += 1
+            # child-count cells: how many rows referenced this one through each foreign key at the observation
+            # time (a time-sorted segment's prefix); none through the task's excluded / target columns
+            for k in range(cnt_tab_ptr[t], cnt_tab_ptr[t + 1]):
+                if pos >= seq_len:
+                    break
+                if is_cut(cnt_fk[k], cut_cols):
+                    continue
+                cnt = 0
+                for sg in range(seg_ptr[r], seg_ptr[r + 1]):
+                    if seg_col[sg] == cnt_fk[k]:
+                        cnt += np.searchsorted(c_time[seg_off[sg] : seg_off[sg + 1]], obs_times[b], side="right")
+                semantic_types[b, pos] = _NUM
+                column_ids[b, pos] = cnt_col[k]
+                seq_row_ids[b, pos] = i
+                numeric_values[b, pos] = (np.log1p(np.float64(cnt)) - cnt_mean[k]) / cnt_std[k]
                 pos += 1
             # F->P edges between rows that are both in the sequence (each distinct pair once)
             row_first = ne

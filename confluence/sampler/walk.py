@@ -170,6 +170,8 @@ def walk_chunk(
     c_time: np.ndarray,
     max_parents: int,
     max_segs: int,  # the most child segments of any row (sizes the heap)
+    tab_row_off: np.ndarray,  # i64[T+1]
+    tab_extra: np.ndarray,  # i32[T]: child-count cells per row of each table (empty: none)
     mark: np.ndarray,  # i32[N] per-worker scratch
     stamp: np.ndarray,  # i64[1] per-worker scratch
     out_rows: np.ndarray,  # i64[B, max_rows]
@@ -219,7 +221,12 @@ def walk_chunk(
             out_via[b, nrows] = via
             out_src[b, nrows] = src
             nrows += 1
-            cells += anchor_cells[b] if nrows == 1 else row_ncells[row]
+            if nrows == 1:
+                cells += anchor_cells[b]
+            else:
+                cells += row_ncells[row]
+                if tab_extra.shape[0] > 0:
+                    cells += tab_extra[np.searchsorted(tab_row_off, row, side="right") - 1]
             if cells >= seq_len or nrows >= max_rows:
                 break
             # parents: all of them, unconditionally (but never a row from after the observation time)

@@ -21,7 +21,8 @@ from confluence.stypes import SemanticType
 
 @dataclass(frozen=True)
 class ColumnInfo:
-    """One global column: a table column or a derived task target."""
+    """One global column: a table column, a derived task target or observation time, or a child-count column
+    (`count_of`: the foreign key whose referencing rows it counts; see preprocess/pipeline.child_count_columns)."""
 
     column_idx: int
     table: str | None
@@ -31,6 +32,7 @@ class ColumnInfo:
     text: str
     stats: dict[str, Any] = field(default_factory=dict)
     foreign_key: str | None = None
+    count_of: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,7 @@ class Store:
             ColumnInfo(
                 column_idx=int(c["column_idx"]), table=c["table"], task=c["task"], name=c["name"],
                 stype=SemanticType.parse(c["stype"]), text=c["text"], stats=c.get("stats", {}),
-                foreign_key=c.get("foreign_key"),
+                foreign_key=c.get("foreign_key"), count_of=c.get("count_of"),
             )
             for c in meta["columns"]
         ]

@@ -1,0 +1,150 @@
+"""Child-count cells (`SamplerConfig.child_counts`): each row shows, per foreign key pointing at its table, how many
+rows referenced it at the observation time. Checked against a brute-force count (never a row from after the
+observation time), against hand counts on the bookstore, for the task's cut columns, and for old stores."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from confluence.errors import StoreError
+from confluence.sampler.config import SamplerConfig
+from confluence.sampler.sampler import Sampler
+from confluence.stypes import SemanticType
+from tests.conftest_sampler import bookstore, random_store
+from tests.test_sampler_walk import _check_walk
+
+CFG = SamplerConfig(batch_size=4, seq_len=128, width=16, max_rows=32, row_buckets=(8, 16, 32), text_buckets=(4, 16),
+                    child_counts=True)
+
+
+def _count_columns(store) -> dict[int, tuple[str, int]]:
+    """count column -> (parent table, counted foreign-key column)."""
+    return {c.column_idx: (c.count_of["parent_table"], c.count_of["column_idx"])
+            for c in store.columns if getattr(c, "count_of", None)}
+
+
+def _brute_count(store, row: int, fk: int, obs: int) -> int:
+    """Rows that reference `row` through foreign-key column `fk` and existed at `obs`, from the parent CSR."""
+    n = 0
+    for r in range(store.num_rows):
+        for e in range(store.parent_indptr[r], store.parent_indptr[r + 1]):
+            if store.parent_indices[e] == row and store.parent_column[e] == fk and store.row_time[r] <= obs:
+                n += 1
+    return n
+
+
+def _check_counts(store, sampler, res, cut: frozenset[int]) -> int:
+    """Every count cell equals the brute-force count, sits on a row of its parent table, and each fully shown row
+    carries exactly its table's counts minus the cut ones, right after its own cells. Returns the cells checked."""
+    counts = _count_columns(store)
+    data = sampler.data[0]
+    cc = data.child_counts(True)
+    stats = {int(c): (float(m), float(s)) for c, m, s in zip(cc.col, cc.mean, cc.std, strict=True)}
+    tab_of = {t.name: i for i, t in enumerate(store.tables)}
+    checked = 0
+    b_ = res.batch
+    for b in range(b_.column_ids.shape[0]):
+        n_real = int(res.n_real[b])
+        obs = int(b_.obs_times[b])
+        cols, rid = b_.column_ids[b, :n_real], b_.seq_row_ids[b, :n_real]
+        for i in range(int(res.nrows[b])):
+            row = int(res.rows[b, i])
+            t = data.table_of_row(row)
+            pos = np.flatnonzero(rid == i)
+            shown = [int(c) for c in cols[pos] if int(c) in counts]
+            want = [c for c, (pt, fk) in counts.items() if tab_of[pt] == t and fk not in cut]
+            if pos.size and pos[-1] < n_real - 1:  # the row is not the one cut at S
+                assert shown == sorted(want), (b, i)
+                if want:  # the count cells close the row's cells
+                    assert all(int(c) in counts for c in cols[pos[-len(want):]])
+            for p in pos:
+                c = int(cols[p])
+                if c not in counts:
+                    continue
+                assert b_.semantic_types[b, p] == SemanticType.NUMERICAL and not b_.is_null[b, p]
+                assert counts[c][1] not in cut
+                m, s = stats[c]
+                want_n = _brute_count(store, row, counts[c][1], obs)
+                np.testing.assert_allclose(b_.numeric_values[b, p], (np.log1p(want_n) - m) / s, rtol=1e-5, atol=1e-6)
+                checked += 1
+    return checked
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), width=st.integers(0, 4), seq_len=st.sampled_from([16, 64, 512]),
+       per_fk=st.booleans())
+def test_count_cells_equal_brute_force_counts_at_the_observation_time(seed, width, seq_len, per_fk):
+    store = random_store(seed)
+    cfg = dataclasses.replace(CFG, batch_size=6, seq_len=seq_len, width=width, max_rows=64, row_buckets=(8, 64),
+                              text_buckets=(8,), width_per_fk=per_fk)
+    s = Sampler([store], cfg)
+    rng = np.random.default_rng(seed)
+    for e in s.entries:
+        ids = rng.integers(0, e.task.num_seeds, min(6, e.task.num_seeds))
+        res = s.build(e.task.name, ids)
+        res.batch.validate()
+        cut = frozenset(int(c) for c in e.task.cut_cols)
+        _check_walk(store, res, seq_len, width, 64, cut=cut, per_fk=per_fk)
+        _check_counts(store, s, res, cut)
+
+
+def test_bookstore_counts_by_hand_and_never_after_the_observation_time():
+    store = bookstore()
+    s = Sampler([store], CFG)
+    res = s.build("rating", np.array([0]))  # order 1 at day 10: orders 1, 7, 12 of customer 23 (99 is at day 20)
+    counts = _count_columns(store)
+    by_fk = {store.columns[fk].name: c for c, (_, fk) in counts.items()}
+    loc = {int(r): i for i, r in enumerate(res.rows[0, : res.nrows[0]])}
+    b = res.batch
+    cust, book = loc[store.offsets["customers"]], loc[store.offsets["books"]]
+    cc = s.data[0].child_counts(True)
+    stats = {int(c): (float(m), float(sd)) for c, m, sd in zip(cc.col, cc.mean, cc.std, strict=True)}
+
+    def shown(local_row: int, col: int) -> int:
+        p = np.flatnonzero((b.seq_row_ids[0] == local_row) & (b.column_ids[0] == col) & ~b.is_padding[0])
+        assert p.size == 1
+        m, sd = stats[col]
+        return round(float(np.expm1(b.numeric_values[0, p[0]] * sd + m)))
+
+    assert shown(cust, by_fk["customer_id"]) == 3  # orders 1, 7, 12; not 99 (day 20, after the observation)
+    assert shown(book, by_fk["book_id"]) == 2  # orders 1 and 5
+    # the statistics are log1p of the final counts over the parent table (one customer with 4 orders)
+    assert stats[by_fk["customer_id"]] == pytest.approx((np.log1p(4), 1.0))
+    assert _check_counts(store, s, res, frozenset()) == 2 * CFG.batch_size  # the filler sequences repeat seed 0
+    # without a cut-off (the customer's country task) every order counts
+    res = s.build("country", np.array([0]))
+    p = np.flatnonzero(res.batch.column_ids[0] == by_fk["customer_id"])[0]
+    assert res.batch.numeric_values[0, p] == pytest.approx(0.0, abs=1e-6)  # log1p(4), the mean
+
+
+def test_counts_through_an_excluded_foreign_key_are_not_shown():
+    store = bookstore(extra_orders=8)
+    s = Sampler([store], dataclasses.replace(CFG, batch_size=16, seq_len=512, max_rows=64))
+    res = s.build("whose_order", np.arange(13))
+    cut = frozenset(int(c) for c in s.data[0].task("whose_order").cut_cols)
+    assert _check_counts(store, s, res, cut) > 0
+    customer_count = next(c for c, (_, fk) in _count_columns(store).items() if store.columns[fk].name == "customer_id")
+    assert not (res.batch.column_ids == customer_count).any()
+    assert (Sampler([store], CFG).build("rating", np.array([0])).batch.column_ids == customer_count).any()
+
+
+def test_off_by_default_and_validated():
+    store = bookstore()
+    counts = set(_count_columns(store))
+    res = Sampler([store], dataclasses.replace(CFG, child_counts=False)).build("rating", np.arange(4))
+    assert not np.isin(res.batch.column_ids, list(counts)).any()
+    with pytest.raises(Exception, match="child_counts must be true or false"):
+        Sampler([store], dataclasses.replace(CFG, child_counts=1))
+
+
+def test_a_store_without_count_columns_asks_for_preprocessing_again():
+    store = bookstore()
+    store.columns = [c for c in store.columns if not getattr(c, "count_of", None)]
+    Sampler([store], dataclasses.replace(CFG, child_counts=False)).build("rating", np.array([0]))
+    with pytest.raises(StoreError, match="preprocess"):
+        Sampler([store], CFG)
