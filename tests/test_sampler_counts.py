@@ -19,7 +19,7 @@ from tests.conftest_sampler import bookstore, random_store
 from tests.test_sampler_walk import _check_walk
 
 CFG = SamplerConfig(batch_size=4, seq_len=128, width=16, max_rows=32, row_buckets=(8, 16, 32), text_buckets=(4, 16),
-                    child_counts=True)
+                    child_counts="all")
 
 
 def _count_columns(store) -> dict[int, tuple[str, int]]:
@@ -38,9 +38,10 @@ def _brute_count(store, row: int, fk: int, obs: int) -> int:
     return n
 
 
-def _check_counts(store, sampler, res, cut: frozenset[int]) -> int:
+def _check_counts(store, sampler, res, cut: frozenset[int], anchor_only: bool = False) -> int:
     """Every count cell equals the brute-force count, sits on a row of its parent table, and each fully shown row
-    carries exactly its table's counts minus the cut ones, right after its own cells. Returns the cells checked."""
+    (the anchor only, `anchor_only`) carries exactly its table's counts minus the cut ones, right after its own
+    cells. Returns the cells checked."""
     counts = _count_columns(store)
     data = sampler.data[0]
     cc = data.child_counts(True)
@@ -57,7 +58,8 @@ def _check_counts(store, sampler, res, cut: frozenset[int]) -> int:
             t = data.table_of_row(row)
             pos = np.flatnonzero(rid == i)
             shown = [int(c) for c in cols[pos] if int(c) in counts]
-            want = [c for c, (pt, fk) in counts.items() if tab_of[pt] == t and fk not in cut]
+            want = [c for c, (pt, fk) in counts.items() if tab_of[pt] == t and fk not in cut
+                    and (i == 0 or not anchor_only)]
             if pos.size and pos[-1] < n_real - 1:  # the row is not the one cut at S
                 assert shown == sorted(want), (b, i)
                 if want:  # the count cells close the row's cells
@@ -77,11 +79,11 @@ def _check_counts(store, sampler, res, cut: frozenset[int]) -> int:
 
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 10_000), width=st.integers(0, 4), seq_len=st.sampled_from([16, 64, 512]),
-       per_fk=st.booleans())
-def test_count_cells_equal_brute_force_counts_at_the_observation_time(seed, width, seq_len, per_fk):
+       per_fk=st.booleans(), mode=st.sampled_from(["anchor", "all"]))
+def test_count_cells_equal_brute_force_counts_at_the_observation_time(seed, width, seq_len, per_fk, mode):
     store = random_store(seed)
     cfg = dataclasses.replace(CFG, batch_size=6, seq_len=seq_len, width=width, max_rows=64, row_buckets=(8, 64),
-                              text_buckets=(8,), width_per_fk=per_fk)
+                              text_buckets=(8,), width_per_fk=per_fk, child_counts=mode)
     s = Sampler([store], cfg)
     rng = np.random.default_rng(seed)
     for e in s.entries:
@@ -90,7 +92,7 @@ def test_count_cells_equal_brute_force_counts_at_the_observation_time(seed, widt
         res.batch.validate()
         cut = frozenset(int(c) for c in e.task.cut_cols)
         _check_walk(store, res, seq_len, width, 64, cut=cut, per_fk=per_fk)
-        _check_counts(store, s, res, cut)
+        _check_counts(store, s, res, cut, anchor_only=mode == "anchor")
 
 
 def test_bookstore_counts_by_hand_and_never_after_the_observation_time():
@@ -136,15 +138,16 @@ def test_counts_through_an_excluded_foreign_key_are_not_shown():
 def test_off_by_default_and_validated():
     store = bookstore()
     counts = set(_count_columns(store))
-    res = Sampler([store], dataclasses.replace(CFG, child_counts=False)).build("rating", np.arange(4))
+    res = Sampler([store], dataclasses.replace(CFG, child_counts="none")).build("rating", np.arange(4))
     assert not np.isin(res.batch.column_ids, list(counts)).any()
-    with pytest.raises(Exception, match="child_counts must be true or false"):
-        Sampler([store], dataclasses.replace(CFG, child_counts=1))
+    for bad in (True, "some"):
+        with pytest.raises(Exception, match="child_counts must be one of none, anchor, all"):
+            Sampler([store], dataclasses.replace(CFG, child_counts=bad))
 
 
 def test_a_store_without_count_columns_asks_for_preprocessing_again():
     store = bookstore()
     store.columns = [c for c in store.columns if not getattr(c, "count_of", None)]
-    Sampler([store], dataclasses.replace(CFG, child_counts=False)).build("rating", np.array([0]))
+    Sampler([store], dataclasses.replace(CFG, child_counts="none")).build("rating", np.array([0]))
     with pytest.raises(StoreError, match="preprocess"):
         Sampler([store], CFG)

@@ -82,8 +82,11 @@ def step_train(ctx: DemoContext) -> None:
         # The demo's tasks ask "what happens next" of rows with long histories: keep each row's 16 latest children,
         # visited latest first, rather than a uniform draw over its whole past, and count the width per child
         # foreign-key column, so an airport's weather rows are not crowded out by its flights (docs/sampler.md).
-        # `flights.dep_at` measured better with the spec's uniform draw (docs/decisions.md).
-        overrides["sampler"] = {"recent": 16, "width_per_fk": True, "task_recent": dict.fromkeys(UNIFORM_TASKS, 0)}
+        # `flights.dep_at` measured better with the spec's uniform draw (docs/decisions.md). The anchor row shows
+        # how many rows referenced it through each foreign key by then (a plane: its flights so far), which a
+        # context of three flights cannot (docs/sampler.md, "Child counts").
+        overrides["sampler"] = {"recent": 16, "width_per_fk": True, "task_recent": dict.fromkeys(UNIFORM_TASKS, 0),
+                                "child_counts": "anchor"}
     cfg = load_config(spec, overrides)
     run = ctx.out / "run"
     source = open_store_source([ctx.store_path], cfg)

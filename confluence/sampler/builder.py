@@ -65,7 +65,7 @@ class BatchBuilder:
         self.db_idx = db_idx
         self._pool = pool
         self._segs = data.child_segments(config.width_per_fk)  # built here, once, not in the worker threads
-        self._counts = data.child_counts(config.child_counts)
+        self._counts = data.child_counts(config.child_counts != "none")
         # the count cells read each (row, foreign key)'s time-sorted children
         self._cnt_segs = data.child_segments(True) if self._counts.num else self._segs
         self._scratch: queue.SimpleQueue[_Scratch] = queue.SimpleQueue()
@@ -174,6 +174,8 @@ class BatchBuilder:
             tab_extra = np.array([shown[a:z].sum() for a, z in zip(cnt.tab_ptr[:-1], cnt.tab_ptr[1:], strict=True)],
                                  dtype=np.int32)
             anchor_extra = tab_extra[np.searchsorted(d.tab_row_off, anchors, side="right") - 1]
+            if cfg.child_counts == "anchor":
+                tab_extra = np.zeros(0, np.int32)  # only the anchor row's counts: the other rows' budgets stay
         else:
             tab_extra = np.zeros(0, np.int32)
             anchor_extra = None
@@ -202,7 +204,7 @@ class BatchBuilder:
                 task.obs_col, task.obs_ts,
                 d.tab_row_off, d.tab_col_ptr, d.tab_cols, d.col_stype, d.col_off, d.col_voff, d.num_pool, d.ts_pool,
                 d.u32_pool, d.bool_bits, d.valid_bits, d.parent_indptr, d.parent_indices, d.parent_column,
-                task.cut_cols, obs, cnt.tab_ptr, cnt.col, cnt.fk, cnt.mean, cnt.std, self._cnt_segs.seg_ptr,
+                task.cut_cols, obs, cfg.child_counts == "all", cnt.tab_ptr, cnt.col, cnt.fk, cnt.mean, cnt.std, self._cnt_segs.seg_ptr,
                 self._cnt_segs.seg_off, self._cnt_segs.seg_col, self._cnt_segs.c_time,
                 out["semantic_types"], out["column_ids"], out["seq_row_ids"], out["is_null"], out["numeric_values"],
                 out["timestamp_values"], out["bool_values"], out["categorical_embed_ids"], out["text_embed_ids"],

@@ -34,6 +34,9 @@ class SplitConfig:
                 )
 
 
+CHILD_COUNTS = ("none", "anchor", "all")  # which rows show child-count cells (docs/sampler.md)
+
+
 @dataclass(frozen=True)
 class SamplerConfig:
     """Everything that shapes the batches. The same config (and stores) gives the same batches, whatever `threads`."""
@@ -44,7 +47,8 @@ class SamplerConfig:
     recent: int = 0  # of those `width`, the most recent this many are always kept; the rest stay uniform
     task_recent: dict[str, int] | None = None  # "task" or "db/task" -> `recent` for that task's sequences
     width_per_fk: bool = False  # `width` (and `recent`) per row and child foreign-key column, not per row
-    child_counts: bool = False  # each row also shows, per child foreign key, how many rows referenced it by then
+    child_counts: str = "none"  # "anchor" / "all": the anchor / every row also shows, per foreign key pointing at
+    # its table, how many rows referenced it by the observation time ("none": the spec's cells)
     max_rows: int = 256  # cap on R, the rows of one sequence
     row_buckets: tuple[int, ...] = (16, 32, 64, 128, 256)  # R is padded up to one of these
     text_buckets: tuple[int, ...] = (16, 64, 256, 1024, 4096, 16384)  # U is padded up to one of these
@@ -72,8 +76,8 @@ class SamplerConfig:
                 raise ConfluenceError(f"task_recent[{key!r}] must be an integer in 0..width ({self.width}), got {k!r}")
         if not isinstance(self.width_per_fk, bool):
             raise ConfluenceError(f"width_per_fk must be true or false, got {self.width_per_fk!r}")
-        if not isinstance(self.child_counts, bool):
-            raise ConfluenceError(f"child_counts must be true or false, got {self.child_counts!r}")
+        if self.child_counts not in CHILD_COUNTS:
+            raise ConfluenceError(f"child_counts must be one of {', '.join(CHILD_COUNTS)}, got {self.child_counts!r}")
         if not 1 <= self.max_rows <= 65535:
             raise ConfluenceError(f"max_rows must be in 1..65535 (uint16 row ids), got {self.max_rows}")
         if not self.row_buckets or sorted(self.row_buckets) != list(self.row_buckets) or min(self.row_buckets) < 1:

@@ -66,6 +66,7 @@ def linearize_chunk(
     cut_cols: np.ndarray,
     # child-count cells (`ChildCounts`; no counts: cnt_tab_ptr all zero) and the per-FK child segments they read
     obs_times: np.ndarray,  # i64[B]
+    cnt_all_rows: bool,  # counts on every row, else on the anchor row only
     cnt_tab_ptr: np.ndarray,
     cnt_col: np.ndarray,
     cnt_fk: np.ndarray,
@@ -174,7 +175,7 @@ def linearize_chunk(
             # child-count cells: how many rows referenced this one through each foreign key at the observation
             # time (a time-sorted segment's prefix); none through the task's excluded / target columns
             for k in range(cnt_tab_ptr[t], cnt_tab_ptr[t + 1]):
-                if pos >= seq_len:
+                if pos >= seq_len or not (cnt_all_rows or i == 0):
                     break
                 if is_cut(cnt_fk[k], cut_cols):
                     continue
