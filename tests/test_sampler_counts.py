@@ -151,3 +151,19 @@ def test_a_store_without_count_columns_asks_for_preprocessing_again():
     Sampler([store], dataclasses.replace(CFG, child_counts="none")).build("rating", np.array([0]))
     with pytest.raises(StoreError, match="preprocess"):
         Sampler([store], CFG)
+
+
+def test_anchor_mode_leaves_sequences_of_unreferenced_anchors_unchanged():
+    """An order is referenced by nothing: with "anchor" its sequences are exactly those of "none"; a customer's
+    gain its count cell, and no other row of the sequence shows one."""
+    store = bookstore(extra_orders=8)
+    counts = set(_count_columns(store))
+    none = Sampler([store], dataclasses.replace(CFG, child_counts="none")).build("rating", np.arange(4)).batch
+    anchor = Sampler([store], dataclasses.replace(CFG, child_counts="anchor")).build("rating", np.arange(4)).batch
+    for f in dataclasses.fields(none):
+        np.testing.assert_array_equal(getattr(none, f.name), getattr(anchor, f.name), err_msg=f.name)
+    s = Sampler([store], dataclasses.replace(CFG, child_counts="anchor"))
+    res = s.build("country", np.array([0]))
+    shown = np.isin(res.batch.column_ids[0], list(counts)) & ~res.batch.is_padding[0]
+    assert shown.sum() == 1 and (res.batch.seq_row_ids[0][shown] == 0).all()
+    assert _check_counts(store, s, res, frozenset(), anchor_only=True) == CFG.batch_size
