@@ -87,10 +87,6 @@ class ChildCounts:
     def num(self) -> int:
         return int(self.col.shape[0])
 
-    def per_table(self) -> np.ndarray:
-        """i32[T]: count cells on each row of table t (the walk budgets them into a row's cells)."""
-        return readonly(np.diff(self.tab_ptr), np.int32)
-
 
 @numba.njit(cache=True, nogil=True)
 def fk_segments(indptr: np.ndarray, column: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
