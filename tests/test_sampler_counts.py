@@ -167,3 +167,11 @@ def test_anchor_mode_leaves_sequences_of_unreferenced_anchors_unchanged():
     shown = np.isin(res.batch.column_ids[0], list(counts)) & ~res.batch.is_padding[0]
     assert shown.sum() == 1 and (res.batch.seq_row_ids[0][shown] == 0).all()
     assert _check_counts(store, s, res, frozenset(), anchor_only=True) == CFG.batch_size
+
+
+def test_a_count_column_naming_an_unknown_table_is_a_store_error():
+    store = bookstore()
+    bad = next(c for c in store.columns if getattr(c, "count_of", None))
+    bad.count_of = {**bad.count_of, "parent_table": "shops"}
+    with pytest.raises(StoreError, match="'shops'"):
+        Sampler([store], CFG)

@@ -20,7 +20,7 @@ import numpy as np
 from confluence.errors import ConfluenceError
 from confluence.sampler.batch import TrainingBatch
 from confluence.sampler.config import SamplerConfig, bucket_size, recent_for
-from confluence.sampler.data import SamplerData, TaskData
+from confluence.sampler.data import SamplerData, TaskData, readonly
 from confluence.sampler.linearize import fill_adjacency, linearize_chunk
 from confluence.sampler.perms import perms_chunk
 from confluence.sampler.rng import sequence_states, stream_key
@@ -68,7 +68,21 @@ class BatchBuilder:
         self._counts = data.child_counts(config.child_counts != "none")
         # the count cells read each (row, foreign key)'s time-sorted children
         self._cnt_segs = data.child_segments(True) if self._counts.num else self._segs
+        self._cnt_shown: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}  # by the task's cut columns
         self._scratch: queue.SimpleQueue[_Scratch] = queue.SimpleQueue()
+
+    def _shown_counts(self, cut_cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(bool[K]: which count cells a task shows, i32[T]: how many a row of each table gets). The one place
+        of the rule: no count through the task's excluded / target columns. Cached per set of cut columns."""
+        key = cut_cols.tobytes()
+        if key not in self._cnt_shown:
+            cnt = self._counts
+            shown = ~np.isin(cnt.fk, cut_cols)
+            n_tab = cnt.tab_ptr.shape[0] - 1
+            table_of_count = np.repeat(np.arange(n_tab), np.diff(cnt.tab_ptr))
+            per_table = np.bincount(table_of_count[shown], minlength=n_tab)
+            self._cnt_shown[key] = (readonly(shown, np.bool_), readonly(per_table, np.int32))
+        return self._cnt_shown[key]
 
     # ---- helpers
     def _checkout(self) -> _Scratch:
@@ -168,17 +182,10 @@ class BatchBuilder:
         edges = np.empty((bsz, max_rows * max(d.max_parents, 1)), dtype=np.int32)
         n_edges = np.zeros(bsz, dtype=np.int32)
         cnt = self._counts
-        if cnt.num:
-            # count cells per row of each table; none through the task's excluded / target columns
-            shown = ~np.isin(cnt.fk, task.cut_cols)
-            tab_extra = np.array([shown[a:z].sum() for a, z in zip(cnt.tab_ptr[:-1], cnt.tab_ptr[1:], strict=True)],
-                                 dtype=np.int32)
-            anchor_extra = tab_extra[np.searchsorted(d.tab_row_off, anchors, side="right") - 1]
-            if cfg.child_counts == "anchor":
-                tab_extra = np.zeros(0, np.int32)  # only the anchor row's counts: the other rows' budgets stay
-        else:
-            tab_extra = np.zeros(0, np.int32)
-            anchor_extra = None
+        cnt_shown, tab_shown = self._shown_counts(task.cut_cols)
+        anchor_extra = tab_shown[np.searchsorted(d.tab_row_off, anchors, side="right") - 1]
+        # the walk budgets the other rows' count cells only when they get them
+        tab_extra = tab_shown if cfg.child_counts == "all" else np.zeros(0, np.int32)
         timings["collation"] += time.perf_counter() - t0
         cpu_parts["collation"][0] += time.thread_time() - c0
 
@@ -189,8 +196,7 @@ class BatchBuilder:
                 lo, hi, anchors, d.tab_row_off, d.tab_col_ptr, d.tab_cols, d.col_stype, d.col_voff, d.valid_bits,
                 task.exclude_cols, task.target_col, task.is_derived, task.obs_col, a_cells,
             )
-            if anchor_extra is not None:
-                a_cells[lo:hi] += anchor_extra[lo:hi]
+            a_cells[lo:hi] += anchor_extra[lo:hi]
             walk_chunk(
                 lo, hi, anchors, obs, a_cells, states, s_len, cfg.width, recent, max_rows, d.row_ncells, d.row_time,
                 d.parent_indptr, d.parent_indices, d.parent_column, task.cut_cols, self._segs.seg_ptr,
@@ -204,8 +210,8 @@ class BatchBuilder:
                 task.obs_col, task.obs_ts,
                 d.tab_row_off, d.tab_col_ptr, d.tab_cols, d.col_stype, d.col_off, d.col_voff, d.num_pool, d.ts_pool,
                 d.u32_pool, d.bool_bits, d.valid_bits, d.parent_indptr, d.parent_indices, d.parent_column,
-                task.cut_cols, obs, cfg.child_counts == "all", cnt.tab_ptr, cnt.col, cnt.fk, cnt.mean, cnt.std, self._cnt_segs.seg_ptr,
-                self._cnt_segs.seg_off, self._cnt_segs.seg_col, self._cnt_segs.c_time,
+                task.cut_cols, obs, cfg.child_counts == "all", cnt.tab_ptr, cnt.col, cnt.fk, cnt_shown, cnt.mean,
+                cnt.std, self._cnt_segs.seg_ptr, self._cnt_segs.seg_off, self._cnt_segs.seg_col, self._cnt_segs.c_time,
                 out["semantic_types"], out["column_ids"], out["seq_row_ids"], out["is_null"], out["numeric_values"],
                 out["timestamp_values"], out["bool_values"], out["categorical_embed_ids"], out["text_embed_ids"],
                 out["is_target"], out["is_padding"], n_real, edges, n_edges,

@@ -236,6 +236,9 @@ class SamplerData:
             col_stype[c.column_idx] = int(c.stype)
             count_of = getattr(c, "count_of", None)
             if count_of:
+                if count_of.get("parent_table") not in table_index:
+                    raise StoreError(f"column {c.column_idx} ({c.name!r}): counts rows of a table "
+                                     f"{count_of.get('parent_table')!r} that the store does not have")
                 column_names[c.column_idx] = f"{count_of['parent_table']}.{c.name}"
                 count_columns.append((int(c.column_idx), int(count_of["column_idx"]),
                                       table_index[count_of["parent_table"]]))

@@ -70,6 +70,7 @@ def linearize_chunk(
     cnt_tab_ptr: np.ndarray,
     cnt_col: np.ndarray,
     cnt_fk: np.ndarray,
+    cnt_shown: np.ndarray,  # bool[K]: the task shows this count (not through its excluded / target columns)
     cnt_mean: np.ndarray,
     cnt_std: np.ndarray,
     seg_ptr: np.ndarray,
@@ -173,11 +174,12 @@ def linearize_chunk(
                     text_embed_ids[b, pos] = u32_pool[col_off[c] + lr]
                 pos += 1
             # child-count cells: how many rows referenced this one through each foreign key at the observation
-            # time (a time-sorted segment's prefix); none through the task's excluded / target columns
-            for k in range(cnt_tab_ptr[t], cnt_tab_ptr[t + 1]):
-                if pos >= seq_len or not (cnt_all_rows or i == 0):
+            # time (a time-sorted segment's prefix)
+            k_end = cnt_tab_ptr[t + 1] if (cnt_all_rows or i == 0) else cnt_tab_ptr[t]
+            for k in range(cnt_tab_ptr[t], k_end):
+                if pos >= seq_len:
                     break
-                if is_cut(cnt_fk[k], cut_cols):
+                if not cnt_shown[k]:
                     continue
                 cnt = 0
                 for sg in range(seg_ptr[r], seg_ptr[r + 1]):
