@@ -25,3 +25,16 @@ class DataError(ConfluenceError):
 
 class StoreError(ConfluenceError):
     """A processed store is missing, truncated, of another format version, or otherwise unreadable."""
+
+
+class ConfigError(ConfluenceError):
+    """A configuration setting is unknown, of the wrong type or out of range. `setting` is its dotted path in
+    the configuration tree (e.g. `sampler.recent`)."""
+
+    def __init__(self, setting: str, problem: str):
+        self.setting, self.problem = setting, problem
+        super().__init__(f"config setting '{setting}': {problem}" if setting else f"config: {problem}")
+
+    def within(self, section: str) -> ConfigError:
+        """The same error one level down the tree (`recent` inside `sampler` -> `sampler.recent`)."""
+        return ConfigError(f"{section}.{self.setting}" if self.setting else section, self.problem)

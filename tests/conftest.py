@@ -1,4 +1,5 @@
-"""Project-wide pytest configuration (owned by the lead; area fixtures live in tests/conftest_<area>.py)."""
+"""Project-wide pytest configuration and the pytest fixtures built from `tests/fixtures/` (stores preprocessed once
+per session through the real pipeline)."""
 
 import os
 
@@ -6,8 +7,22 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile("ci", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="session")
+def tiny_store(tmp_path_factory):
+    """The tiny bookstore preprocessed with the hashing text encoder of the tiny model's D_t (8): a real store the
+    training, evaluation and prediction tests run the tiny model on."""
+    from confluence.preprocess.pipeline import preprocess
+    from tests.conftest_store import HashEncoder, write_bookstore
+    from tests.fixtures.model import D_T
+
+    d = tmp_path_factory.mktemp("tiny_store")
+    src, meta = write_bookstore(d)
+    return preprocess(src, meta, d / "store", encoder=HashEncoder(D_T), progress=False)

@@ -20,11 +20,10 @@ from confluence.evaluation.predict import postprocess, predict
 from confluence.evaluation.targets import decode_targets
 from confluence.preprocess.pipeline import preprocess
 from confluence.store import Store
-from confluence.training.data import open_store_source
-from confluence.training.loop import train
+from confluence.training.loop import open_stream, train
 from tests.conftest_data import bookstore_metadata, write_bookstore
-from tests.conftest_model import tiny_train_config
 from tests.conftest_store import HashEncoder
+from tests.fixtures.model import tiny_run_config
 from tests.test_eval_gbdt import META, _tables
 
 D_T = 16
@@ -41,13 +40,10 @@ def shop(tmp_path_factory):
     meta = tmp / "shop.json"
     meta.write_text(json.dumps(META))
     store = preprocess(src, meta, tmp / "shop_store", encoder=HashEncoder(D_T), progress=False)
-    cfg = tiny_train_config(model={"d_t": D_T}, sampler=SAMPLER, max_rows=16, seq_len=48, max_steps=12,
-                            ckpt_every=6, val_every=6, batch_size=8)
-    source = open_store_source([store], cfg)
-    try:
-        train(cfg, source, tmp / "run", progress=False)
-    finally:
-        source.close()
+    cfg = tiny_run_config(model={"d_t": D_T}, sampler={**SAMPLER, "max_rows": 16, "seq_len": 48, "batch_size": 8},
+                          loop={"max_steps": 12, "ckpt_every": 6, "val_every": 6})
+    with open_stream([store], cfg) as stream:
+        train(cfg, stream, tmp / "run", progress=False)
     return store, tmp / "run", tmp
 
 

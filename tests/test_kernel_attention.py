@@ -10,7 +10,7 @@ import pytest
 from confluence.model.attention import MASK_KINDS, dense_mask, reference_attention
 from confluence.model.kernels import block_sparse_attention, block_structure, synthetic_structure
 from confluence.model.kernels.block_sparse import fast_words
-from tests.conftest_kernel import assert_close_to_reference, random_qkv, random_unsorted, run_both
+from tests.fixtures.kernel import assert_close_to_reference, random_qkv, random_unsorted, run_both
 
 
 def empty_queries(kind, struct) -> np.ndarray:

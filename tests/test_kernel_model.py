@@ -14,7 +14,7 @@ import confluence.model.kernels  # noqa: F401  (registers "block_sparse")
 from confluence.model.attention import get_attention, register_attention
 from confluence.model.inputs import batch_to_inputs
 from confluence.model.kernels import block_sparse_attention
-from tests.conftest_model import TINY, tables, tiny_batch, tiny_db, tiny_model
+from tests.fixtures.model import TINY, tables, tiny_batch, tiny_db, tiny_model
 
 
 def test_block_sparse_is_registered():

@@ -7,7 +7,7 @@ import pytest
 
 from confluence.model.attention import MASK_KINDS
 from confluence.model.kernels.synthetic import batch_structure
-from tests.conftest_kernel import assert_close_to_reference, random_qkv, run_both
+from tests.fixtures.kernel import assert_close_to_reference, random_qkv, run_both
 from tests.test_kernel_attention import empty_queries
 
 

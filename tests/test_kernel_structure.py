@@ -8,7 +8,7 @@ import pytest
 
 from confluence.model.attention import MASK_KINDS, dense_mask
 from confluence.model.kernels import block_structure, synthetic_structure, tile_stats
-from tests.conftest_kernel import random_unsorted
+from tests.fixtures.kernel import random_unsorted
 
 
 def structures():

@@ -8,7 +8,7 @@ import pytest
 
 from confluence.model.attention import MASK_KINDS, dense_mask, get_attention, reference_attention
 from confluence.model.block import GatedAttention, Structure, inverse_permutation
-from tests.conftest_model import TINY
+from tests.fixtures.model import TINY
 
 
 def brute_force_mask(kind, rows, cols, pad, adj):

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from confluence.stypes import SemanticType as ST
-from tests.conftest_model import D_T, TINY, tiny_model
+from tests.fixtures.model import D_T, TINY, tiny_model
 
 COL = np.random.default_rng(0).standard_normal((6, D_T)).astype(np.float16)
 CAT = np.random.default_rng(1).standard_normal((5, D_T)).astype(np.float16)

@@ -8,7 +8,7 @@ import pytest
 
 from confluence.model.heads import ModelOutput
 from confluence.model.inputs import batch_to_inputs
-from tests.conftest_model import TINY, tables, tiny_batch, tiny_db, tiny_model
+from tests.fixtures.model import TINY, tables, tiny_batch, tiny_db, tiny_model
 
 
 def _forward(model, batch, db):
@@ -77,14 +77,43 @@ def test_padding_never_changes_a_non_padding_output():
                                        err_msg=name)
 
 
+def _with_other_truth(batch):
+    """The batch with another value and the opposite nullness in every target cell (every value slot changed)."""
+    t = batch.is_target
+    return dataclasses.replace(
+        batch, numeric_values=np.where(t, 123.0, batch.numeric_values).astype(np.float32),
+        timestamp_values=np.where(t[..., None], 7.0, batch.timestamp_values).astype(np.float32),
+        bool_values=batch.bool_values ^ t, categorical_embed_ids=np.where(t, 3, batch.categorical_embed_ids)
+        .astype(np.uint32), is_null=batch.is_null ^ t)
+
+
+@pytest.mark.parametrize("task", [0, 1, 2, 3])
+def test_the_model_inputs_do_not_depend_on_the_target_truth(task):
+    """Structural masking: everything the model reads is byte-identical whatever the target cell holds; the truth
+    travels only in the `[B]` target fields the loss reads."""
+    from confluence.model.inputs import TARGET_FIELDS
+
+    batch = tiny_batch(tiny_db(), task=task, seed=4)
+    a, c = batch_to_inputs(batch), batch_to_inputs(_with_other_truth(batch))
+    for name in a:
+        if name not in TARGET_FIELDS:
+            np.testing.assert_array_equal(a[name], c[name], err_msg=name)
+    assert any(not np.array_equal(a[f], c[f]) for f in TARGET_FIELDS)
+    # the truth is where the loss looks for it
+    t = np.argmax(batch.is_target, axis=1)
+    rows = np.arange(batch.batch_size)
+    np.testing.assert_array_equal(a["target_numeric"], batch.numeric_values[rows, t])
+    np.testing.assert_array_equal(a["target_is_null"], batch.is_null[rows, t])
+    assert not a["is_null"][batch.is_target].any() and not a["numeric_values"][batch.is_target].any()
+
+
 def test_target_value_does_not_leak_into_the_outputs():
     db = tiny_db()
     batch = tiny_batch(db, task=0, seed=4)
-    changed = dataclasses.replace(batch, numeric_values=np.where(batch.is_target, 123.0, batch.numeric_values)
-                                  .astype(np.float32), is_null=batch.is_null ^ batch.is_target)
     model = tiny_model()
-    a, c = _forward(model, batch, db), _forward(model, changed, db)
-    np.testing.assert_array_equal(np.asarray(a.num_preds), np.asarray(c.num_preds))
+    a, c = _forward(model, batch, db), _forward(model, _with_other_truth(batch), db)
+    for x, y in zip(a, c, strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def test_bf16_forward_is_close_to_fp32():
@@ -102,7 +131,8 @@ def test_bf16_forward_is_close_to_fp32():
 
 
 def _loss_and_grads(cfg, batch, db):
-    from confluence.model.loss import LossConfig, compute_loss
+    from confluence.model.config import LossConfig
+    from confluence.model.loss import compute_loss
     from confluence.model.transformer import RelationalTransformer
 
     col, cat = tables(db)

@@ -58,8 +58,8 @@ def test_initialization_statistics(seed_model):
     wo = np.asarray(blk.attn_out.w_o)
     assert np.abs(wo).max() <= scaled and np.std(wo) == pytest.approx(scaled / math.sqrt(3), rel=0.02)
     a_down = math.sqrt(6 / (768 + 256)) / math.sqrt(4 * n_layers)
-    assert np.std(np.asarray(blk.ffn.w_down)) == pytest.approx(a_down / math.sqrt(3), rel=0.02)
-    assert np.std(np.asarray(blk.ffn.w_up)) == pytest.approx(math.sqrt(6 / 1024) / math.sqrt(3), rel=0.02)
+    assert np.std(np.asarray(blk.ffn.w_down.weight)) == pytest.approx(a_down / math.sqrt(3), rel=0.02)
+    assert np.std(np.asarray(blk.ffn.w_up.weight)) == pytest.approx(math.sqrt(6 / 1024) / math.sqrt(3), rel=0.02)
     np.testing.assert_allclose(np.asarray(blk.attn_in.temperature), math.sqrt(32))
     for norm in (blk.norm_out, blk.norm_ffn, seed_model.h0_norm, seed_model.final_norm):
         assert not np.any(np.asarray(norm.gamma))
@@ -72,5 +72,7 @@ def test_initialization_statistics(seed_model):
 
 
 def test_bad_config_is_rejected_with_a_clear_message():
-    with pytest.raises(ValueError, match="not divisible by n_heads"):
+    from confluence.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="'d_model': 30 is not divisible by n_heads"):
         ModelConfig(d_model=30, n_heads=4)

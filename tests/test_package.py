@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from confluence.batch import TrainingBatch
 from confluence.cli.main import app
-from confluence.sampler.batch import TrainingBatch
 from confluence.stypes import SemanticType
 
 

@@ -1,21 +1,18 @@
-"""Splits (hash / temporal), sharding, and prefetching."""
+"""Splits (hash / temporal), sharding, and the background prefetcher."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
 import pytest
 
 from confluence.errors import ConfluenceError
-from confluence.sampler.config import SamplerConfig, SplitConfig
-from confluence.sampler.prefetch import Prefetcher
-from confluence.sampler.sampler import Sampler
+from confluence.sampler.config import SplitConfig
 from confluence.sampler.splits import assign_splits, hash_split, shard, split_seed_ids, temporal_split
-from tests.conftest_sampler import random_store
+from confluence.toolkit.prefetch import Prefetcher
 
 
 def test_hash_split_fractions_disjoint_and_stable():
@@ -63,18 +60,6 @@ def test_split_and_shard_coverage(mode):
         shard(np.arange(3), 3, 3)
 
 
-def test_sampler_eval_pass_covers_split_in_order():
-    store = random_store(5, n_tables=3, max_rows=40)
-    cfg = SamplerConfig(batch_size=4, seq_len=32, max_rows=16, row_buckets=(16,), split=SplitConfig(fractions=(0.5, 0.3, 0.2)))
-    s = Sampler([store], cfg)
-    seen = {}
-    for b in s.batches("val"):
-        e = s.data[0].tasks[b.task_idx].name
-        seen.setdefault(e, []).extend(b.seed_ids[b.seq_valid].tolist())
-    for e in s.entries:
-        assert seen.get(e.task.name, []) == s.seed_ids("val", e.task.name).tolist()
-
-
 def test_prefetch_order_and_error():
     with Prefetcher(lambda: iter(range(10)), capacity=2) as p:
         assert list(p) == list(range(10))
@@ -106,20 +91,3 @@ def test_prefetch_close_unblocks_producer():
     t0 = time.perf_counter()
     p.close()
     assert not p.alive and time.perf_counter() - t0 < 2.0
-
-
-def test_sampler_prefetch_streams_and_error():
-    store = random_store(4)
-    cfg = SamplerConfig(batch_size=4, seq_len=32, max_rows=16, row_buckets=(16,), batches_per_epoch=5, threads=2)
-    with Sampler([store], cfg) as s:
-        direct = [b.seed_ids.copy() for b in s.batches("train", 0)]
-        with s.prefetch("train", 0) as tr, s.prefetch("val", 0) as va:
-            got = [b.seed_ids.copy() for b in tr]
-            assert len(list(va)) > 0
-        assert all(np.array_equal(a, b) for a, b in zip(direct, got, strict=True))
-        # an error inside the producer (here: a task with no training seeds) reaches the consumer
-        bad = Sampler([store], SamplerConfig(batch_size=4, seq_len=32, max_rows=16, row_buckets=(16,),
-                                             split=SplitConfig(fractions=(0.0, 0.5, 0.5))))
-        with bad.prefetch("train", 0) as p, pytest.raises(ConfluenceError, match="no training seeds"):
-            next(p)
-    assert threading.active_count() < 20

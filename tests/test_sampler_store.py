@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 from typer.testing import CliRunner
@@ -79,22 +77,20 @@ def test_order_status_excludes_rating_and_book(bookstore_path):
             assert c not in anchor_cols
 
 
-def test_cli_show_and_bench(bookstore_path, tmp_path):
+def test_cli_show(bookstore_path):
     r = CliRunner().invoke(app, ["sample", "show", "--db", str(bookstore_path), "--task", "order_rating",
-                                 "--seed-index", "1", "--seq-len", "64"])
+                                 "--seed-index", "1", "--set", "sampler.seq_len=64"])
     assert r.exit_code == 0, r.output
     for needle in ("rows (", "cells (", "TARGET", "outbound mask", "inbound mask", "column mask", "orders"):
         assert needle in r.output
     r = CliRunner().invoke(app, ["sample", "show", "--db", str(bookstore_path), "--task", "nope"])
     assert r.exit_code == 2 and "nope" in r.output
-    out = tmp_path / "bench.json"
-    r = CliRunner().invoke(app, ["bench", "sampler", "--db", str(bookstore_path), "--batch-size", "4", "--seq-len",
-                                 "64", "--batches", "3", "--json", str(out)])
-    assert r.exit_code == 0, r.output
-    res = json.loads(out.read_text())
-    assert {"sequences_per_s", "cells_per_s", "slots_per_s", "phases"} <= set(res)
-    assert set(res["phases"]) == {"walk", "linearize", "permutations", "text", "collation"}
-    assert res["slots_per_s"] >= res["cells_per_s"] > 0
+    r = CliRunner().invoke(app, ["sample", "show", "--db", str(bookstore_path), "--task", "order_rating",
+                                 "--config", "demo", "--set", "sampler.seq_len=64"])
+    assert r.exit_code == 0, r.output  # the demo's contexts: its sampler settings
+    r = CliRunner().invoke(app, ["sample", "show", "--db", str(bookstore_path), "--task", "order_rating",
+                                 "--set", "sampler.recnt=2"])
+    assert r.exit_code == 2 and "sampler.recnt" in r.output
 
 
 @pytest.mark.slow

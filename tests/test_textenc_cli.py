@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import typer
 from typer.testing import CliRunner
 
@@ -31,15 +29,3 @@ def test_embed_bad_spec_is_an_error_not_a_traceback():
     res = CliRunner().invoke(_app(), ["text-encoder", "embed", "x", "--text-encoder", "nope"])
     assert res.exit_code == 2
     assert "valid forms" in res.output
-
-
-def test_bench_small(tmp_path):
-    out = tmp_path / "bench.json"
-    res = CliRunner().invoke(_app(), ["bench", "text-encoder", "--n", "2000", "--repeats", "1", "--json", str(out)])
-    assert res.exit_code == 0, res.output
-    figures = json.loads(out.read_text())
-    assert figures["n_strings"] == 2000 and 3 <= figures["words_min"] <= figures["words_max"] <= 8
-    for key in ("static_1_threads", "static_2_threads", "model2vec_encode_1_thread", "cached_cold", "cached_warm"):
-        assert figures[key]["best"] > 0 and figures[key]["per_cpu_s"] > 0
-    assert figures["cache_file_bytes"] > 2000 * 256 * 2
-    assert "strings/s" in res.output

@@ -23,7 +23,7 @@ from confluence.textmodel.data import (
     split_for_devices,
     strip_eos,
 )
-from tests.conftest_textmodel import tiny_sentences, write_tiny_corpus
+from tests.fixtures.text import tiny_sentences, write_tiny_corpus
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from confluence.textmodel.config import preset_config
 from confluence.textmodel.data import prepare_corpus, read_meta
 from confluence.textmodel.encoder import load_lejepa_encoder
 from confluence.textmodel.train import latest_checkpoint, train
-from tests.conftest_textmodel import tiny_sentences, write_tiny_corpus
+from tests.fixtures.text import tiny_sentences, write_tiny_corpus
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

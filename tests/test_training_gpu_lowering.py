@@ -1,27 +1,29 @@
 """GPU readiness without a GPU: the whole fused train step (BF16 compute, block-sparse kernel in every sublayer,
 Muon + AdamW update) lowers for CUDA on this CPU machine."""
 
+import dataclasses
 import functools
 
 from confluence.model.attention import register_attention
 from confluence.model.inputs import DbTables, batch_to_inputs
 from confluence.model.kernels import block_sparse_attention
 from confluence.training.step import Trainer
-from tests.conftest_model import MAX_K, TINY, tiny_batch, tiny_db, tiny_model, tiny_train_config
+from tests.fixtures.gpu import cuda_lowering
+from tests.fixtures.model import MAX_K, TINY, tiny_batch, tiny_db, tiny_model, tiny_run_config
 
 
 def test_train_step_with_the_kernel_lowers_for_cuda():
     register_attention("block_sparse_compiled", functools.partial(block_sparse_attention, interpret=False))
-    model_cfg = TINY.__class__(**{**TINY.to_dict(), "attention_impl": "block_sparse_compiled",
-                                  "compute_dtype": "bfloat16"})
-    cfg = tiny_train_config()
+    model_cfg = dataclasses.replace(TINY, attention_impl="block_sparse_compiled", compute_dtype="bfloat16")
+    cfg = tiny_run_config()
     db = tiny_db()
     tb = DbTables.build(db.name, db.column_embeddings, db.categorical_embeddings, db.max_k, MAX_K)
-    tr = Trainer(tiny_model(model_cfg), cfg.optim, cfg.loss)
+    tr = Trainer(tiny_model(model_cfg), cfg.optim.for_run(cfg.loop.max_steps), cfg.loss)
     params, opt = tr.init_state(tiny_model(model_cfg))
     inputs = batch_to_inputs(tiny_batch(db, task=3))
-    lowered = tr._step.trace(params, opt, inputs, tb.column_embeddings, tb.categorical_embeddings).lower(
-        lowering_platforms=("cuda",))
+    with cuda_lowering():
+        lowered = tr._step.trace(params, opt, inputs, tb.column_embeddings, tb.categorical_embeddings).lower(
+            lowering_platforms=("cuda",))
     text = lowered.as_text()
     # 3 sublayers x (forward, dQ, dK/dV) Triton kernels in the one layer of the tiny model; the outbound and
     # inbound sublayers also carry the kernel's second variant (a dynamic bit-word loop behind a lax.cond).

@@ -1,25 +1,27 @@
-"""Training: a few CPU steps reduce the loss; train -> kill -> resume equals an uninterrupted run; fine-tuning
-initialisation; gradient accumulation; checkpoints; configuration files."""
+"""Training on a real store through the batch stream: a few CPU steps reduce the loss; train -> kill -> resume
+equals an uninterrupted run; fine-tuning initialisation; task weights; gradient accumulation; errors."""
 
 import json
+from collections import Counter
 
 import jax
 import numpy as np
 import pytest
 
+from confluence.errors import ConfigError, ConfluenceError
 from confluence.model.inputs import DbTables, batch_to_inputs
-from confluence.training.checkpoint import read_meta
-from confluence.training.data import SyntheticSource
-from confluence.training.logs import read_scalars
-from confluence.training.loop import train
-from confluence.training.presets import ConfigError, load_config
-from confluence.training.step import get_trainer, make_mesh, replicate, shard_inputs
-from tests.conftest_model import tiny_model, tiny_train_config
+from confluence.toolkit.checkpoint import read_meta
+from confluence.toolkit.logs import read_scalars
+from confluence.toolkit.mesh import make_mesh, replicate
+from confluence.training.loop import open_stream, train
+from confluence.training.step import shard_inputs
+from tests.fixtures.model import tiny_batch, tiny_db, tiny_model, tiny_run_config, tiny_trainer
+
+STORE_SAMPLER = {"seq_len": 48, "max_rows": 16, "row_buckets": [16], "text_buckets": [64], "width": 4}
 
 
-def _source(cfg):
-    return SyntheticSource(1, d_t=cfg.model.d_t, batch_size=cfg.batch_size, seq_len=cfg.seq_len,
-                           max_rows=cfg.max_rows, seed=cfg.seed)
+def _cfg(**changes):
+    return tiny_run_config(**{"sampler": STORE_SAMPLER, **changes})
 
 
 def _leaves(params):
@@ -27,28 +29,27 @@ def _leaves(params):
 
 
 @pytest.mark.slow
-def test_a_few_cpu_steps_reduce_the_loss():
-    cfg = tiny_train_config(optim={"warmup_steps": 3, "total_steps": 40})
-    src = _source(cfg)
-    model = tiny_model(cfg.model)
-    tr = get_trainer(cfg.model, cfg.optim, cfg.loss)
-    mesh = make_mesh()
-    params, opt = (replicate(x, mesh) for x in tr.init_state(model))
-    db = src.databases[0]
-    tb = DbTables.build(db.name, db.column_embeddings, db.categorical_embeddings, db.max_k, cfg.loss.max_k)
-    tabs = replicate((tb.column_embeddings, tb.categorical_embeddings), mesh)
-    task = src.tasks[0]  # numerical target
-    val = [shard_inputs(batch_to_inputs(src.val_batch(task, i)), mesh) for i in range(2)]
+def test_a_few_cpu_steps_reduce_the_loss(tiny_store):
+    cfg = _cfg(optim={"warmup_steps": 3, "total_steps": 60, "lr_adamw": 3e-3}, loop={"max_steps": 60})
+    with open_stream([tiny_store], cfg) as stream:
+        tr = tiny_trainer(cfg)
+        mesh = make_mesh()
+        params, opt = (replicate(x, mesh) for x in tr.init_state(tiny_model(cfg.model)))
+        tb = DbTables.from_store(stream.stores[0], cfg.loss.max_k)
+        tabs = replicate((tb.column_embeddings, tb.categorical_embeddings), mesh)
+        # a fixed evaluation set: the first train batch of every task
+        fixed = [shard_inputs(batch_to_inputs(next(stream.ordered(e.task.name, stream.train_seed_ids(e)[:4]))), mesh)
+                 for e in stream.tasks]
 
-    def val_loss(p):
-        return float(np.mean([float(tr.eval_loss(p, v, *tabs)[0]) for v in val]))
+        def loss(p):
+            return float(np.mean([float(tr.eval_loss(p, f, *tabs)[0]) for f in fixed]))
 
-    before = val_loss(params)
-    for step in range(40):
-        params, opt, m = tr.step(params, opt, [(shard_inputs(batch_to_inputs(src.train_batch(task)), mesh), *tabs)],
-                                 step)
-    after = val_loss(params)
-    assert np.isfinite(after) and after < 0.7 * before, (before, after)
+        before = loss(params)
+        for step in range(60):
+            micro = (shard_inputs(batch_to_inputs(stream.next_train()), mesh), *tabs)
+            params, opt, _ = tr.step(params, opt, [micro], step)
+        after = loss(params)
+    assert np.isfinite(after) and after < 0.8 * before, (before, after)
 
 
 class _Crash(Exception):
@@ -56,47 +57,114 @@ class _Crash(Exception):
 
 
 @pytest.mark.slow
-def test_train_kill_resume_equals_uninterrupted(tmp_path):
-    cfg = tiny_train_config(max_steps=6, ckpt_every=3, val_every=3)
-    full = train(cfg, _source(cfg), tmp_path / "full", progress=False)
+@pytest.mark.parametrize("sampler", [{}, {"threads": 2, "prefetch": 3}, {"prefetch": 0}])
+def test_train_kill_resume_equals_uninterrupted(tiny_store, tmp_path, sampler):
+    cfg = _cfg(sampler={**STORE_SAMPLER, **sampler}, loop={"max_steps": 6, "ckpt_every": 3, "val_every": 3})
+    with open_stream([tiny_store], cfg) as s:
+        full = train(cfg, s, tmp_path / "full", progress=False)
 
     def crash(step, _):
         if step == 5:
             raise _Crash  # dies after step 5, whose state was never checkpointed (last checkpoint: step 3)
 
-    with pytest.raises(_Crash):
-        train(cfg, _source(cfg), tmp_path / "cut", progress=False, on_step=crash)
+    with pytest.raises(_Crash), open_stream([tiny_store], cfg) as s:
+        train(cfg, s, tmp_path / "cut", progress=False, on_step=crash)
     assert read_meta(tmp_path / "cut").step == 3
-    resumed = train(cfg, _source(cfg), tmp_path / "cut", resume=True, progress=False)
+    with open_stream([tiny_store], cfg) as s:
+        resumed = train(cfg, s, tmp_path / "cut", resume=True, progress=False)
     assert resumed.step == full.step == 6
     for a, b in zip(_leaves(full.params), _leaves(resumed.params), strict=True):
         np.testing.assert_array_equal(a, b)
     steps = [s for s, _ in read_scalars(tmp_path / "cut" / "scalars.csv")["train/loss"]]
     assert steps == sorted(set(steps)) == list(range(1, 7))  # no repeated or skipped steps in the log
     meta = read_meta(tmp_path / "full").meta
-    assert meta["step"] == 6 and meta["config"]["model"] == cfg.model.to_dict()
-    assert set(meta["pipeline"]) == {t.key for t in _source(cfg).tasks} and "task_sampler" in meta["rng"]
+    assert meta["step"] == 6 and meta["config"] == cfg.to_dict()
+    with open_stream([tiny_store], cfg) as s:
+        assert set(meta["stream"]["streams"]) == {e.key for e in s.tasks} and "tasks" in meta["stream"]
     assert not list((tmp_path / "full" / "checkpoints").glob(".tmp*"))
-    assert "val/synthetic0/orders.amount/loss" in read_scalars(tmp_path / "full" / "scalars.csv")
+    assert "val/bookstore/order_rating/loss" in read_scalars(tmp_path / "full" / "scalars.csv")
 
 
-def test_init_from_checkpoint_loads_the_parameters(tmp_path):
-    cfg = tiny_train_config(max_steps=3, ckpt_every=3, val_every=3)
-    first = train(cfg, _source(cfg), tmp_path / "a", progress=False)
-    fine = train(cfg, _source(cfg), tmp_path / "b", init_from=tmp_path / "a", max_steps=0, progress=False)
+def test_the_stream_position_continues_the_same_batches(tiny_store):
+    cfg = _cfg()
+    with open_stream([tiny_store], cfg) as a, open_stream([tiny_store], cfg) as b:
+        ref = [a.next_train().seed_ids.tolist() for _ in range(12)]
+        for _ in range(5):
+            b.next_train()
+        pos = b.position()
+        b.restore(json.loads(json.dumps(pos)))  # through JSON, as a checkpoint stores it
+        assert [b.next_train().seed_ids.tolist() for _ in range(7)] == ref[5:]
+
+
+def test_init_from_checkpoint_loads_the_parameters(tiny_store, tmp_path):
+    cfg = _cfg(loop={"max_steps": 3, "ckpt_every": 3, "val_every": 3})
+    with open_stream([tiny_store], cfg) as s:
+        first = train(cfg, s, tmp_path / "a", progress=False)
+    with open_stream([tiny_store], cfg) as s:
+        fine = train(cfg.with_max_steps(0), s, tmp_path / "b", init_from=tmp_path / "a", progress=False)
     for a, b in zip(_leaves(first.params), _leaves(fine.params), strict=True):
         np.testing.assert_array_equal(a, b)
 
 
+def test_task_weights_decide_which_tasks_training_draws(tiny_store, tmp_path):
+    """`sampler.task_weights` changes what training trains on: a zero weight is never drawn, the others in
+    proportion to their weights; the loop logs only the drawn tasks' target types."""
+    weights = {"order_rating": 3.0, "bookstore/book_expensive": 1.0, "order_status": 0.0, "orders_next_30d": 0.0,
+               "country_upper": 0.0}
+    cfg = _cfg(sampler={**STORE_SAMPLER, "task_weights": weights}, loop={"max_steps": 4, "val_every": 4,
+                                                                         "ckpt_every": 4})
+    with open_stream([tiny_store], cfg) as s:
+        probs = s.task_probabilities()
+        assert probs == pytest.approx({"bookstore/order_rating": 0.75, "bookstore/book_expensive": 0.25,
+                                       "bookstore/order_status": 0, "bookstore/orders_next_30d": 0,
+                                       "bookstore/country_upper": 0})
+        drawn = Counter(s.sampler.data[0].tasks[s.next_train().task_idx].name for _ in range(400))
+    assert set(drawn) == {"order_rating", "book_expensive"}
+    assert 0.68 < drawn["order_rating"] / 400 < 0.82
+    with open_stream([tiny_store], cfg) as s:
+        train(cfg, s, tmp_path / "run", progress=False)
+    tags = set(read_scalars(tmp_path / "run" / "scalars.csv"))
+    assert {"train/loss_numerical", "train/loss_boolean"} >= {t for t in tags if t.startswith("train/loss_")}
+    # the default draws every task uniformly; "seeds" in proportion to each task's train seeds
+    with open_stream([tiny_store], _cfg()) as s:
+        assert list(s.task_probabilities().values()) == pytest.approx([0.2] * 5)
+    seeds = _cfg(sampler={**STORE_SAMPLER, "task_choice": "seeds"})
+    with open_stream([tiny_store], seeds) as s:
+        n = {e.key: s.train_seed_ids(e).shape[0] for e in s.tasks}
+        assert s.task_probabilities() == pytest.approx({k: v / sum(n.values()) for k, v in n.items()})
+
+
+def test_per_task_sampler_settings_must_name_known_tasks(tiny_store):
+    for setting, value in (("task_recent", {"order_ratin": 2}), ("task_weights", {"bookstore/nope": 1.0})):
+        with pytest.raises(ConfigError, match=f"sampler.{setting}.*unknown task"):
+            open_stream([tiny_store], _cfg(sampler={**STORE_SAMPLER, setting: value}))
+    ok = _cfg(sampler={**STORE_SAMPLER, "task_recent": {"order_rating": 2},
+                       "task_weights": {"bookstore/order_rating": 2.0}})
+    open_stream([tiny_store], ok).close()
+    zero = _cfg(sampler={**STORE_SAMPLER, "task_weights": {"order_rating": 0}, "tasks": ["order_rating"]})
+    with pytest.raises(ConfigError, match="every task has weight 0"), open_stream([tiny_store], zero) as s:
+        s.next_train()
+
+
+def test_a_too_small_max_k_is_named(tiny_store):
+    with open_stream([tiny_store], _cfg()) as s, pytest.raises(ConfluenceError, match="raise `max_k`"):
+        DbTables.from_store(s.stores[0], 1)
+
+
+def test_the_store_must_match_the_model_d_t(tiny_store, tmp_path):
+    cfg = _cfg(model={"d_t": 16})
+    with open_stream([tiny_store], cfg) as s, pytest.raises(ConfluenceError, match="set model.d_t"):
+        train(cfg, s, tmp_path / "run", progress=False)
+
+
 def test_gradient_accumulation_of_identical_micro_batches_equals_one_batch():
-    cfg = tiny_train_config()
-    src = _source(cfg)
-    tr = get_trainer(cfg.model, cfg.optim, cfg.loss)
+    cfg = tiny_run_config()
+    db = tiny_db()
+    tr = tiny_trainer(cfg)
     mesh = make_mesh()
-    db = src.databases[0]
     tb = DbTables.build(db.name, db.column_embeddings, db.categorical_embeddings, db.max_k, cfg.loss.max_k)
     tabs = replicate((tb.column_embeddings, tb.categorical_embeddings), mesh)
-    micro = (shard_inputs(batch_to_inputs(src.train_batch(src.tasks[3])), mesh), *tabs)
+    micro = (shard_inputs(batch_to_inputs(tiny_batch(db, task=3)), mesh), *tabs)
     outs = []
     for n in (1, 2):
         params, opt = (replicate(x, mesh) for x in tr.init_state(tiny_model(cfg.model)))
@@ -105,22 +173,3 @@ def test_gradient_accumulation_of_identical_micro_batches_equals_one_batch():
         outs.append(_leaves(params))
     for a, b in zip(*outs, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
-
-
-def test_config_files_and_errors(tmp_path):
-    small = load_config("small")
-    assert small.model.d_model == 64 and load_config("base").model.d_model == 256
-    f = tmp_path / "c.toml"
-    f.write_text('preset = "small"\nbatch_size = 8\n[model]\nn_layers = 3\n[optim]\nlr_adamw = 0.001\n')
-    c = load_config(str(f))
-    assert (c.batch_size, c.model.n_layers, c.optim.lr_adamw, c.seq_len) == (8, 3, 0.001, small.seq_len)
-    j = tmp_path / "c.json"
-    j.write_text(json.dumps({"preset": "base", "max_steps": 7}))
-    assert load_config(str(j)).max_steps == 7
-    j.write_text(json.dumps({"bogus": 1}))
-    with pytest.raises(ConfigError, match="unknown field"):
-        load_config(str(j))
-    with pytest.raises(ConfigError, match="neither a preset"):
-        load_config("nope")
-    with pytest.raises(ConfigError, match="n_heads"):
-        load_config("small", {"model": {"n_heads": 5}})

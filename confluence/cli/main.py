@@ -7,9 +7,19 @@ inside the commands, so `confluence --help` stays fast.
 
 from __future__ import annotations
 
-import importlib
-
 import typer
+
+from confluence.cli import (
+    bench_cmds,
+    data_cmds,
+    demo_cmds,
+    eval_cmds,
+    sampler_cmds,
+    schema_cmds,
+    text_cmds,
+    textenc_cmds,
+    train_cmds,
+)
 
 app = typer.Typer(
     name="confluence",
@@ -23,26 +33,9 @@ text_app = typer.Typer(help="The LeJEPA text base model (seed 003).", no_args_is
 app.add_typer(bench_app, name="bench")
 app.add_typer(text_app, name="text")
 
-_AREAS = (
-    "confluence.cli.schema_cmds",
-    "confluence.cli.data_cmds",
-    "confluence.cli.sampler_cmds",
-    "confluence.cli.train_cmds",
-    "confluence.cli.eval_cmds",
-    "confluence.cli.textenc_cmds",
-    "confluence.cli.text_cmds",
-    "confluence.cli.kernel_cmds",
-    "confluence.cli.demo_cmds",
-)
-
-for _mod in _AREAS:
-    try:
-        _m = importlib.import_module(_mod)
-    except ModuleNotFoundError as exc:  # an area not built yet
-        if exc.name != _mod:
-            raise
-        continue
-    _m.register(app, bench_app, text_app)
+for _area in (schema_cmds, data_cmds, sampler_cmds, train_cmds, eval_cmds, textenc_cmds, text_cmds, bench_cmds,
+              demo_cmds):
+    _area.register(app, bench_app, text_app)
 
 
 def main() -> None:

@@ -72,19 +72,8 @@ def demo_data_cmd(
     typer.echo(f"wrote {path}" + ("" if raw_csv else f"; its reviewed metadata is {demo_metadata_path()}"))
 
 
-def bench_sources_cmd(
-    work: Path = typer.Option(Path("runs/bench_sources"), "--work", help="Scratch directory (demo cache + copies)."),
-) -> None:
-    """Time open_source, a full scan of flights and draft_metadata on the demo in every source kind."""
-    from confluence.sources.bench import bench_sources
-
-    for row in bench_sources(work):
-        typer.echo("  ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
-
-
 def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) -> None:
     """Add this area's commands to the `confluence` CLI."""
     app.command("draft-metadata")(draft_metadata_cmd)
     app.command("validate-metadata")(validate_metadata_cmd)
     app.command("demo-data")(demo_data_cmd)
-    bench_app.command("sources")(bench_sources_cmd)

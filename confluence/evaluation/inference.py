@@ -8,9 +8,8 @@ from the store.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,19 +22,19 @@ from confluence.errors import ConfluenceError
 from confluence.model.inputs import batch_to_inputs, bucket_size
 from confluence.model.loss import categorical_logits
 from confluence.model.transformer import RelationalTransformer
-from confluence.sampler.config import SamplerConfig, SplitConfig
-from confluence.sampler.data import TaskData, obs_time_cells
+from confluence.sampler.data import TaskData
 from confluence.sampler.sampler import Sampler
+from confluence.sampler.stream import BatchStream
 from confluence.store import Store
 from confluence.stypes import D_TIME, SemanticType
-from confluence.training.checkpoint import load_state, read_meta
-from confluence.training.presets import TrainConfig
+from confluence.toolkit.checkpoint import load_state, read_meta
+from confluence.training.config import RunConfig
 
 
 @dataclass
 class LoadedModel:
     model: RelationalTransformer  # float32 master parameters
-    config: TrainConfig
+    config: RunConfig
     step: int
     path: Path
 
@@ -43,10 +42,9 @@ class LoadedModel:
 def load_model(checkpoint: str | Path) -> LoadedModel:
     """Load a checkpoint (a run directory, its `checkpoints/`, or a `step_*` directory) for inference."""
     ck = read_meta(Path(checkpoint))
-    try:
-        cfg = TrainConfig.from_dict(ck.meta["config"])
-    except KeyError:
-        raise ConfluenceError(f"checkpoint {ck.path}: its meta.json has no training config") from None
+    if "config" not in ck.meta:
+        raise ConfluenceError(f"checkpoint {ck.path}: its meta.json has no training config")
+    cfg = RunConfig.from_dict(ck.meta["config"])
     model = RelationalTransformer(cfg.model, key=jax.random.key(0))
     params, static = eqx.partition(model, eqx.is_inexact_array)
     params, _ = load_state(ck.path, params)
@@ -64,26 +62,6 @@ class HeadOutputs:
     cat_logits: np.ndarray  # [n, K] over the target's category block (K = 0 for other types)
 
 
-def sampler_config(cfg: TrainConfig, batch_size: int | None = None, threads: int = 1) -> SamplerConfig:
-    """The sampler settings a checkpoint was trained with (same split, sequence length, width), for one process."""
-    extra = dict(cfg.sampler)
-    split = extra.pop("split", None)
-    if isinstance(split, dict):
-        if "fractions" in split:
-            split["fractions"] = tuple(split["fractions"])
-        split = SplitConfig(**split)
-    fields = {"batch_size": batch_size or cfg.batch_size, "seq_len": cfg.seq_len, "max_rows": cfg.max_rows,
-              "seed": cfg.seed, "threads": threads, **extra}
-    fields.pop("rank", None)
-    fields.pop("world_size", None)
-    if split is not None:
-        fields["split"] = split
-    try:
-        return SamplerConfig(**fields)
-    except TypeError as exc:
-        raise ConfluenceError(f"checkpoint sampler settings: {exc}") from exc
-
-
 @functools.partial(jax.jit, static_argnames=("max_k",))
 def _forward(model: RelationalTransformer, inputs: dict[str, jax.Array], col_tab: jax.Array, cat_tab: jax.Array,
              max_k: int) -> tuple[jax.Array, ...]:
@@ -99,7 +77,10 @@ def _forward(model: RelationalTransformer, inputs: dict[str, jax.Array], col_tab
 
 
 class Predictor:
-    """A loaded model bound to one store: head outputs for task seeds or for arbitrary (anchor row, time) pairs."""
+    """A loaded model bound to one store: head outputs for task seeds or for arbitrary (anchor row, time) pairs.
+
+    Contexts are built the way the checkpoint's training built them (its sampler settings and seed), every task of
+    the store served, through the batch stream's ordered passes."""
 
     def __init__(self, loaded: LoadedModel, store: Store | str | Path, *, batch_size: int | None = None,
                  threads: int = 1):
@@ -111,7 +92,8 @@ class Predictor:
                 f"store {self.store.name!r} has text embeddings of size {self.store.d_t} but the checkpoint expects "
                 f"d_t={cfg.model.d_t}; preprocess it with the same text encoder"
             )
-        self.sampler = Sampler([self.store], sampler_config(cfg, batch_size, threads))
+        sconf = replace(cfg.sampler, batch_size=batch_size or cfg.sampler.batch_size, threads=threads, tasks=None)
+        self.stream = BatchStream(Sampler([self.store], sconf, seed=cfg.seed))
         k_targets = [int(t.cat_count) for t in self.store.tasks
                      if int(t.target_stype) == int(SemanticType.CATEGORICAL)]
         self.max_k = bucket_size(max([cfg.loss.max_k, *k_targets]), minimum=cfg.loss.max_k)
@@ -125,38 +107,37 @@ class Predictor:
 
     @property
     def batch_size(self) -> int:
-        return self.sampler.config.batch_size
+        return self.stream.config.batch_size
 
     def close(self) -> None:
-        self.sampler.close()
+        self.stream.close()
 
     def seed_ids(self, split: str, task: str) -> np.ndarray:
-        return self.sampler.seed_ids(split, task)
+        return self.stream.sampler.seed_ids(split, task)
 
-    def _run(self, task: TaskData, seed_ids: np.ndarray, progress: Any = None) -> HeadOutputs:
+    def _run(self, task: str | TaskData, seed_ids: np.ndarray, progress: Any = None) -> HeadOutputs:
+        data = task if isinstance(task, TaskData) else self.stream.sampler.entry(task).task
         n = len(seed_ids)
-        k = int(task.cat_count) if int(task.target_stype) == int(SemanticType.CATEGORICAL) else 0
+        k = int(data.cat_count) if int(data.target_stype) == int(SemanticType.CATEGORICAL) else 0
         out = HeadOutputs(np.zeros(n, np.float32), np.zeros(n, np.float32), np.zeros(n, np.float32),
                           np.zeros((n, D_TIME), np.float32), np.zeros((n, k), np.float32))
-        builder = self.sampler.builders[0]
-        bs = self.batch_size
-        for lo in range(0, n, bs):
-            ids = np.asarray(seed_ids[lo: lo + bs], dtype=np.int64)
-            batch = builder.build(task, ids).batch
+        lo = 0
+        for batch in self.stream.ordered(task, np.asarray(seed_ids, dtype=np.int64)):
             res = _forward(self.loaded.model, batch_to_inputs(batch), self.col_tab, self.cat_tab, max_k=self.max_k)
-            m = len(ids)
+            m = int(batch.seq_valid.sum())
             nl, num, bl, ts, cl = (np.asarray(r)[:m] for r in res)
             out.null_logit[lo: lo + m], out.num_pred[lo: lo + m], out.bool_logit[lo: lo + m] = nl, num, bl
             out.ts_pred[lo: lo + m] = ts
             if k:
                 out.cat_logits[lo: lo + m] = cl[:, :k]
+            lo += m
             if progress is not None:
                 progress(m)
         return out
 
     def task_outputs(self, task: str, seed_ids: np.ndarray, progress: Any = None) -> HeadOutputs:
         """Head outputs for seeds of a task of the store (seed indices into its task arrays)."""
-        return self._run(self.sampler.entry(task).task, np.asarray(seed_ids, dtype=np.int64), progress)
+        return self._run(task, np.asarray(seed_ids, dtype=np.int64), progress)
 
     def anchor_outputs(self, task: str, anchor_rows: np.ndarray, obs_times: np.ndarray,
                        progress: Any = None) -> HeadOutputs:
@@ -164,24 +145,8 @@ class Predictor:
 
         The target is unknown (null); the context follows the same temporal rule as training: no row created after
         the observation time is visible."""
-        base = self.sampler.entry(task).task
-        n = len(anchor_rows)
-        if n == 0:
-            return self._run(base, np.zeros(0, np.int64))
-        custom = dataclasses.replace(
-            base,
-            anchor_row=np.asarray(anchor_rows, dtype=np.int64),
-            obs_time=np.asarray(obs_times, dtype=np.int64),
-            tgt_f32=np.zeros(n if int(base.target_stype) == int(SemanticType.NUMERICAL) else 1, np.float32),
-            tgt_ts=np.zeros((n, D_TIME) if int(base.target_stype) == int(SemanticType.TIMESTAMP) else (1, D_TIME),
-                            np.float32),
-            tgt_u32=np.full(n if int(base.target_stype) == int(SemanticType.CATEGORICAL) else 1,
-                            base.cat_block_start, np.uint32),
-            tgt_bits=np.zeros((n + 7) // 8 if int(base.target_stype) == int(SemanticType.BOOLEAN) else 1, np.uint8),
-            tgt_valid=np.zeros((n + 7) // 8, np.uint8),
-            obs_ts=obs_time_cells(self.store, base.obs_col, np.asarray(obs_times, dtype=np.int64)),
-        )
-        return self._run(custom, np.arange(n, dtype=np.int64), progress)
+        custom = self.stream.sampler.anchor_task(task, anchor_rows, obs_times)
+        return self._run(custom, np.arange(len(anchor_rows), dtype=np.int64), progress)
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:

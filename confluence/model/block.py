@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from confluence.model.attention import AttentionFn, MaskKind
 from confluence.model.config import ModelConfig
-from confluence.model.layers import RMSNorm, xavier_uniform
+from confluence.toolkit.layers import RMSNorm, SwiGLU, xavier_uniform
 
 PERM_FIELD: dict[str, str] = {"outbound": "out_perm", "inbound": "in_perm", "column": "col_perm"}
 
@@ -104,23 +104,6 @@ class GatedAttention(eqx.Module):
         return (o @ self.w_o) * gate
 
 
-class SwiGLU(eqx.Module):
-    """W_down (SiLU(x W_gate) * (x W_up)); no biases; W_down scaled by 1/sqrt(4 N_layers) at init."""
-
-    w_gate: jax.Array
-    w_up: jax.Array
-    w_down: jax.Array
-
-    def __init__(self, cfg: ModelConfig, *, key: jax.Array):
-        k = jax.random.split(key, 3)
-        self.w_gate = xavier_uniform(k[0], cfg.d_model, cfg.d_ff)
-        self.w_up = xavier_uniform(k[1], cfg.d_model, cfg.d_ff)
-        self.w_down = xavier_uniform(k[2], cfg.d_ff, cfg.d_model, scale=1.0 / math.sqrt(4 * cfg.n_layers))
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return (jax.nn.silu(x @ self.w_gate) * (x @ self.w_up)) @ self.w_down
-
-
 class Block(eqx.Module):
     """Pre-norm: x += GA_out(N(x)); x += GA_in(N(x)); x += GA_col(N(x)); x += FFN(N(x))."""
 
@@ -139,7 +122,7 @@ class Block(eqx.Module):
         self.attn_out = GatedAttention(cfg, "outbound", key=k[0])
         self.attn_in = GatedAttention(cfg, "inbound", key=k[1])
         self.attn_col = GatedAttention(cfg, "column", key=k[2])
-        self.ffn = SwiGLU(cfg, key=k[3])
+        self.ffn = SwiGLU(cfg.d_model, cfg.d_ff, key=k[3], out_scale=1.0 / math.sqrt(4 * cfg.n_layers))
 
     def __call__(self, x: jax.Array, st: Structure, attn_fn: AttentionFn) -> jax.Array:
         x = x + self.attn_out(self.norm_out(x), st, attn_fn)

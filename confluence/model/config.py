@@ -1,16 +1,22 @@
-"""Model configuration (seeds 000 / 001 / 002 / 004)."""
+"""Model and loss configuration (seeds 000 / 001 / 002 / 004): sections `model` and `loss` of a run's tree."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from typing import Literal
 
+from confluence.errors import ConfigError
 from confluence.stypes import D_TIME
+from confluence.toolkit.config import one_of, positive
 
 
 def ffn_hidden_dim(d_model: int, multiple: int = 256) -> int:
     """SwiGLU hidden size: ceil(8/3 * D) rounded up to a multiple of `multiple` (seed 001: 768 at D=256)."""
     return int(math.ceil((8.0 * d_model / 3.0) / multiple) * multiple)
+
+
+COMPUTE_DTYPES = ("bfloat16", "float32", "float16")
 
 
 @dataclass(frozen=True)
@@ -24,18 +30,15 @@ class ModelConfig:
     d_time: int = D_TIME
     ffn_multiple: int = 256
     norm_eps: float = 1e-6
-    compute_dtype: str = "bfloat16"  # activations / matmuls; parameters stay float32
+    compute_dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"  # activations / matmuls; params FP32
     attention_impl: str = "reference"  # "reference" | "block_sparse" | "auto" (confluence.model.attention)
     remat: bool = False  # recompute each block's activations in the backward pass (less memory, ~1/3 more FLOPs)
 
     def __post_init__(self) -> None:
+        positive(self, "d_model", "n_layers", "n_heads", "d_t", "d_time", "ffn_multiple", "norm_eps")
         if self.d_model % self.n_heads:
-            raise ValueError(f"model config: d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
-        for name in ("d_model", "n_layers", "n_heads", "d_t", "d_time", "ffn_multiple"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"model config: {name} must be positive, got {getattr(self, name)}")
-        if self.compute_dtype not in ("bfloat16", "float32", "float16"):
-            raise ValueError(f"model config: compute_dtype must be bfloat16|float32|float16, got {self.compute_dtype!r}")
+            raise ConfigError("d_model", f"{self.d_model} is not divisible by n_heads={self.n_heads}")
+        one_of("compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
 
     @property
     def d_head(self) -> int:
@@ -45,13 +48,20 @@ class ModelConfig:
     def d_ff(self) -> int:
         return ffn_hidden_dim(self.d_model, self.ffn_multiple)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
 
-    @classmethod
-    def from_dict(cls, d: dict) -> ModelConfig:
-        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
-        unknown = sorted(set(d) - set(known))
-        if unknown:
-            raise ValueError(f"model config: unknown field(s) {unknown}")
-        return cls(**known)
+@dataclass(frozen=True)
+class LossConfig:
+    """The loss of seed 004 and its options (`docs/decisions.md`: the median-seeking numeric loss)."""
+
+    huber_delta: float = 1.0
+    ts_scalar_weight: float = 2.0
+    z_loss: float = 1e-4
+    max_k: int = 128  # static: the categorical block is padded to this many entries
+    numeric_loss: Literal["huber", "median"] = "huber"  # "median": smooth L1, minimised by the conditional median
+    median_delta: float = 0.05  # the smooth-L1 transition width (z-units) of numeric_loss="median"
+
+    def __post_init__(self) -> None:
+        positive(self, "huber_delta", "median_delta", "max_k")
+        one_of("numeric_loss", self.numeric_loss, ("huber", "median"))
+        if self.ts_scalar_weight < 0 or self.z_loss < 0:
+            raise ConfigError("ts_scalar_weight" if self.ts_scalar_weight < 0 else "z_loss", "must be >= 0")

@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 
 from confluence.model.config import ModelConfig
-from confluence.model.layers import Linear, normal_init
 from confluence.stypes import SemanticType
+from confluence.toolkit.layers import Linear, normal_init
 
 ENCODED_STYPES = (
     SemanticType.IDENTIFIER,

@@ -8,7 +8,7 @@ import equinox as eqx
 import jax
 
 from confluence.model.config import ModelConfig
-from confluence.model.layers import Linear
+from confluence.toolkit.layers import Linear
 
 
 class ModelOutput(NamedTuple):

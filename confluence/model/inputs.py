@@ -4,25 +4,36 @@ The device batch is a flat dict of arrays: every [B, S(, ...)] tensor of seed 00
 casts ids to int32 on the device), `fk_adj`, `text_batch_embeddings`, `seq_valid`, and the per-batch scalars
 `target_stype`, `cat_block_start`, `cat_count` as int32 0-d arrays (inputs, not constants, so one compiled step
 serves every task of the same shapes). int64 bookkeeping (`seed_ids`, `anchor_rows`, `obs_times`) stays on host.
+
+Target masking is structural: the ground truth of each sequence's target cell moves to the `[B]` fields of
+`TARGET_FIELDS`, which only the loss reads, and the target cell of the value tensors is blanked (value 0, not
+NULL). So the model's inputs are the same whatever the target's value or nullness, and no arithmetic of the
+forward pass can mix the truth in, under any XLA fusion or backend.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from confluence.batch import SEQ_FIELDS, TrainingBatch
 from confluence.errors import ConfluenceError
-from confluence.sampler.batch import SEQ_FIELDS, TrainingBatch
+from confluence.stypes import SemanticType
 
 SCALAR_FIELDS = ("target_stype", "cat_block_start", "cat_count", "task_idx", "db_idx")
+# The ground truth at each sequence's target cell (only the loss reads these): field -> the batch tensor it comes from.
+TARGET_FIELDS = {"target_is_null": "is_null", "target_numeric": "numeric_values", "target_bool": "bool_values",
+                 "target_timestamp": "timestamp_values", "target_category": "categorical_embed_ids"}
 # Fields whose leading axis is the batch axis (sharded over the "data" mesh axis).
-BATCH_AXIS_FIELDS = (*SEQ_FIELDS, "fk_adj", "seq_valid")
+BATCH_AXIS_FIELDS = (*SEQ_FIELDS, "fk_adj", "seq_valid", *TARGET_FIELDS)
 
 
 def batch_to_inputs(batch: TrainingBatch, *, min_text_rows: int = 1) -> dict[str, np.ndarray]:
-    """The dict of numpy arrays the model takes. An empty text table (U = 0) gets `min_text_rows` zero rows."""
-    out: dict[str, np.ndarray] = {name: getattr(batch, name) for name in SEQ_FIELDS}
+    """The dict of numpy arrays the model takes. An empty text table (U = 0) gets `min_text_rows` zero rows.
+    The target cells' truth goes to `TARGET_FIELDS` and is blanked in the value tensors (see the module doc)."""
+    out: dict[str, np.ndarray] = split_targets({name: getattr(batch, name) for name in SEQ_FIELDS})
     out["fk_adj"] = batch.fk_adj
     out["seq_valid"] = batch.seq_valid
     text = batch.text_batch_embeddings
@@ -32,6 +43,24 @@ def batch_to_inputs(batch: TrainingBatch, *, min_text_rows: int = 1) -> dict[str
     out["text_batch_embeddings"] = text
     for name in SCALAR_FIELDS:
         out[name] = np.asarray(getattr(batch, name), np.int32)
+    return out
+
+
+def split_targets(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`tensors` (holding `is_target` and the value tensors) with each sequence's target-cell truth moved to the
+    `[B]` fields of `TARGET_FIELDS` and blanked (0 / False) in the value tensors. Inputs are not modified."""
+    out = dict(tensors)
+    is_target = np.asarray(tensors["is_target"])
+    rows = np.arange(is_target.shape[0])
+    pos = np.argmax(is_target, axis=1)  # the target position (0 where a filler sequence has none)
+    has = is_target[rows, pos]
+    for field, source in TARGET_FIELDS.items():
+        x = np.asarray(tensors[source])
+        truth = x[rows, pos].copy()
+        truth[~has] = 0
+        blanked = x.copy()
+        blanked[rows[has], pos[has]] = 0
+        out[field], out[source] = truth, blanked
     return out
 
 
@@ -74,3 +103,17 @@ class DbTables:
         cat = np.zeros((bucket_size(vc + model_max_k), d_t), np.float16)
         cat[:vc] = categorical_embeddings
         return cls(name, col, cat, c, vc, max_k)
+
+    @classmethod
+    def from_store(cls, store: Any, model_max_k: int) -> DbTables:
+        """The padded tables of a processed store (`confluence.store.Store`, or anything with its reader API)."""
+        return cls.build(store.name, np.asarray(store.column_embeddings), np.asarray(store.categorical_embeddings),
+                         target_max_k(store), model_max_k)
+
+
+def target_max_k(store: Any) -> int:
+    """Largest K among the store's categorical *task targets*: the static width the loss pads to.
+
+    (The store's `max_k` also counts categorical input columns, which never need a loss over their block.)"""
+    return max((int(t.cat_count) for t in store.tasks if int(t.target_stype) == int(SemanticType.CATEGORICAL)),
+               default=0)

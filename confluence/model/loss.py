@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from confluence.model.config import LossConfig
 from confluence.model.encoding import ValueEncoder
 from confluence.model.heads import ModelOutput
 from confluence.stypes import SemanticType
@@ -29,15 +30,6 @@ from confluence.stypes import SemanticType
 # Order of the type-loss stack (seed 004): [num, bool, ts, cat].
 LOSS_STYPES = (SemanticType.NUMERICAL, SemanticType.BOOLEAN, SemanticType.TIMESTAMP, SemanticType.CATEGORICAL)
 _STYPE_TO_SLOT = np.array([-1, 0, 2, 1, 3, -1, -1], np.int32)  # SemanticType value -> slot in LOSS_STYPES
-
-
-class LossConfig(NamedTuple):
-    huber_delta: float = 1.0
-    ts_scalar_weight: float = 2.0
-    z_loss: float = 1e-4
-    max_k: int = 128  # static: the categorical block is padded to this many entries
-    numeric_loss: str = "huber"  # "huber" (seed 004) | "median" (smooth L1: conditional median, for MAE metrics)
-    median_delta: float = 0.05  # the smooth-L1 transition width (z-units) of numeric_loss="median"
 
 
 class LossParts(NamedTuple):
@@ -91,7 +83,8 @@ def compute_loss(
     out: ModelOutput, inputs: dict[str, jax.Array], encoder: ValueEncoder, category_table: jax.Array,
     cfg: LossConfig,
 ) -> LossParts:
-    """The batch loss and its parts. `encoder` must be the float32 (master) value encoder."""
+    """The batch loss and its parts. `encoder` must be the float32 (master) value encoder. The truth comes from
+    the `[B]` target fields of `confluence.model.inputs.TARGET_FIELDS`, never from the (blanked) value tensors."""
     inputs = {k: jnp.asarray(v) for k, v in inputs.items()}
     is_target = inputs["is_target"]
     b = is_target.shape[0]
@@ -102,18 +95,18 @@ def compute_loss(
         return x[bidx, t]
 
     weight = (jnp.any(is_target, axis=1) & inputs["seq_valid"]).astype(jnp.float32)
-    is_null = at(inputs["is_null"]).astype(jnp.float32)
+    is_null = inputs["target_is_null"].astype(jnp.float32)
 
     null_loss = optax.sigmoid_binary_cross_entropy(at(out.null_logits), is_null)
-    num_loss = numeric_point_loss(at(out.num_preds) - at(inputs["numeric_values"]).astype(jnp.float32), cfg)
-    bool_loss = optax.sigmoid_binary_cross_entropy(at(out.bool_logits), at(inputs["bool_values"]).astype(jnp.float32))
+    num_loss = numeric_point_loss(at(out.num_preds) - inputs["target_numeric"].astype(jnp.float32), cfg)
+    bool_loss = optax.sigmoid_binary_cross_entropy(at(out.bool_logits), inputs["target_bool"].astype(jnp.float32))
     ts_loss = timestamp_loss(
-        at(out.ts_preds), at(inputs["timestamp_values"]).astype(jnp.float32), cfg.huber_delta, cfg.ts_scalar_weight
+        at(out.ts_preds), inputs["target_timestamp"].astype(jnp.float32), cfg.huber_delta, cfg.ts_scalar_weight
     )
     start = inputs["cat_block_start"].astype(jnp.int32)
     count = inputs["cat_count"].astype(jnp.int32)
     logits = categorical_logits(at(out.cat_preds), encoder, category_table, start, count, cfg.max_k)
-    target_idx = jnp.clip(at(inputs["categorical_embed_ids"]).astype(jnp.int32) - start, 0, cfg.max_k - 1)
+    target_idx = jnp.clip(inputs["target_category"].astype(jnp.int32) - start, 0, cfg.max_k - 1)
     lse = jax.nn.logsumexp(logits, axis=-1)
     ce = lse - jnp.take_along_axis(logits, target_idx[:, None], axis=-1)[:, 0]
     cat_loss = ce + cfg.z_loss * lse**2

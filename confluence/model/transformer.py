@@ -15,7 +15,7 @@ from confluence.model.block import Block, Structure
 from confluence.model.config import ModelConfig
 from confluence.model.encoding import ValueEncoder
 from confluence.model.heads import DecoderHeads, ModelOutput
-from confluence.model.layers import RMSNorm, cast_floating
+from confluence.toolkit.layers import RMSNorm, cast_floating
 
 
 class RelationalTransformer(eqx.Module):

@@ -1,29 +1,17 @@
-"""Sampler: turns task seeds into TrainingBatches (spec/sampling.md, seed 000 "Batch Structure").
+"""Sampler: turns task seeds into `TrainingBatch`es (spec/sampling.md, seed 000 "Batch Structure").
 
-`TrainingBatch` imports nothing heavy; the other names load numba lazily on first use.
+`Sampler` builds batches of given seeds; `BatchStream` is the one stream of batches that training, validation,
+evaluation, prediction and the benchmark read; `SamplerConfig` / `SplitConfig` are the `sampler` section of a run's
+configuration.
 """
 
-from __future__ import annotations
+from confluence.batch import TrainingBatch
+from confluence.sampler.builder import BuildResult
+from confluence.sampler.config import SamplerConfig, SplitConfig
+from confluence.sampler.data import SamplerData, TaskData
+from confluence.sampler.sampler import Sampler, TaskEntry
+from confluence.sampler.show import render_sequence
+from confluence.sampler.stream import BatchStream
 
-import importlib
-from typing import Any
-
-from confluence.sampler.batch import TrainingBatch
-
-_LAZY = {
-    "Sampler": "confluence.sampler.sampler",
-    "SamplerConfig": "confluence.sampler.config",
-    "SplitConfig": "confluence.sampler.config",
-    "SamplerData": "confluence.sampler.data",
-    "Prefetcher": "confluence.sampler.prefetch",
-    "render_sequence": "confluence.sampler.show",
-    "BuildResult": "confluence.sampler.builder",
-}
-
-__all__ = ["TrainingBatch", *_LAZY]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'confluence.sampler' has no attribute {name!r}")
+__all__ = ["BatchStream", "BuildResult", "Sampler", "SamplerConfig", "SamplerData", "SplitConfig",
+           "TaskData", "TaskEntry", "TrainingBatch", "render_sequence"]

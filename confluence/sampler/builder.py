@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from confluence.batch import TrainingBatch
 from confluence.errors import ConfluenceError
-from confluence.sampler.batch import TrainingBatch
 from confluence.sampler.config import SamplerConfig, bucket_size, recent_for
 from confluence.sampler.data import SamplerData, TaskData, readonly
 from confluence.sampler.linearize import fill_adjacency, linearize_chunk
@@ -58,11 +58,12 @@ class _Scratch:
 class BatchBuilder:
     """Builds batches for one database; thread-safe (scratch buffers are checked out per worker)."""
 
-    def __init__(self, data: SamplerData, config: SamplerConfig, db_idx: int = 0, pool: ThreadPoolExecutor | None = None):
-        config.check()
+    def __init__(self, data: SamplerData, config: SamplerConfig, db_idx: int = 0, pool: ThreadPoolExecutor | None = None,
+                 seed: int = 0):
         self.data = data
         self.config = config
         self.db_idx = db_idx
+        self.seed = seed  # the sampling seed: the walk's random numbers derive from it
         self._pool = pool
         self._segs = data.child_segments(config.width_per_fk)  # built here, once, not in the worker threads
         self._counts = data.child_counts(config.child_counts != "none")
@@ -152,7 +153,7 @@ class BatchBuilder:
         t0 = time.perf_counter()
         anchors = np.ascontiguousarray(task.anchor_row[seed_ids])
         obs = np.ascontiguousarray(task.obs_time[seed_ids])
-        key = stream_key("sequence", cfg.seed, epoch, self.db_idx, task.index)
+        key = stream_key("sequence", self.seed, epoch, self.db_idx, task.index)
         states = sequence_states(key, seed_ids)
         max_rows = cfg.max_rows
         s_len = cfg.seq_len

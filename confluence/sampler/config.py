@@ -1,10 +1,15 @@
-"""Sampler settings (`SamplerConfig`) and split settings (`SplitConfig`)."""
+"""Sampler settings (`SamplerConfig`, section `sampler` of a run's tree) and split settings (`SplitConfig`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
-from confluence.errors import ConfluenceError
+from confluence.errors import ConfigError
+from confluence.toolkit.config import one_of
+
+CHILD_COUNTS = ("none", "anchor", "all")  # which rows show child-count cells (docs/sampler.md)
+TASK_CHOICES = ("uniform", "database_first", "seeds")  # how the training stream picks each batch's task
 
 
 @dataclass(frozen=True)
@@ -15,80 +20,76 @@ class SplitConfig:
     mode "temporal": observation time <= `t_val` is train, <= `t_test` is val, later is test (epoch µs).
     """
 
-    mode: str = "hash"
+    mode: Literal["hash", "temporal"] = "hash"
     seed: int = 0
     fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)
     t_val: int | None = None
     t_test: int | None = None
 
-    def check(self) -> None:
-        if self.mode not in ("hash", "temporal"):
-            raise ConfluenceError(f"split mode {self.mode!r} is unknown (expected 'hash' or 'temporal')")
+    def __post_init__(self) -> None:
+        one_of("mode", self.mode, ("hash", "temporal"))
         if self.mode == "hash":
             if len(self.fractions) != 3 or min(self.fractions) < 0 or abs(sum(self.fractions) - 1.0) > 1e-6:
-                raise ConfluenceError(f"split fractions {self.fractions} must be three non-negative numbers summing to 1")
-        else:
-            if self.t_val is None or self.t_test is None or not self.t_val < self.t_test:
-                raise ConfluenceError(
-                    f"temporal split needs t_val < t_test (epoch microseconds), got t_val={self.t_val}, t_test={self.t_test}"
-                )
-
-
-CHILD_COUNTS = ("none", "anchor", "all")  # which rows show child-count cells (docs/sampler.md)
+                raise ConfigError("fractions", f"{self.fractions} must be three non-negative numbers summing to 1")
+        elif self.t_val is None or self.t_test is None or not self.t_val < self.t_test:
+            raise ConfigError("t_val", "a temporal split needs t_val < t_test (epoch microseconds), got "
+                                       f"t_val={self.t_val}, t_test={self.t_test}")
 
 
 @dataclass(frozen=True)
 class SamplerConfig:
-    """Everything that shapes the batches. The same config (and stores) gives the same batches, whatever `threads`."""
+    """Everything that shapes the batches and the batch stream. The same config, stores and seed give the same
+    batches in the same order, whatever `threads` and `prefetch`."""
 
-    batch_size: int = 32
+    batch_size: int = 32  # sequences per batch, over all processes
     seq_len: int = 1024
+    max_rows: int = 256  # cap on R, the rows of one sequence
     width: int = 16  # at most this many children of a row are followed (uniform subsample)
     recent: int = 0  # of those `width`, the most recent this many are always kept; the rest stay uniform
     task_recent: dict[str, int] | None = None  # "task" or "db/task" -> `recent` for that task's sequences
     width_per_fk: bool = False  # `width` (and `recent`) per row and child foreign-key column, not per row
-    child_counts: str = "none"  # "anchor" / "all": the anchor / every row also shows, per foreign key pointing at
-    # its table, how many rows referenced it by the observation time ("none": the spec's cells)
-    max_rows: int = 256  # cap on R, the rows of one sequence
+    child_counts: Literal["none", "anchor", "all"] = "none"  # "anchor" / "all": the anchor / every row also shows,
+    # per foreign key pointing at its table, how many rows referenced it by the observation time
     row_buckets: tuple[int, ...] = (16, 32, 64, 128, 256)  # R is padded up to one of these
     text_buckets: tuple[int, ...] = (16, 64, 256, 1024, 4096, 16384)  # U is padded up to one of these
-    threads: int = 1
-    seed: int = 0  # sampling seed (walk randomness, task order, seed shuffles)
     split: SplitConfig = field(default_factory=SplitConfig)
     tasks: tuple[str, ...] | None = None  # "task" or "db/task"; None = every task of every store
-    task_weights: dict[str, float] | None = None  # "task" or "db/task" -> weight; default: number of seeds
-    rank: int = 0
-    world_size: int = 1
-    batches_per_epoch: int | None = None  # train; default: seeds of the shard // batch_size
+    # the task of each training batch: "uniform" over the tasks, "database_first" (a database uniformly, then one
+    # of its tasks) or "seeds" (in proportion to the task's train seeds); `task_weights` multiply each task's share
+    task_choice: Literal["uniform", "database_first", "seeds"] = "uniform"
+    task_weights: dict[str, float] | None = None  # "task" or "db/task" -> weight (default 1)
+    threads: int = 1  # worker threads building batches (the batches do not depend on it)
+    prefetch: int = 2  # batches a stream builds ahead in a background thread (0: built when asked for)
 
-    def check(self) -> None:
-        """Raise ConfluenceError naming the first bad setting."""
+    def __post_init__(self) -> None:
         if self.batch_size < 1:
-            raise ConfluenceError(f"batch_size must be >= 1, got {self.batch_size}")
+            raise ConfigError("batch_size", f"must be >= 1, got {self.batch_size}")
         if not 2 <= self.seq_len <= 65535:
-            raise ConfluenceError(f"seq_len must be in 2..65535 (uint16 permutations), got {self.seq_len}")
+            raise ConfigError("seq_len", f"must be in 2..65535 (uint16 permutations), got {self.seq_len}")
+        if not 1 <= self.max_rows <= 65535:
+            raise ConfigError("max_rows", f"must be in 1..65535 (uint16 row ids), got {self.max_rows}")
         if self.width < 0:
-            raise ConfluenceError(f"width must be >= 0, got {self.width}")
+            raise ConfigError("width", f"must be >= 0, got {self.width}")
         if not 0 <= self.recent <= self.width:
-            raise ConfluenceError(f"recent must be in 0..width ({self.width}), got {self.recent}")
+            raise ConfigError("recent", f"must be in 0..width ({self.width}), got {self.recent}")
         for key, k in (self.task_recent or {}).items():
             if not isinstance(k, int) or not 0 <= k <= self.width:
-                raise ConfluenceError(f"task_recent[{key!r}] must be an integer in 0..width ({self.width}), got {k!r}")
+                raise ConfigError(f"task_recent[{key!r}]", f"must be an integer in 0..width ({self.width}), got {k!r}")
         if not isinstance(self.width_per_fk, bool):
-            raise ConfluenceError(f"width_per_fk must be true or false, got {self.width_per_fk!r}")
-        if self.child_counts not in CHILD_COUNTS:
-            raise ConfluenceError(f"child_counts must be one of {', '.join(CHILD_COUNTS)}, got {self.child_counts!r}")
-        if not 1 <= self.max_rows <= 65535:
-            raise ConfluenceError(f"max_rows must be in 1..65535 (uint16 row ids), got {self.max_rows}")
-        if not self.row_buckets or sorted(self.row_buckets) != list(self.row_buckets) or min(self.row_buckets) < 1:
-            raise ConfluenceError(f"row_buckets must be increasing positive sizes, got {self.row_buckets}")
-        if not self.text_buckets or sorted(self.text_buckets) != list(self.text_buckets) or min(self.text_buckets) < 1:
-            raise ConfluenceError(f"text_buckets must be increasing positive sizes, got {self.text_buckets}")
+            raise ConfigError("width_per_fk", f"must be true or false, got {self.width_per_fk!r}")
+        one_of("child_counts", self.child_counts, CHILD_COUNTS)
+        for name in ("row_buckets", "text_buckets"):
+            b = getattr(self, name)
+            if not b or sorted(b) != list(b) or min(b) < 1:
+                raise ConfigError(name, f"must be increasing positive sizes, got {b}")
+        one_of("task_choice", self.task_choice, TASK_CHOICES)
+        for key, w in (self.task_weights or {}).items():
+            if not isinstance(w, int | float) or isinstance(w, bool) or not w >= 0:
+                raise ConfigError(f"task_weights[{key!r}]", f"must be a number >= 0, got {w!r}")
         if self.threads < 1:
-            raise ConfluenceError(f"threads must be >= 1, got {self.threads}")
-        if not 0 <= self.rank < self.world_size:
-            raise ConfluenceError(f"rank must be in 0..world_size-1, got rank={self.rank}, world_size={self.world_size}")
-        self.split.check()
+            raise ConfigError("threads", f"must be >= 1, got {self.threads}")
+        if self.prefetch < 0:
+            raise ConfigError("prefetch", f"must be >= 0, got {self.prefetch}")
 
 
 def recent_for(cfg: SamplerConfig, db_name: str, task_name: str) -> int:

@@ -1,5 +1,5 @@
-"""The training loop: task sampling over one or several databases, jitted steps, validation per task, atomic
-checkpoints with exact resumption, fine-tuning initialisation, scalar logs and a console progress bar."""
+"""The training loop: batches from the one batch stream, jitted steps, validation per task, atomic checkpoints with
+exact resumption, fine-tuning initialisation, scalar logs and a console progress bar."""
 
 from __future__ import annotations
 
@@ -16,11 +16,14 @@ import numpy as np
 from confluence.errors import ConfluenceError
 from confluence.model.inputs import DbTables, batch_to_inputs
 from confluence.model.transformer import RelationalTransformer
-from confluence.training.checkpoint import load_state, read_meta, save_checkpoint
-from confluence.training.data import BatchSource, TaskRef
-from confluence.training.logs import ScalarLog, plot_scalars
-from confluence.training.presets import TrainConfig
-from confluence.training.step import get_trainer, make_mesh, replicate, shard_inputs
+from confluence.sampler.stream import BatchStream
+from confluence.stypes import SemanticType
+from confluence.toolkit.checkpoint import load_state, read_meta, save_checkpoint
+from confluence.toolkit.logs import ScalarLog, plot_scalars
+from confluence.toolkit.mesh import make_mesh, replicate
+from confluence.toolkit.progress import StepBar
+from confluence.training.config import RunConfig
+from confluence.training.step import get_trainer, shard_inputs
 
 
 @dataclass
@@ -39,72 +42,56 @@ def _scalar(x) -> float:
     return float(np.asarray(x))
 
 
-class TaskSampler:
-    """Picks the task of each micro-batch from a seeded numpy Generator whose state is checkpointed."""
-
-    def __init__(self, tasks: list[TaskRef], weighting: str, seed: int):
-        self.tasks, self.weighting = tasks, weighting
-        self.rng = np.random.default_rng(seed)
-
-    def next(self) -> TaskRef:
-        if self.weighting == "db_uniform":
-            dbs = sorted({t.db_idx for t in self.tasks})
-            db = dbs[int(self.rng.integers(len(dbs)))]
-            cands = [t for t in self.tasks if t.db_idx == db]
-            return cands[int(self.rng.integers(len(cands)))]
-        return self.tasks[int(self.rng.integers(len(self.tasks)))]
-
-    def state(self) -> dict:
-        return self.rng.bit_generator.state
-
-    def restore(self, state: dict) -> None:
-        self.rng.bit_generator.state = state
+def _check_stream(cfg: RunConfig, stream: BatchStream) -> None:
+    if not stream.tasks:
+        raise ConfluenceError("training: the stores have no tasks (does the metadata define any?)")
+    for store in stream.stores:
+        d_t = int(np.asarray(store.column_embeddings).shape[1])
+        if d_t != cfg.model.d_t:
+            raise ConfluenceError(f"database {store.name!r}: its embeddings have D_t={d_t} but the model config has "
+                                  f"d_t={cfg.model.d_t}; set model.d_t to match the store")
 
 
-def _check_source(cfg: TrainConfig, source: BatchSource) -> None:
-    if not source.tasks:
-        raise ConfluenceError("training: the data source has no tasks (does the store define any?)")
-    for db in source.databases:
-        if db.column_embeddings.shape[1] != cfg.model.d_t:
-            raise ConfluenceError(
-                f"database {db.name!r}: its embeddings have D_t={db.column_embeddings.shape[1]} but the model "
-                f"config has d_t={cfg.model.d_t}; set model.d_t to match the store"
-            )
+def saved_position(meta: dict[str, Any]) -> dict[str, Any]:
+    """The stream position a checkpoint holds (also of checkpoints written before the batch stream existed)."""
+    if "stream" in meta:
+        return meta["stream"]
+    return {"tasks": meta["rng"]["task_sampler"], "streams": meta["pipeline"]}
 
 
 def train(
-    cfg: TrainConfig,
-    source: BatchSource,
+    cfg: RunConfig,
+    stream: BatchStream,
     out_dir: Path,
     *,
     resume: bool = False,
     init_from: Path | None = None,
-    max_steps: int | None = None,
     mesh: jax.sharding.Mesh | None = None,
     progress: bool = True,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> TrainResult:
-    """Train until `max_steps` (default cfg.max_steps). `on_step(step, scalars)` is called after every step."""
+    """Train until `cfg.loop.max_steps` on `stream`'s training batches. `resume` continues the run's last checkpoint
+    exactly (same batches, same schedule position); `init_from` starts from another run's parameters.
+    `on_step(step, scalars)` is called after every step."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    _check_source(cfg, source)
+    _check_stream(cfg, stream)
     mesh = mesh or make_mesh()
-    stop_at = int(max_steps if max_steps is not None else cfg.max_steps)
+    loop = cfg.loop
+    stop_at = loop.max_steps
 
     model = RelationalTransformer(cfg.model, key=jax.random.key(cfg.seed))
-    trainer = get_trainer(cfg.model, cfg.optim, cfg.loss)
+    trainer = get_trainer(cfg.model, cfg.optim.for_run(loop.max_steps), cfg.loss)
     params, opt_state = trainer.init_state(model)
-    tasks = TaskSampler(source.tasks, cfg.task_weighting, cfg.seed)
     step = 0
     if resume and (out_dir / "checkpoints" / "LATEST").is_file():
         ck = read_meta(out_dir)
-        saved_cfg = ck.meta.get("config", {})
-        if saved_cfg.get("model") != cfg.model.to_dict():
+        saved = RunConfig.from_dict(ck.meta.get("config", {}))
+        if saved.model != cfg.model:
             raise ConfluenceError(f"--resume: the checkpoint {ck.path} was trained with another model config")
         params, opt_state = load_state(ck.path, params, opt_state)
         step = ck.step
-        source.restore(ck.meta["pipeline"])
-        tasks.restore(ck.meta["rng"]["task_sampler"])
+        stream.restore(saved_position(ck.meta))
     elif init_from is not None:
         params, _ = load_state(Path(init_from), params)
     main = jax.process_index() == 0  # only process 0 writes the run directory (logs, config, checkpoints)
@@ -112,53 +99,47 @@ def train(
         (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
 
     params, opt_state = replicate(params, mesh), replicate(opt_state, mesh)
-    tables = [DbTables.build(d.name, d.column_embeddings, d.categorical_embeddings, d.max_k, cfg.loss.max_k)
-              for d in source.databases]
+    tables = [DbTables.from_store(s, cfg.loss.max_k) for s in stream.stores]
     dev_tables = [replicate((t.column_embeddings, t.categorical_embeddings), mesh) for t in tables]
     log = ScalarLog(out_dir / "scalars.csv" if main else None, truncate_after_step=step if resume else None)
 
     def checkpoint(at: int) -> None:
-        meta = {"config": cfg.to_dict(), "pipeline": source.position(), "rng": {"task_sampler": tasks.state(),
-                "seed": cfg.seed}, "databases": [d.name for d in source.databases]}
-        save_checkpoint(out_dir, at, params, opt_state, meta, keep=cfg.keep_checkpoints)
+        meta = {"config": cfg.to_dict(), "stream": stream.position(), "databases": [s.name for s in stream.stores]}
+        save_checkpoint(out_dir, at, params, opt_state, meta, keep=loop.keep_checkpoints)
 
     def validate() -> dict[str, float]:
         res = {}
-        for t in source.tasks:
+        for e in stream.tasks:
             tot, n = 0.0, 0.0
-            for i in range(cfg.val_batches):
-                b = source.val_batch(t, i)
-                if b is None:
-                    break
-                loss, w = trainer.eval_loss(params, shard_inputs(batch_to_inputs(b), mesh), *dev_tables[t.db_idx])
+            for b in stream.split("val", e.task.name, e.db_idx, max_batches=loop.val_batches):
+                loss, w = trainer.eval_loss(params, shard_inputs(batch_to_inputs(b), mesh), *dev_tables[e.db_idx])
                 tot += _scalar(loss) * _scalar(w)
                 n += _scalar(w)
             if n:
-                res[f"val/{t.key}/loss"] = tot / n
+                res[f"val/{e.key}/loss"] = tot / n
         return res
 
     result = TrainResult(step=step, params=None, last_loss=None)
     window_cells, window_wait, window_t0 = 0, 0.0, time.perf_counter()
     window_losses: list[tuple[str, jax.Array]] = []  # device scalars, read at log time (no per-step sync)
-    bar = _progress(progress and main, stop_at, step)
+    bar = StepBar(stop_at, step) if progress and main else None
     if step == 0 and stop_at > 0:
         log.write(0, validate())  # the untrained model's validation loss, as a baseline
     try:
         while step < stop_at:
             micro, stypes = [], []
-            for _ in range(cfg.grad_accum):
-                t = tasks.next()
+            for _ in range(loop.grad_accum):
                 t0 = time.perf_counter()
-                batch = source.train_batch(t)
+                batch = stream.next_train()
                 window_wait += time.perf_counter() - t0
                 window_cells += int((~batch.is_padding).sum())
-                stypes.append(t.target_stype.label)
-                micro.append((shard_inputs(batch_to_inputs(batch), mesh), *dev_tables[t.db_idx]))
+                stypes.append(SemanticType(int(batch.target_stype)).label)
+                micro.append((shard_inputs(batch_to_inputs(batch), mesh), *dev_tables[batch.db_idx]))
             params, opt_state, m = trainer.step(params, opt_state, micro, step)
             step += 1
             window_losses.append((stypes[0] if len(set(stypes)) == 1 else "mixed", m.loss))
             scalars: dict[str, float] = {}
-            if step % cfg.log_every == 0 or step == stop_at:
+            if step % loop.log_every == 0 or step == stop_at:
                 loss = _scalar(m.loss)
                 elapsed = time.perf_counter() - window_t0
                 per_type: dict[str, list[float]] = {}
@@ -177,12 +158,12 @@ def train(
                 log.write(step, scalars)
                 window_cells, window_wait, window_t0 = 0, 0.0, time.perf_counter()
                 window_losses = []
-            if step % cfg.val_every == 0 or step == stop_at:
+            if step % loop.val_every == 0 or step == stop_at:
                 val = validate()
                 log.write(step, val)
                 result.val_losses = val
                 scalars.update(val)
-            if step % cfg.ckpt_every == 0 or step == stop_at:
+            if step % loop.ckpt_every == 0 or step == stop_at:
                 checkpoint(step)
             if bar is not None:
                 bar.update(step, result.last_loss)
@@ -201,23 +182,14 @@ def train(
     return result
 
 
-class _Bar:
-    def __init__(self, total: int, start: int):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self.p = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
-                          TextColumn("{task.fields[rate]:.2f} step/s loss {task.fields[loss]}"), TimeRemainingColumn())
-        self.task = self.p.add_task("train", total=total, completed=start, rate=0.0, loss="-")
-        self.t0, self.start = time.perf_counter(), start
-        self.p.start()
-
-    def update(self, step: int, loss: float | None) -> None:
-        rate = (step - self.start) / max(time.perf_counter() - self.t0, 1e-9)
-        self.p.update(self.task, completed=step, rate=rate, loss="-" if loss is None else f"{loss:.4f}")
-
-    def close(self) -> None:
-        self.p.stop()
-
-
-def _progress(enabled: bool, total: int, start: int) -> _Bar | None:
-    return _Bar(total, start) if enabled else None
+def open_stream(paths: list[Path], cfg: RunConfig) -> BatchStream:
+    """The training stream of a run over processed stores: this process's share of `cfg.sampler.batch_size`,
+    seeded by the run's seed; per-task settings must name tasks of the stores."""
+    stream = BatchStream.open(paths, cfg.sampler, seed=cfg.seed, rank=jax.process_index(),
+                              world_size=jax.process_count())
+    try:
+        stream.check_task_keys()
+    except ConfluenceError:
+        stream.close()
+        raise
+    return stream

@@ -1,4 +1,4 @@
-"""The jitted train / eval steps and data parallelism over a device mesh.
+"""The jitted train / eval steps of the relational transformer and the placement of its batches on the mesh.
 
 Parameters (float32 master weights) and optimizer state are replicated over a 1-D mesh with axis "data"; batch
 tensors are sharded along their leading (batch) axis. The loss is a mean over the global batch, so XLA inserts the
@@ -18,24 +18,37 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from confluence.model.config import LossConfig
 from confluence.model.inputs import BATCH_AXIS_FIELDS
-from confluence.model.loss import LossConfig, compute_loss
+from confluence.model.loss import compute_loss
 from confluence.model.transformer import RelationalTransformer
-from confluence.training.optim import OptimConfig, lr_multiplier, make_optimizer
+from confluence.toolkit.mesh import DATA_AXIS
+from confluence.toolkit.optim import (
+    ADAMW_DECAY,
+    ADAMW_NO_DECAY,
+    MUON,
+    OptimConfig,
+    label_by_path,
+    lr_multiplier,
+    make_optimizer,
+)
 
-DATA_AXIS = "data"
+# Leaf names of the 2-D core matrices (attention projections, SDPA gates, SwiGLU) inside `blocks`: Muon.
+CORE_MATRICES = frozenset({"w_q", "w_k", "w_v", "w_o", "w_gate", "w_up", "w_down"})
+# AdamW leaves that get weight decay: weights of encoders / heads and the learned embeddings.
+DECAYED = frozenset({"weight", "boolean_encoder", "identifier_emb", "null_emb", "mask_emb"})
 
 
-def make_mesh(devices: list | None = None) -> Mesh:
-    """A 1-D mesh over `devices` (default: every device of every process) with axis "data"."""
-    devs = np.asarray(devices if devices is not None else jax.devices())
-    return Mesh(devs, (DATA_AXIS,))
+def param_labels(params) -> object:
+    """The optimizer split of seed 000: Muon for the core matrices of the blocks, AdamW with weight decay for the
+    encoder / head weights and learned embeddings, AdamW without decay for biases, norm scales, temperatures."""
 
+    def rule(names: list[str], leaf) -> str:
+        if "blocks" in names and leaf.ndim == 2 and any(n in CORE_MATRICES for n in names):
+            return MUON
+        return ADAMW_DECAY if names and names[-1] in DECAYED else ADAMW_NO_DECAY
 
-def replicate(tree, mesh: Mesh):
-    """Place every array leaf of `tree` replicated on all devices of `mesh`."""
-    sharding = NamedSharding(mesh, PartitionSpec())
-    return jax.tree.map(lambda x: jax.device_put(x, sharding) if eqx.is_array(x) else x, tree)
+    return label_by_path(params, rule)
 
 
 def shard_inputs(inputs: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
@@ -95,12 +108,13 @@ class StepMetrics(NamedTuple):
 
 
 class Trainer:
-    """Holds the model skeleton, the optimizer and the compiled steps; the state (params, opt_state) is explicit."""
+    """Holds the model skeleton, the optimizer and the compiled steps; the state (params, opt_state) is explicit.
+    `optim` is resolved for the run's length (`OptimConfig.for_run`)."""
 
     def __init__(self, model: RelationalTransformer, optim: OptimConfig, loss: LossConfig):
         params, self.static = eqx.partition(model, _is_param)
         self.optim_cfg, self.loss_cfg = optim, loss
-        self.optimizer = make_optimizer(params, optim)
+        self.optimizer = make_optimizer(param_labels(params), optim)
         self._step = jax.jit(self._train_step, donate_argnums=(0, 1))
         self._grad = jax.jit(self._grads)
         self._apply = jax.jit(self._apply_grads, donate_argnums=(0, 1))

@@ -9,8 +9,8 @@ Implementations timed on the same q / k / v and mask inputs:
   "xla" elsewhere;
 * `dense_xla`: the same with implementation "xla" (a second dense baseline on a GPU, should cuDNN refuse a shape).
 
-Structures come from a `StructureSource` (sampler batches of a real store, see `confluence.cli.kernel_cmds`), by
-default from `synthetic_structure` (sampler-like random subgraphs). Each timing is the median of `repeats`
+Structures come from a `StructureSource` (sampler batches of a real store, `sampler_source`), by default from
+`synthetic_structure` (sampler-like random subgraphs). Each timing is the median of `repeats`
 runs after one compile-and-warm-up run.
 """
 
@@ -153,20 +153,13 @@ def sampler_source(store_path: str, task: str | None = None, seed: int = 0) -> t
     store.task(name)  # raises, naming the task, when it does not exist
 
     def source(s: int, b: int) -> dict[str, PermutedStructure]:
-        with Sampler([store], SamplerConfig(batch_size=b, seq_len=s, seed=seed, tasks=(name,))) as sampler:
+        with Sampler([store], SamplerConfig(batch_size=b, seq_len=s, tasks=(name,)), seed=seed) as sampler:
             n = sampler.entry(name).task.num_seeds
             ids = np.random.default_rng(seed).choice(n, size=b, replace=n < b)
             batch = sampler.batch_for_seeds(name, ids)
         return {kind: batch_structure(batch, kind) for kind in MASK_KINDS}
 
     return source, f"sampler:{store.name}/{name}"
-
-
-def train_throughput(preset: str, impl: str, steps: int) -> dict[str, Any]:
-    """End-to-end training step figures of `preset` with `attention_impl=impl` (the training area's bench)."""
-    from confluence.training import train_throughput as training_throughput
-
-    return training_throughput(preset=preset, attention_impl=impl, steps=steps)
 
 
 def run_attention_bench(

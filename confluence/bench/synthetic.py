@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from confluence.sampler.batch import TrainingBatch
+from confluence.batch import TrainingBatch
 from confluence.stypes import D_TIME, SemanticType
 
 ST = SemanticType

@@ -1,4 +1,5 @@
-"""`confluence bench train`: step time, cells/s and model FLOP utilisation of forward + backward + update."""
+"""`confluence bench train`: step time, cells/s and model FLOP utilisation of forward + backward + update, on
+synthetic batches of a recipe's shapes (no store needed)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ from dataclasses import asdict, dataclass
 import jax
 import jax.numpy as jnp
 
+from confluence.bench.synthetic import SyntheticDatabase
 from confluence.model.config import ModelConfig
 from confluence.model.inputs import DbTables, batch_to_inputs
 from confluence.model.transformer import RelationalTransformer, count_params
-from confluence.training.data import SyntheticSource
-from confluence.training.presets import TrainConfig
-from confluence.training.step import Trainer, make_mesh, replicate, shard_inputs
+from confluence.toolkit.mesh import make_mesh, replicate
+from confluence.training.config import RunConfig, load_config
+from confluence.training.step import Trainer, shard_inputs
 
 # Dense BF16 tensor-core peaks (no sparsity), FLOP/s, by substring of `device.device_kind`.
 GPU_PEAKS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12}
@@ -63,18 +65,18 @@ class BenchResult:
     attention_impl: str
 
 
-def bench_train(cfg: TrainConfig, preset: str, steps: int = 5, peak_flops: float | None = None) -> BenchResult:
+def bench_train(cfg: RunConfig, preset: str, steps: int = 5, peak_flops: float | None = None) -> BenchResult:
+    """Compile the fused train step of `cfg`, then time `steps` steps over one synthetic batch per target type."""
     mesh = make_mesh()
-    src = SyntheticSource(1, d_t=cfg.model.d_t, batch_size=cfg.batch_size, seq_len=cfg.seq_len,
-                          max_rows=cfg.max_rows, seed=cfg.seed)
+    s = cfg.sampler
+    db = SyntheticDatabase(seed=cfg.seed, d_t=cfg.model.d_t, name="synthetic0")
     model = RelationalTransformer(cfg.model, key=jax.random.key(cfg.seed))
-    trainer = Trainer(model, cfg.optim, cfg.loss)
+    trainer = Trainer(model, cfg.optim.for_run(cfg.loop.max_steps), cfg.loss)
     params, opt_state = trainer.init_state(model)
     params, opt_state = replicate(params, mesh), replicate(opt_state, mesh)
-    db = src.databases[0]
     tb = DbTables.build(db.name, db.column_embeddings, db.categorical_embeddings, db.max_k, cfg.loss.max_k)
     tabs = replicate((tb.column_embeddings, tb.categorical_embeddings), mesh)
-    batches = [src.train_batch(t) for t in src.tasks]  # one per target type, same shapes
+    batches = [db.batch(t, s.batch_size, s.seq_len, s.max_rows, seed=(0, 0, 0)) for t in range(len(db.tasks))]
     inputs = [shard_inputs(batch_to_inputs(b), mesh) for b in batches]
     real = sum(int((~b.is_padding).sum()) for b in batches) / len(batches)
 
@@ -107,11 +109,11 @@ def bench_train(cfg: TrainConfig, preset: str, steps: int = 5, peak_flops: float
     else:
         peak = measured_matmul_peak() * len(jax.devices())
         source = "measured 1024x1024 float32 matmul on this CPU"
-    flops = model_flops_per_step(cfg.model, cfg.batch_size, cfg.seq_len, cfg.loss.max_k)
+    flops = model_flops_per_step(cfg.model, s.batch_size, s.seq_len, cfg.loss.max_k)
     return BenchResult(
         preset=preset, device=f"{dev.platform}:{dev.device_kind}", num_devices=len(jax.devices()),
-        batch_size=cfg.batch_size, seq_len=cfg.seq_len, params=count_params(model), compile_s=compile_s,
-        first_step_s=first_step_s, step_s=step_s, steps_per_s=1.0 / step_s, cells_per_s=cfg.batch_size * cfg.seq_len / step_s,
+        batch_size=s.batch_size, seq_len=s.seq_len, params=count_params(model), compile_s=compile_s,
+        first_step_s=first_step_s, step_s=step_s, steps_per_s=1.0 / step_s, cells_per_s=s.batch_size * s.seq_len / step_s,
         real_cells_per_s=real / step_s, model_flops_per_step=flops, xla_flops_per_step=xla_flops,
         peak_flops=peak, peak_source=source, mfu=flops / step_s / peak, compute_dtype=cfg.model.compute_dtype,
         attention_impl=cfg.model.attention_impl,
@@ -120,3 +122,17 @@ def bench_train(cfg: TrainConfig, preset: str, steps: int = 5, peak_flops: float
 
 def result_dict(r: BenchResult) -> dict:
     return asdict(r)
+
+
+def train_throughput(recipe: str = "base", attention_impl: str = "reference", steps: int = 5,
+                     allow_cpu: bool = False) -> dict:
+    """End-to-end training throughput (forward + backward + update) of a recipe with the given attention
+    implementation: the figures of `confluence bench train` (and the end-to-end part of `bench attention`).
+
+    Off a GPU it returns `{"skipped": reason}` unless `allow_cpu` (the `base` recipe at B=32, S=1024 with dense
+    reference attention needs tens of GB and minutes per step on a CPU)."""
+    if jax.default_backend() != "gpu" and not allow_cpu:
+        return {"skipped": f"no GPU (backend {jax.default_backend()!r}); use `confluence bench train --config small` "
+                           "on CPU or pass allow_cpu=True"}
+    cfg = load_config(recipe, {"model": {"attention_impl": attention_impl}})
+    return result_dict(bench_train(cfg, recipe, steps=steps))

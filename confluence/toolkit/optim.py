@@ -1,0 +1,164 @@
+"""The optimizer both models train with: Muon for the 2-D core matrices, AdamW for the rest, one synchronized
+schedule, global-norm clipping before both (seed 000, "Optimizer: Muon + AdamW").
+
+Muon follows the seed literally: `M <- beta M + (1 - beta) G; W <- W - lr * NS5(M)` with beta = 0.95 and five
+quintic Newton-Schulz steps (coefficients 3.4445, -4.7750, 2.0315 after Frobenius normalisation), FP32. Options
+beyond the seed, off by default: Nesterov momentum (`muon_nesterov`, the text model's choice) and decoupled
+weight decay on the Muon matrices (`muon_weight_decay`). optax's `contrib.muon` is not used: it adds Nesterov
+momentum and bias correction to the seed's update by default and carries AdamW inside the same transform.
+
+Which parameter gets which rule is the model's business: it passes a tree of labels (`MUON`, `ADAMW_DECAY`,
+`ADAMW_NO_DECAY`), usually made with `label_by_path`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optax
+
+from confluence.errors import ConfigError
+from confluence.toolkit.config import positive
+
+MUON, ADAMW_DECAY, ADAMW_NO_DECAY = "muon", "adamw_decay", "adamw_no_decay"
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Optimizer and learning-rate schedule (section `optim` of a run's tree).
+
+    The schedule spans `total_steps`, or the run's length when that is None (so changing the number of steps of a
+    run rescales it); the warmup is the larger of `warmup_steps` and `warmup_fraction` of the span."""
+
+    lr_muon: float = 0.02
+    lr_adamw: float = 3e-4
+    muon_beta: float = 0.95
+    muon_nesterov: bool = False
+    ns_steps: int = 5
+    adam_b1: float = 0.9
+    adam_b2: float = 0.95
+    adam_eps: float = 1e-8
+    weight_decay: float = 0.1  # AdamW's, on the parameters labelled ADAMW_DECAY
+    muon_weight_decay: float = 0.0  # decoupled decay of the Muon matrices (the seed has none)
+    clip_norm: float = 1.0
+    warmup_steps: int = 2000
+    warmup_fraction: float = 0.0
+    total_steps: int | None = None  # None: the run's number of steps
+    final_lr_fraction: float = 0.1
+
+    def __post_init__(self) -> None:
+        positive(self, "lr_muon", "lr_adamw", "ns_steps", "clip_norm", "adam_eps")
+        for name in ("muon_beta", "adam_b1", "adam_b2", "final_lr_fraction", "warmup_fraction"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(name, f"must be in [0, 1], got {getattr(self, name)}")
+        if self.weight_decay < 0 or self.muon_weight_decay < 0:
+            raise ConfigError("weight_decay" if self.weight_decay < 0 else "muon_weight_decay", "must be >= 0")
+        if self.warmup_steps < 0:
+            raise ConfigError("warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        if self.total_steps is not None and self.total_steps < 1:
+            raise ConfigError("total_steps", f"must be >= 1 (or unset: the run's length), got {self.total_steps}")
+
+    def for_run(self, run_steps: int) -> OptimConfig:
+        """This config with the schedule resolved for a run of `run_steps` steps: `total_steps` set, the warmup in
+        `warmup_steps` (at most the span) and `warmup_fraction` 0."""
+        total = int(self.total_steps if self.total_steps is not None else max(run_steps, 1))
+        warmup = max(self.warmup_steps, int(self.warmup_fraction * total + 1e-9))
+        return replace(self, total_steps=total, warmup_steps=min(warmup, total), warmup_fraction=0.0)
+
+
+def lr_multiplier(t: jax.Array | int, warmup: int, total: int, final: float = 0.1) -> jax.Array:
+    """warmup(t) * decay(t) with t the 1-based index of the update: linear warmup to 1 at t = warmup, then cosine
+    from 1 to `final` at t = total (held at `final` after). The decay factor is 1 during warmup."""
+    t = jnp.asarray(t, jnp.float32)
+    warm = jnp.minimum(1.0, t / max(warmup, 1))
+    span = max(total - warmup, 1)
+    progress = jnp.clip((t - warmup) / span, 0.0, 1.0)
+    decay = final + (1.0 - final) * 0.5 * (1.0 + jnp.cos(math.pi * progress))
+    return warm * decay
+
+
+def make_schedule(peak: float, cfg: OptimConfig) -> optax.Schedule:
+    """optax schedule (its argument is the 0-based update count) for one peak learning rate; `cfg` resolved by
+    `OptimConfig.for_run`."""
+    if cfg.total_steps is None:
+        raise ValueError("make_schedule needs a resolved OptimConfig (OptimConfig.for_run)")
+    return lambda count: peak * lr_multiplier(count + 1, cfg.warmup_steps, cfg.total_steps, cfg.final_lr_fraction)
+
+
+def newton_schulz5(g: jax.Array, steps: int = 5, eps: float = 1e-7) -> jax.Array:
+    """Approximate orthogonalisation U V^T of a 2-D matrix by quintic Newton-Schulz iterations (FP32)."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    x = g.astype(jnp.float32)
+    transposed = x.shape[0] > x.shape[1]
+    if transposed:
+        x = x.T
+    x = x / (jnp.linalg.norm(x) + eps)
+    for _ in range(steps):
+        xxt = x @ x.T
+        x = a * x + (b * xxt + c * xxt @ xxt) @ x
+    return x.T if transposed else x
+
+
+class MuonState(NamedTuple):
+    momentum: optax.Updates
+
+
+def scale_by_muon(beta: float = 0.95, ns_steps: int = 5, nesterov: bool = False) -> optax.GradientTransformation:
+    """M <- beta M + (1 - beta) G; update = NS5(M), or NS5(beta M + (1 - beta) G) with `nesterov`. No bias
+    correction (NS5 normalises its input, so it would change nothing) and no shape scaling."""
+
+    def init(params):
+        return MuonState(jax.tree.map(lambda p: jnp.zeros_like(p, jnp.float32), params))
+
+    def update(grads, state, params=None):
+        del params
+        mom = jax.tree.map(lambda m, g: beta * m + (1.0 - beta) * g.astype(jnp.float32), state.momentum, grads)
+        if nesterov:
+            look = jax.tree.map(lambda m, g: beta * m + (1.0 - beta) * g.astype(jnp.float32), mom, grads)
+        else:
+            look = mom
+        return jax.tree.map(lambda m: newton_schulz5(m, ns_steps), look), MuonState(mom)
+
+    return optax.GradientTransformation(init, update)
+
+
+def label_by_path(params, rule: Callable[[list[str], jax.Array], str]) -> object:
+    """A tree of optimizer labels shaped like `params`: `rule(names along the leaf's path, leaf)`."""
+
+    def label(path, leaf) -> str:
+        names = [getattr(k, "name", getattr(k, "key", None)) for k in path]
+        return rule([n for n in names if isinstance(n, str)], leaf)
+
+    return jax.tree_util.tree_map_with_path(label, params)
+
+
+def make_optimizer(labels, cfg: OptimConfig) -> optax.GradientTransformation:
+    """clip_by_global_norm -> {Muon (+ decoupled decay) on MUON leaves, AdamW with / without decay on the rest};
+    `labels` from `label_by_path`, `cfg` resolved by `OptimConfig.for_run`."""
+    muon_parts = [scale_by_muon(cfg.muon_beta, cfg.ns_steps, cfg.muon_nesterov)]
+    if cfg.muon_weight_decay > 0:
+        muon_parts.append(optax.add_decayed_weights(cfg.muon_weight_decay))
+    muon = optax.chain(*muon_parts, optax.scale_by_learning_rate(make_schedule(cfg.lr_muon, cfg)))
+
+    def adamw(wd: float) -> optax.GradientTransformation:
+        return optax.adamw(make_schedule(cfg.lr_adamw, cfg), b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps,
+                           weight_decay=wd)
+
+    return optax.chain(
+        optax.clip_by_global_norm(cfg.clip_norm),
+        optax.multi_transform(
+            {MUON: muon, ADAMW_DECAY: adamw(cfg.weight_decay), ADAMW_NO_DECAY: adamw(0.0)},
+            lambda _: labels,  # a callable: the label tree may itself be a (callable) eqx.Module
+        ),
+    )
+
+
+def trainable(model) -> object:
+    """The float array leaves of a model (what the optimizer updates)."""
+    return eqx.filter(model, eqx.is_inexact_array)

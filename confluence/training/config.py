@@ -1,0 +1,163 @@
+"""The configuration tree of a relational training run, and its recipes.
+
+`RunConfig` holds every setting of a run, each declared once in its own section: `model` (`ModelConfig`),
+`sampler` (`SamplerConfig`: batch shapes, context walk, task choice, splits), `optim` (`OptimConfig`), `loss`
+(`LossConfig`), `loop` (`LoopConfig`: run length, validation, checkpoints, logs) and the run's `seed`.
+
+Recipes are TOML files in `confluence/configs/` (`small`, `base`, `demo`, ...), loaded by name; any other TOML /
+JSON file works too. A file may start from a recipe (`extends = "small"`) and overrides the settings it names.
+`--set section.name=VALUE` applies last. Every problem is a `ConfigError` naming the setting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from confluence.errors import ConfigError
+from confluence.model.config import LossConfig, ModelConfig
+from confluence.sampler.config import SamplerConfig
+from confluence.toolkit.config import merge, overlay, read_file, to_dict
+from confluence.toolkit.optim import OptimConfig
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """How long a run trains and how often it validates, checkpoints and logs (section `loop`)."""
+
+    max_steps: int = 100_000  # 0: no step (e.g. only initialise from --init-from and save nothing)
+    grad_accum: int = 1  # micro-batches per optimizer step (each its own task draw)
+    val_every: int = 1000
+    val_batches: int = 4  # validation batches per task
+    ckpt_every: int = 1000
+    keep_checkpoints: int = 3  # the newest this many are kept (0: all)
+    log_every: int = 10
+
+    def __post_init__(self) -> None:
+        for name in ("grad_accum", "val_every", "val_batches", "ckpt_every", "log_every"):
+            if not getattr(self, name) >= 1:
+                raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
+        for name in ("max_steps", "keep_checkpoints"):
+            if getattr(self, name) < 0:
+                raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Every setting of a relational training run (module doc). Saved with each checkpoint, so evaluation and
+    prediction rebuild contexts the way training did."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    loop: LoopConfig = field(default_factory=LoopConfig)
+    seed: int = 0  # model initialisation, task choice, seed order and the context walk
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RunConfig:
+        """A tree from its dict (as saved with a checkpoint); older layouts are read too (`migrate`)."""
+        return overlay(cls(), migrate(d))
+
+    def with_max_steps(self, steps: int) -> RunConfig:
+        """The run made `steps` long (the learning-rate schedule follows when `optim.total_steps` is unset)."""
+        return overlay(self, {"loop": {"max_steps": steps}})
+
+
+def recipe_dir() -> Path:
+    """Where the shipped recipes live (`confluence/configs/`)."""
+    return Path(str(files("confluence").joinpath("configs")))
+
+
+def recipes() -> list[str]:
+    """Names of the shipped recipes of the relational model."""
+    return sorted(p.stem for p in recipe_dir().glob("*.toml") if not p.stem.startswith("text-"))
+
+
+def _recipe_file(spec: str) -> Path:
+    path = Path(spec)
+    if path.suffix in (".toml", ".json") and path.is_file():
+        return path
+    named = recipe_dir() / f"{spec}.toml"
+    if named.is_file() and not spec.startswith("text-"):
+        return named
+    raise ConfigError("", f"--config {spec!r}: neither a recipe ({', '.join(recipes())}) nor an existing "
+                          ".toml / .json file")
+
+
+def _resolve(spec: str, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The settings of a recipe or file, with the chain of `extends` applied (base first)."""
+    path = _recipe_file(spec)
+    if path.resolve() in seen:
+        raise ConfigError("extends", f"{path}: recipes extend each other in a circle")
+    raw = migrate(read_file(path))
+    parent = raw.pop("extends", None)
+    if parent is None:
+        return raw
+    if not isinstance(parent, str):
+        raise ConfigError("extends", f"{path}: must name a recipe or a file, got {parent!r}")
+    rel = path.parent / parent
+    parent_spec = str(rel) if rel.suffix in (".toml", ".json") and rel.is_file() else parent
+    return merge(_resolve(parent_spec, (*seen, path.resolve())), raw)
+
+
+def load_config(spec: str = "small", overrides: Mapping[str, Any] | None = None) -> RunConfig:
+    """The RunConfig of a recipe name or a .toml / .json file, then `overrides` (nested dict, e.g. from `--set`)."""
+    raw = _resolve(spec)
+    try:
+        cfg = overlay(RunConfig(), raw)
+    except ConfigError as exc:
+        raise ConfigError(exc.setting, f"{exc.problem} (in --config {spec})") from None
+    return overlay(cfg, migrate(dict(overrides or {})))
+
+
+# Top-level settings of the layout before the configuration tree (one flat TrainConfig): where they live now.
+_LEGACY = {"batch_size": "sampler", "seq_len": "sampler", "max_rows": "sampler", "grad_accum": "loop",
+           "max_steps": "loop", "val_every": "loop", "val_batches": "loop", "ckpt_every": "loop",
+           "keep_checkpoints": "loop", "log_every": "loop"}
+_LEGACY_SAMPLER_DROPPED = ("seed", "rank", "world_size", "batches_per_epoch")  # now run-level or runtime
+
+
+def migrate(d: Mapping[str, Any]) -> dict[str, Any]:
+    """A config dict of the flat layout (checkpoints and files written before the tree) in the tree's layout;
+    a dict already in the tree's layout comes back unchanged."""
+    out = dict(d)
+    if "preset" in out:
+        out["extends"] = out.pop("preset")
+    moved = {k: out.pop(k) for k in list(out) if k in _LEGACY}
+    weighting = out.pop("task_weighting", None)
+    if not moved and weighting is None:
+        return out
+    sampler = {k: v for k, v in dict(out.get("sampler") or {}).items() if k not in _LEGACY_SAMPLER_DROPPED}
+    loop = dict(out.get("loop") or {})
+    for k, v in moved.items():
+        (sampler if _LEGACY[k] == "sampler" else loop)[k] = v
+    if weighting is not None:
+        sampler["task_choice"] = {"db_uniform": "database_first"}.get(weighting, weighting)
+    out["sampler"], out["loop"] = sampler, loop
+    return out
+
+
+def describe_changes(saved: RunConfig, now: RunConfig) -> list[str]:
+    """Settings that differ between two trees, as "section.name: old -> new" lines."""
+    a, b = _flat(saved.to_dict()), _flat(now.to_dict())
+    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping) and k not in ("task_weights", "task_recent"):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+__all__ = ["LoopConfig", "RunConfig", "describe_changes", "load_config", "migrate", "recipes"]
