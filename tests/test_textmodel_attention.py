@@ -97,7 +97,7 @@ def test_pope_self_attention_module_matches_direct() -> None:
     visible = np.array([[True, False, True, True, False]])
     allowed = np.asarray(attention_mask(jnp.asarray(visible), False)) & visible[:, :, None]
     got = np.asarray(att(jnp.asarray(x), jnp.arange(L)[None], jnp.asarray(allowed)))
-    wq, wk, wv, wo = (np.asarray(w.w) for w in (att.wq, att.wk, att.wv, att.wo))
+    wq, wk, wv, wo = (np.asarray(w.weight) for w in (att.wq, att.wk, att.wv, att.wo))
     q, k, v = (x @ wq).reshape(1, L, H, 4), (x @ wk).reshape(1, L, H, 4), (x @ wv).reshape(1, L, H, 4)
     delta = np.asarray(att.pope_delta)
     theta = 100.0 ** (-np.arange(4) / 4)

@@ -17,7 +17,6 @@ from confluence.textmodel.data import (
     iter_text_batches,
     load_tokenizer,
     num_batches,
-    prefetch,
     prepare_corpus,
     read_meta,
     split_for_devices,
@@ -139,21 +138,13 @@ def test_batches_shuffle_cover_epoch_and_resume(prepared: Path) -> None:
     assert sum(len(x) for x in full) == len(ds)
 
 
-def test_eos_stripping_device_split_and_prefetch() -> None:
+def test_eos_stripping_and_device_split() -> None:
     t = np.array([[7, 8, 3, 0], [9, 3, 0, 0]], np.int32)
     np.testing.assert_array_equal(strip_eos(t, 3, 0), [[7, 8, 0, 0], [9, 0, 0, 0]])
     x = np.arange(24).reshape(8, 3)
     assert split_for_devices(x, 4).shape == (4, 2, 3)
     with pytest.raises(ConfluenceError, match="not divisible"):
         split_for_devices(x, 3)
-    assert list(prefetch(iter(range(10)), 2)) == list(range(10))
-
-    def boom():
-        yield 1
-        raise ValueError("bad shard")
-
-    with pytest.raises(ValueError, match="bad shard"):
-        list(prefetch(boom()))
 
 
 def test_corrupt_data_dir_is_reported(prepared: Path, tmp_path: Path) -> None:

@@ -15,10 +15,11 @@ import pytest
 
 from confluence.errors import ConfluenceError
 from confluence.textmodel import losses as L
-from confluence.textmodel.config import preset_config
-from confluence.textmodel.model import RMSNorm, TextTransformer
+from confluence.textmodel.config import load_text_config
+from confluence.textmodel.model import TextTransformer
 from confluence.textmodel.objective import compute_losses, host_batch
 from confluence.textmodel.views import make_views
+from confluence.toolkit.layers import RMSNorm
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -164,9 +165,8 @@ def _batch(cfg, seed=0):
 @pytest.mark.parametrize("weights,mask_token", [((1, 0, 0, 0), False), ((0, 1, 0, 0), False),
                                                 ((0, 0, 1, 0), False), ((1, 1, 1, 1), True)])
 def test_compute_losses_skips_zero_weights(weights, mask_token) -> None:
-    cfg = preset_config("tiny", 40, 16, mask_token_input=mask_token)
-    cfg = cfg.replace(weights=L.LossWeights(*weights))
-    cfg.check()
+    cfg = load_text_config("text-tiny", 40, 16, {"model": {"mask_token_input": mask_token},
+                                                  "weights": dict(zip(("seq", "span", "decoder", "mlm"), weights, strict=True))})
     model = TextTransformer(cfg.model, jax.random.PRNGKey(0))
     total, m = compute_losses(model, _batch(cfg), cfg, pad_id=0, mask_id=4, bos_id=2, eos_id=3,
                               sigreg_key=L.sigreg_key(0, 0), key=None)
@@ -181,10 +181,13 @@ def test_compute_losses_skips_zero_weights(weights, mask_token) -> None:
 
 
 def test_config_rejects_losses_without_their_module() -> None:
-    with pytest.raises(ConfluenceError, match="predictor"):
-        preset_config("tiny", 40, 16, predictor_n_layers=0, decoder_n_layers=0)
+    with pytest.raises(ConfluenceError, match="'weights.span'.*predictor"):
+        load_text_config("text-tiny", 40, 16, {"model": {"predictor_n_layers": 0, "decoder_n_layers": 0}})
     with pytest.raises(ConfluenceError, match="decoder_n_layers"):
-        preset_config("tiny", 40, 16, decoder_n_layers=0)
-    cfg = preset_config("tiny", 40, 16)
-    with pytest.raises(ConfluenceError, match="mask_token_input"):
-        cfg.replace(weights=L.LossWeights(1, 1, 1, 1)).check()
+        load_text_config("text-tiny", 40, 16, {"model": {"decoder_n_layers": 0}})
+    with pytest.raises(ConfluenceError, match="'weights.mlm'.*mask_token_input"):
+        load_text_config("text-tiny", 40, 16, {"weights": {"mlm": 1.0}})
+    with pytest.raises(ConfluenceError, match="'weights.seq'.*at least one"):
+        load_text_config("text-tiny", 40, 16, {"weights": {"seq": 0, "span": 0, "decoder": 0}})
+    with pytest.raises(ConfluenceError, match=r"neither a recipe \(text-base, text-smoke, text-tiny\)"):
+        load_text_config("small", 40, 16)  # a relational recipe is not a text recipe

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from confluence.errors import ConfluenceError
-from confluence.textmodel.probe import retrieval_scores, run_probe
+from confluence.textenc.probe import retrieval_scores, run_probe
 from confluence.textmodel.report import plot_curves
 
 
@@ -41,8 +41,13 @@ def test_probe_separates_topics_with_tfidf(tmp_path: Path) -> None:
 
 
 def test_plot_curves(tmp_path: Path) -> None:
-    (tmp_path / "metrics.csv").write_text("step,total,decoder,seconds\n1,3.0,5.0,0.1\n2,2.5,4.0,0.2\n")
+    from confluence.toolkit.logs import ScalarLog
+
+    log = ScalarLog(tmp_path / "scalars.csv")
+    log.write(1, {"train/total": 3.0, "train/decoder": 5.0, "perf/seconds": 0.1})
+    log.write(2, {"train/total": 2.5, "train/decoder": 4.0, "perf/seconds": 0.2})
+    log.close()
     out = plot_curves(tmp_path, tmp_path / "img" / "c.png")
     assert out.read_bytes()[:4] == b"\x89PNG"
-    with pytest.raises(ConfluenceError, match="no metrics.csv"):
+    with pytest.raises(ConfluenceError, match="no scalars.csv"):
         plot_curves(tmp_path / "img", tmp_path / "x.png")

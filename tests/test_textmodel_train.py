@@ -3,7 +3,6 @@ devices, the trained encoder as a frozen TextEncoder, and a processed store buil
 
 from __future__ import annotations
 
-import csv
 import os
 import subprocess
 import sys
@@ -14,10 +13,12 @@ import pytest
 
 from confluence.errors import ConfluenceError
 from confluence.textenc.base import TextEncoder
-from confluence.textmodel.config import preset_config
+from confluence.textmodel.config import load_text_config
 from confluence.textmodel.data import prepare_corpus, read_meta
 from confluence.textmodel.encoder import load_lejepa_encoder
-from confluence.textmodel.train import latest_checkpoint, train
+from confluence.textmodel.train import train_text
+from confluence.toolkit.checkpoint import STATE_FILE, latest_checkpoint
+from confluence.toolkit.logs import read_scalars
 from tests.fixtures.text import tiny_sentences, write_tiny_corpus
 
 pytestmark = pytest.mark.slow
@@ -27,7 +28,8 @@ STEPS = 40
 
 def _cfg(data: Path, **kw):
     m = read_meta(data)
-    return preset_config("tiny", m.vocab_size, m.max_seq_len, max_train_steps=STEPS, lr_muon=0.02, lr_adam=3e-3, **kw)
+    return load_text_config("text-tiny", m.vocab_size, m.max_seq_len,
+                            {"max_train_steps": STEPS, "optim": {"lr_muon": 0.02, "lr_adamw": 3e-3}, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -41,13 +43,18 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def run(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("run") / "run"
-    train(data, out, _cfg(data))
+    train_text(data, out, _cfg(data))
     return out
 
 
 def _metrics(run: Path) -> list[dict[str, float]]:
-    with open(run / "metrics.csv", newline="") as fh:
-        return [{k: float(v) for k, v in r.items()} for r in csv.DictReader(fh)]
+    """One dict per logged step: the `train/` scalars of run/scalars.csv by term name, and the step."""
+    rows: dict[int, dict[str, float]] = {}
+    for tag, points in read_scalars(run / "scalars.csv").items():
+        if tag.startswith("train/"):
+            for step, v in points:
+                rows.setdefault(step, {"step": float(step)})[tag.split("/", 1)[1]] = v
+    return [rows[k] for k in sorted(rows)]
 
 
 def test_loss_decreases_on_tiny_corpus(run: Path) -> None:
@@ -66,21 +73,20 @@ def test_loss_decreases_on_tiny_corpus(run: Path) -> None:
 def test_resume_continues_identically(run: Path, data: Path, tmp_path: Path) -> None:
     out = tmp_path / "resumed"
     cfg = _cfg(data)
-    first = train(data, out, cfg, stop_after=STEPS // 2)
+    first = train_text(data, out, cfg, stop_after=STEPS // 2)
     assert first.steps == STEPS // 2 and latest_checkpoint(out).name == f"step_{STEPS // 2:08d}"
-    second = train(data, out, cfg)
+    second = train_text(data, out, cfg)
     assert second.steps == STEPS
-    a = (latest_checkpoint(run) / "params.eqx").read_bytes()
-    b = (latest_checkpoint(out) / "params.eqx").read_bytes()
-    assert a == b, "resumed run ended with different parameters"
-    assert (latest_checkpoint(run) / "opt_state.eqx").read_bytes() == (latest_checkpoint(out) / "opt_state.eqx").read_bytes()
+    a = (latest_checkpoint(run) / STATE_FILE).read_bytes()  # parameters and optimizer state
+    b = (latest_checkpoint(out) / STATE_FILE).read_bytes()
+    assert a == b, "resumed run ended with a different state"
     ra, rb = _metrics(run), _metrics(out)
     assert [r["step"] for r in rb] == [r["step"] for r in ra]
     for x, y in zip(ra, rb, strict=True):
         assert x["total"] == y["total"]
     # another configuration in the same run directory is refused
     with pytest.raises(ConfluenceError, match="another configuration"):
-        train(data, out, cfg.replace(sigreg_weight=0.5))
+        train_text(data, out, cfg.replace(sigreg_weight=0.5))
 
 
 def test_trained_encoder_is_a_frozen_text_encoder(run: Path) -> None:
@@ -98,8 +104,7 @@ def test_trained_encoder_is_a_frozen_text_encoder(run: Path) -> None:
     assert np.linalg.matrix_rank(a[:20], tol=1e-3) > 5
     # the checkpoint directory is self-contained (config + tokenizer) and gives the same fingerprint
     ckpt = latest_checkpoint(run)
-    assert {p.name for p in ckpt.iterdir()} >= {"params.eqx", "opt_state.eqx", "state.json", "config.json",
-                                                "tokenizer.json"}
+    assert {p.name for p in ckpt.iterdir()} >= {STATE_FILE, "meta.json", "tokenizer.json"}
     assert load_lejepa_encoder(ckpt).fingerprint == enc.fingerprint
     with pytest.raises(ConfluenceError, match="neither"):
         load_lejepa_encoder(run / "checkpoints")
@@ -138,15 +143,14 @@ def test_cli_train_on_four_devices_float16_rope_causal_and_embed(tmp_path: Path)
     r = subprocess.run(cli + ["prepare", str(corpus), "--out", str(tmp_path / "d"), "--max-seq-len", "16",
                               "--vocab-size", "280"], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    r = subprocess.run(cli + ["train", "--data", str(tmp_path / "d"), "--out", str(tmp_path / "r"), "--preset", "tiny",
-                              "--max-train-steps", "2", "--attn-type", "rope", "--causal-attention",
-                              "--compute-dtype", "float16", "--grad-accum", "2"],
+    r = subprocess.run(cli + ["train", "--data", str(tmp_path / "d"), "--out", str(tmp_path / "r"), "--config",
+                              "text-tiny", "--max-train-steps", "2", "--set", "model.attn_type=rope", "--set",
+                              "model.causal=true", "--set", "compute_dtype=float16", "--set", "grad_accum=2"],
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "trained to step 2" in r.stdout
-    with open(tmp_path / "r" / "metrics.csv", newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    assert len(rows) == 2 and all(np.isfinite(float(x["total"])) for x in rows)
+    rows = _metrics(tmp_path / "r")
+    assert len(rows) == 2 and all(np.isfinite(x["total"]) for x in rows)
     r = subprocess.run(cli + ["embed", str(tmp_path / "r"), "the flight departs", "--out", str(tmp_path / "e.npy")],
                        env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr

@@ -97,5 +97,5 @@ def test_padding_inside_row_is_rejected() -> None:
 
 
 def test_bad_config_is_rejected() -> None:
-    with pytest.raises(ConfluenceError, match="global_ratio"):
-        ViewConfig(global_ratio=(0.5, 0.3)).check()
+    with pytest.raises(ConfluenceError, match="'global_ratio': must satisfy"):
+        ViewConfig(global_ratio=(0.5, 0.3))

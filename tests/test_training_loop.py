@@ -10,7 +10,7 @@ import pytest
 
 from confluence.errors import ConfigError, ConfluenceError
 from confluence.model.inputs import DbTables, batch_to_inputs
-from confluence.toolkit.checkpoint import read_meta
+from confluence.toolkit.checkpoint import read_checkpoint
 from confluence.toolkit.logs import read_scalars
 from confluence.toolkit.mesh import make_mesh, replicate
 from confluence.training.loop import open_stream, train
@@ -69,7 +69,7 @@ def test_train_kill_resume_equals_uninterrupted(tiny_store, tmp_path, sampler):
 
     with pytest.raises(_Crash), open_stream([tiny_store], cfg) as s:
         train(cfg, s, tmp_path / "cut", progress=False, on_step=crash)
-    assert read_meta(tmp_path / "cut").step == 3
+    assert read_checkpoint(tmp_path / "cut").step == 3
     with open_stream([tiny_store], cfg) as s:
         resumed = train(cfg, s, tmp_path / "cut", resume=True, progress=False)
     assert resumed.step == full.step == 6
@@ -77,7 +77,7 @@ def test_train_kill_resume_equals_uninterrupted(tiny_store, tmp_path, sampler):
         np.testing.assert_array_equal(a, b)
     steps = [s for s, _ in read_scalars(tmp_path / "cut" / "scalars.csv")["train/loss"]]
     assert steps == sorted(set(steps)) == list(range(1, 7))  # no repeated or skipped steps in the log
-    meta = read_meta(tmp_path / "full").meta
+    meta = read_checkpoint(tmp_path / "full").meta
     assert meta["step"] == 6 and meta["config"] == cfg.to_dict()
     with open_stream([tiny_store], cfg) as s:
         assert set(meta["stream"]["streams"]) == {e.key for e in s.tasks} and "tasks" in meta["stream"]

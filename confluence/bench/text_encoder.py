@@ -1,4 +1,4 @@
-"""Text-embedding throughput benchmark (`confluence bench text-encoder`, `benchmarks/bench_text_encoder.py`).
+"""Text-embedding throughput benchmark (`confluence bench text-encoder`).
 
 Measures strings/s of the shipped static encoder on short category-like strings ("<column> is <value>", 3-8
 words, all distinct) with 1 and 2 threads, model2vec's own `StaticModel.encode` for comparison, and
@@ -59,7 +59,7 @@ def _rate(fn: Callable[[], object], n: int, repeats: int) -> dict[str, float]:
     return {"best": n / min(times), "median": n / statistics.median(times), "per_cpu_s": n / min(cpu)}
 
 
-def run(n: int = 200_000, repeats: int = 3, threads: tuple[int, ...] = (1, 2),
+def bench_text_encoder(n: int = 200_000, repeats: int = 3, threads: tuple[int, ...] = (1, 2),
         log: Callable[[str], None] | None = None) -> dict:
     """Run the benchmark and return its figures (strings/s) as a JSON-able dict."""
     from model2vec import StaticModel

@@ -28,17 +28,17 @@ def _write_json(path: Path | None, data: dict) -> None:
         typer.echo(f"wrote {path}")
 
 
-def bench_sources(
+def bench_sources_cmd(
     work: Path = typer.Option(Path("runs/bench_sources"), "--work", help="Scratch directory (demo cache + copies)."),
 ) -> None:
     """Time open_source, a full scan of flights and draft_metadata on the demo in every source kind."""
-    from confluence.bench.sources import bench_sources as run
+    from confluence.bench.sources import bench_sources
 
-    for row in run(work):
+    for row in bench_sources(work):
         typer.echo("  ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
 
 
-def bench_preprocess(
+def bench_preprocess_cmd(
     work: Path = typer.Option(Path("runs/bench_preprocess"), "--work", help="Scratch directory."),
     tpch_dir: Path | None = typer.Option(None, "--tpch-dir", help="TPC-H Parquet directory (generated if missing)."),
     tpch_scale: float = typer.Option(1.0, "--tpch-scale", help="TPC-H scale factor."),
@@ -48,17 +48,17 @@ def bench_preprocess(
     json_out: Path | None = typer.Option(None, "--json", help="Also write the figures to this JSON file."),
 ) -> None:
     """Wall time, CPU time and peak memory of preprocessing nycflights13 and TPC-H (one child process each)."""
-    from confluence.bench.preprocess import run
+    from confluence.bench.preprocess import bench_preprocess
 
     try:
-        res = run(work, tpch_dir=tpch_dir, tpch_scale=tpch_scale, skip_tpch=skip_tpch,
+        res = bench_preprocess(work, tpch_dir=tpch_dir, tpch_scale=tpch_scale, skip_tpch=skip_tpch,
                   memory_limit_mb=memory_limit_mb, threads=threads, log=lambda r: typer.echo(json.dumps(r)))
     except ConfluenceError as exc:
         _fail(exc)
     _write_json(json_out, res)
 
 
-def bench_text_encoder(
+def bench_text_encoder_cmd(
     n: int = typer.Option(200_000, "--n", min=1000, help="number of distinct short strings"),
     repeats: int = typer.Option(3, "--repeats", min=1, help="timed repetitions (best and median reported)"),
     json_out: Path | None = typer.Option(None, "--json", help="also write the figures to this JSON file"),
@@ -67,10 +67,10 @@ def bench_text_encoder(
     from rich.console import Console
     from rich.table import Table
 
-    from confluence.bench.text_encoder import run
+    from confluence.bench.text_encoder import bench_text_encoder
 
     console = Console()
-    res = run(n=n, repeats=repeats, log=lambda m: console.print(f"[dim]{m}[/dim]"))
+    res = bench_text_encoder(n=n, repeats=repeats, log=lambda m: console.print(f"[dim]{m}[/dim]"))
     table = Table(title=f"text encoder throughput, {n:,} short strings ({res['words_min']}-{res['words_max']} "
                         f"words), {res['machine']}")
     table.add_column("what")
@@ -93,7 +93,7 @@ def bench_text_encoder(
     _write_json(json_out, res)
 
 
-def bench_sampler(
+def bench_sampler_cmd(
     db: Path | None = typer.Option(None, "--db", help="Processed store (default: the nycflights13 demo, built "
                                                       "under --work if missing)."),
     work: Path = typer.Option(Path("runs/bench_sampler"), "--work", help="Where the demo store is built."),
@@ -140,7 +140,7 @@ def bench_sampler(
     _write_json(json_out, {str(th): r for th, r in best.items()})
 
 
-def bench_train(
+def bench_train_cmd(
     config: str = typer.Option("small", "--config", help="Recipe (small, base, ...) or a .toml / .json file."),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the figures to this JSON file."),
     steps: int = typer.Option(5, "--steps", help="Timed steps after the compile step."),
@@ -148,15 +148,14 @@ def bench_train(
     peak_tflops: float | None = typer.Option(None, "--peak-tflops", help="Peak TFLOP/s for the MFU."),
 ) -> None:
     """Time forward + backward + optimizer update on synthetic batches of the recipe's shapes."""
-    from confluence.bench.train import bench_train as run
-    from confluence.bench.train import result_dict
+    from confluence.bench.train import bench_train, result_dict
     from confluence.cli.train_cmds import run_config
 
     try:
         cfg = run_config(config, set_)
     except ConfluenceError as exc:
         _fail(exc)
-    d = result_dict(run(cfg, config, steps=steps, peak_flops=None if peak_tflops is None else peak_tflops * 1e12))
+    d = result_dict(bench_train(cfg, config, steps=steps, peak_flops=None if peak_tflops is None else peak_tflops * 1e12))
     for k, v in d.items():
         typer.echo(f"{k:>22}: {v:.4g}" if isinstance(v, float) else f"{k:>22}: {v}")
     _write_json(json_out, d)
@@ -183,7 +182,7 @@ def _end_to_end_training(recipe: str, steps: int) -> dict[str, object]:
     return out
 
 
-def bench_attention(
+def bench_attention_cmd(
     seq_len: Annotated[
         list[int] | None,
         typer.Option(
@@ -297,6 +296,7 @@ def bench_attention(
 def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) -> None:
     """Add every `confluence bench ...` command."""
     del app, text_app
-    for name, fn in (("sources", bench_sources), ("preprocess", bench_preprocess), ("text-encoder", bench_text_encoder),
-                     ("sampler", bench_sampler), ("train", bench_train), ("attention", bench_attention)):
+    for name, fn in (("sources", bench_sources_cmd), ("preprocess", bench_preprocess_cmd),
+                     ("text-encoder", bench_text_encoder_cmd), ("sampler", bench_sampler_cmd),
+                     ("train", bench_train_cmd), ("attention", bench_attention_cmd)):
         bench_app.command(name)(fn)

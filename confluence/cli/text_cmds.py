@@ -56,54 +56,29 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
     def train_cmd(
         data: Path = typer.Option(..., "--data", help="prepared data directory"),
         out: Path = typer.Option(..., "--out", help="run directory (resumed when it holds checkpoints)"),
-        preset: str = typer.Option("smoke", help="tiny | smoke | base"),
-        max_train_steps: int | None = typer.Option(None, help="stop after this many steps (default: one epoch)"),
-        batch_size: int | None = typer.Option(None, help="global micro-batch size"),
-        grad_accum: int | None = typer.Option(None, help="micro-batches per optimizer step"),
-        checkpoint_every: int | None = typer.Option(None),
-        compute_dtype: str | None = typer.Option(None, help="float32 | bfloat16 | float16"),
-        attn_type: str | None = typer.Option(None, help="pope | rope"),
-        causal_attention: bool | None = typer.Option(None, "--causal-attention/--no-causal-attention"),
-        mask_token_input: bool | None = typer.Option(None, "--mask-token-input/--no-mask-token-input"),
-        span_tokenwise: bool | None = typer.Option(None, "--span-tokenwise/--no-span-tokenwise"),
-        seq_loss_weight: float | None = typer.Option(None),
-        span_loss_weight: float | None = typer.Option(None),
-        decoder_loss_weight: float | None = typer.Option(None),
-        encoder_mlm_loss_weight: float | None = typer.Option(None),
-        sigreg_weight: float | None = typer.Option(None),
-        pred_loss: str | None = typer.Option(None, help="mse | cosine"),
-        lr_muon: float | None = typer.Option(None),
-        lr_adam: float | None = typer.Option(None),
-        seed: int | None = typer.Option(None),
-        num_devices: int | None = typer.Option(None, help="local devices on the data axis (default: all)"),
+        config: str = typer.Option("text-smoke", "--config", help="text-tiny | text-smoke | text-base or a file"),
+        max_train_steps: int | None = typer.Option(None, "--max-train-steps", min=1,
+                                                   help="stop after this many steps (default: one epoch)"),
+        set_: list[str] = typer.Option([], "--set", help="override a setting, e.g. --set model.attn_type=rope"),
     ) -> None:
         """Train the LeJEPA text model (one epoch or --max-train-steps); resumes from the newest checkpoint."""
-        import dataclasses
-
-        from confluence.textmodel.config import preset_config
+        from confluence.textmodel.config import load_text_config
         from confluence.textmodel.data import read_meta
-        from confluence.textmodel.train import train
+        from confluence.textmodel.train import train_text
+        from confluence.toolkit.config import merge, parse_sets
 
         try:
             meta = read_meta(data)
-            over = {k: v for k, v in {
-                "max_train_steps": max_train_steps, "batch_size": batch_size, "grad_accum": grad_accum,
-                "checkpoint_every": checkpoint_every, "compute_dtype": compute_dtype, "attn_type": attn_type,
-                "causal": causal_attention, "mask_token_input": mask_token_input, "span_tokenwise": span_tokenwise,
-                "sigreg_weight": sigreg_weight, "pred_loss": pred_loss, "lr_muon": lr_muon, "lr_adam": lr_adam,
-                "seed": seed, "num_devices": num_devices}.items() if v is not None}
-            cfg = preset_config(preset, meta.vocab_size, meta.max_seq_len, **over)
-            w = {k: v for k, v in {"seq": seq_loss_weight, "span": span_loss_weight, "decoder": decoder_loss_weight,
-                                   "mlm": encoder_mlm_loss_weight}.items() if v is not None}
-            if w:
-                cfg = cfg.replace(weights=dataclasses.replace(cfg.weights, **w))
-                cfg.check()
+            sets = parse_sets(set_)
+            if max_train_steps is not None:
+                sets = merge(sets, {"max_train_steps": max_train_steps})
+            cfg = load_text_config(config, meta.vocab_size, meta.max_seq_len, sets)
 
             def show(row: dict) -> None:
                 parts = " ".join(f"{k}={v:.4g}" for k, v in row.items() if k not in ("step", "seconds"))
                 typer.echo(f"step {row['step']:>6} [{row['seconds']:.1f}s] {parts}")
 
-            res = train(data, out, cfg, progress=show)
+            res = train_text(data, out, cfg, progress=show)
         except ConfluenceError as exc:
             _fail(exc)
         typer.echo(f"trained to step {res.steps} in {res.seconds:.1f}s; checkpoints in {res.run_dir / 'checkpoints'}")
@@ -152,7 +127,7 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
         min_per_class: int = typer.Option(40),
     ) -> None:
         """Linear probe (package classification) and nearest-neighbour retrieval with each encoder's embeddings."""
-        from confluence.textmodel.probe import run_probe
+        from confluence.textenc.probe import run_probe
 
         try:
             rows = run_probe(corpus, encoders, max_docs=max_docs, min_per_class=min_per_class)

@@ -58,14 +58,14 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
             jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
                                        process_id=process_id)
         try:
-            from confluence.toolkit.checkpoint import latest_checkpoint, read_meta
+            from confluence.toolkit.checkpoint import latest_checkpoint, read_checkpoint
             from confluence.training.config import RunConfig, describe_changes
             from confluence.training.loop import open_stream, train
 
             cfg = run_config(config, set_, max_steps)
             main = jax.process_index() == 0
             if resume and main and latest_checkpoint(out) is not None:
-                saved = RunConfig.from_dict(read_meta(out).meta.get("config", {}))
+                saved = RunConfig.from_dict(read_checkpoint(out).meta.get("config", {}))
                 for line in describe_changes(saved, cfg):
                     typer.echo(f"resume: setting changed since the checkpoint: {line}")
             if main:

@@ -30,11 +30,11 @@ import numpy as np
 import pyarrow as pa
 
 from confluence.evaluation import metrics as M
-from confluence.evaluation.targets import DecodedTargets, decode_targets, unpack_bits
+from confluence.evaluation.targets import DecodedTargets, decode_targets
 from confluence.preprocess.encode import US_PER_DAY, calendar_fields
+from confluence.store.format import unpack_bits
 from confluence.stypes import SemanticType
 
-INT64_MIN = np.iinfo(np.int64).min
 FEATURE_STYPES = (SemanticType.NUMERICAL, SemanticType.CATEGORICAL, SemanticType.BOOLEAN, SemanticType.TIMESTAMP)
 
 

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from confluence.errors import ConfluenceError
-from confluence.model.inputs import batch_to_inputs, bucket_size
+from confluence.model.inputs import DbTables, batch_to_inputs, pow2_at_least, target_max_k
 from confluence.model.loss import categorical_logits
 from confluence.model.transformer import RelationalTransformer
 from confluence.sampler.data import TaskData
@@ -27,7 +27,7 @@ from confluence.sampler.sampler import Sampler
 from confluence.sampler.stream import BatchStream
 from confluence.store import Store
 from confluence.stypes import D_TIME, SemanticType
-from confluence.toolkit.checkpoint import load_state, read_meta
+from confluence.toolkit.checkpoint import load_state, read_checkpoint
 from confluence.training.config import RunConfig
 
 
@@ -41,7 +41,7 @@ class LoadedModel:
 
 def load_model(checkpoint: str | Path) -> LoadedModel:
     """Load a checkpoint (a run directory, its `checkpoints/`, or a `step_*` directory) for inference."""
-    ck = read_meta(Path(checkpoint))
+    ck = read_checkpoint(Path(checkpoint))
     if "config" not in ck.meta:
         raise ConfluenceError(f"checkpoint {ck.path}: its meta.json has no training config")
     cfg = RunConfig.from_dict(ck.meta["config"])
@@ -94,16 +94,10 @@ class Predictor:
             )
         sconf = replace(cfg.sampler, batch_size=batch_size or cfg.sampler.batch_size, threads=threads, tasks=None)
         self.stream = BatchStream(Sampler([self.store], sconf, seed=cfg.seed))
-        k_targets = [int(t.cat_count) for t in self.store.tasks
-                     if int(t.target_stype) == int(SemanticType.CATEGORICAL)]
-        self.max_k = bucket_size(max([cfg.loss.max_k, *k_targets]), minimum=cfg.loss.max_k)
-        col = np.asarray(self.store.column_embeddings)
-        cat = np.asarray(self.store.categorical_embeddings)
-        col_pad = np.zeros((bucket_size(col.shape[0]), col.shape[1]), np.float16)
-        col_pad[: col.shape[0]] = col
-        cat_pad = np.zeros((bucket_size(cat.shape[0] + self.max_k), col.shape[1]), np.float16)
-        cat_pad[: cat.shape[0]] = cat
-        self.col_tab, self.cat_tab = jnp.asarray(col_pad), jnp.asarray(cat_pad)
+        # a store's categorical target may have more categories than any the checkpoint saw: widen the block
+        self.max_k = pow2_at_least(max(cfg.loss.max_k, target_max_k(self.store)), minimum=cfg.loss.max_k)
+        tables = DbTables.from_store(self.store, self.max_k)
+        self.col_tab, self.cat_tab = jnp.asarray(tables.column_embeddings), jnp.asarray(tables.categorical_embeddings)
 
     @property
     def batch_size(self) -> int:

@@ -24,9 +24,9 @@ import pyarrow.parquet as pq
 from confluence.errors import ConfluenceError
 from confluence.evaluation.inference import HeadOutputs, LoadedModel, Predictor, load_model, sigmoid, softmax
 from confluence.evaluation.targets import task_categories
+from confluence.store.format import NO_CUTOFF
 from confluence.stypes import SemanticType
 
-NO_CUTOFF = np.iinfo(np.int64).max
 _EPOCH = dt.datetime(1970, 1, 1)
 
 

@@ -12,12 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from confluence.store.format import unpack_bits
 from confluence.stypes import SemanticType
-
-
-def unpack_bits(bits: np.ndarray, n: int) -> np.ndarray:
-    """Inverse of `np.packbits(..., bitorder="little")` truncated to `n` values."""
-    return np.unpackbits(np.asarray(bits), count=n, bitorder="little").astype(bool)
 
 
 @dataclass

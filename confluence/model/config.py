@@ -8,15 +8,12 @@ from typing import Literal
 
 from confluence.errors import ConfigError
 from confluence.stypes import D_TIME
-from confluence.toolkit.config import one_of, positive
+from confluence.toolkit.config import COMPUTE_DTYPES, one_of, positive
 
 
 def ffn_hidden_dim(d_model: int, multiple: int = 256) -> int:
     """SwiGLU hidden size: ceil(8/3 * D) rounded up to a multiple of `multiple` (seed 001: 768 at D=256)."""
     return int(math.ceil((8.0 * d_model / 3.0) / multiple) * multiple)
-
-
-COMPUTE_DTYPES = ("bfloat16", "float32", "float16")
 
 
 @dataclass(frozen=True)

@@ -64,8 +64,8 @@ def split_targets(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-def bucket_size(n: int, minimum: int = 64) -> int:
-    """Smallest power of two >= max(n, minimum): the padded row count of a per-database table."""
+def pow2_at_least(n: int, minimum: int = 64) -> int:
+    """Smallest power-of-two multiple of `minimum` >= n: the padded row count of a per-database table."""
     size = minimum
     while size < n:
         size *= 2
@@ -98,9 +98,9 @@ class DbTables:
             )
         d_t = column_embeddings.shape[1]
         c, vc = column_embeddings.shape[0], categorical_embeddings.shape[0]
-        col = np.zeros((bucket_size(c), d_t), np.float16)
+        col = np.zeros((pow2_at_least(c), d_t), np.float16)
         col[:c] = column_embeddings
-        cat = np.zeros((bucket_size(vc + model_max_k), d_t), np.float16)
+        cat = np.zeros((pow2_at_least(vc + model_max_k), d_t), np.float16)
         cat[:vc] = categorical_embeddings
         return cls(name, col, cat, c, vc, max_k)
 

@@ -16,8 +16,6 @@ import numpy as np
 from confluence.errors import StoreError
 from confluence.stypes import D_TIME, SemanticType
 
-INT64_MAX = np.iinfo(np.int64).max
-
 
 def readonly(a: np.ndarray, dtype: Any) -> np.ndarray:
     """A C-contiguous read-only view (or copy) of `a` with `dtype`; keeps numba signatures uniform."""

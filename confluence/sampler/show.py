@@ -7,7 +7,8 @@ import datetime as dt
 import numpy as np
 
 from confluence.sampler.builder import BuildResult
-from confluence.sampler.data import INT64_MAX, SamplerData
+from confluence.sampler.data import SamplerData
+from confluence.store.format import INT64_MAX
 from confluence.stypes import SemanticType
 
 _VIA = {0: "seed", 1: "parent", 2: "child"}

@@ -9,8 +9,6 @@ from confluence.sampler.config import SplitConfig
 from confluence.sampler.rng import hash_unit, stream_key
 
 SPLITS = ("train", "val", "test")
-INT64_MAX = np.iinfo(np.int64).max
-
 
 def split_index(name: str) -> int:
     """0, 1, 2 for 'train', 'val', 'test'; ConfluenceError otherwise."""

@@ -38,7 +38,7 @@ from confluence.textenc.default import check_texts
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 1
 _FILE_MAGIC = b"CONFLUENCE-EMBCACHE\n"
 _SEG_MAGIC = b"CSEG"
 _SEG_HEAD = struct.Struct("<4sIIIQ")  # magic, n, dim, pad, payload bytes  (24 bytes)
@@ -178,7 +178,7 @@ class _Table:
         return self._rows
 
     def _make_header(self) -> bytes:
-        meta = json.dumps({"version": FORMAT_VERSION, "fingerprint": self.fingerprint, "dim": self.dim,
+        meta = json.dumps({"version": CACHE_FORMAT_VERSION, "fingerprint": self.fingerprint, "dim": self.dim,
                            "dtype": self.dtype.name}, sort_keys=True).encode()
         body = _FILE_MAGIC + struct.pack("<I", len(meta)) + meta
         return body + _h8(body)

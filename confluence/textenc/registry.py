@@ -7,7 +7,6 @@ Specs: `None` or `"default"` (the shipped static model), `"model2vec:DIR"`, `"se
 from __future__ import annotations
 
 import functools
-import importlib
 from pathlib import Path
 
 from confluence.errors import ConfluenceError
@@ -59,16 +58,11 @@ def encoder_metadata(encoder: TextEncoder) -> dict[str, str | int]:
 
 
 def _load_lejepa(spec: str, path: Path) -> TextEncoder:
-    try:
-        module = importlib.import_module("confluence.textmodel.encoder")
-    except ImportError as exc:
-        raise ConfluenceError(f"text encoder spec {spec!r}: the LeJEPA text model (confluence.textmodel.encoder) "
-                              f"is not available in this installation: {exc}") from exc
-    loader = getattr(module, "load_lejepa_encoder", None)
-    if loader is None:
-        raise ConfluenceError(f"text encoder spec {spec!r}: confluence.textmodel.encoder has no "
-                              "load_lejepa_encoder(path)")
-    encoder = loader(path)
+    """A trained LeJEPA text checkpoint (seed 003). The one arrow between the two packages points this way:
+    `textenc` loads the text model's encoder; `textmodel` never imports `textenc`."""
+    from confluence.textmodel.encoder import load_lejepa_encoder
+
+    encoder = load_lejepa_encoder(path)
     if not isinstance(encoder, TextEncoder):
         raise ConfluenceError(f"text encoder spec {spec!r}: load_lejepa_encoder returned {type(encoder).__name__},"
                               " which does not implement TextEncoder (dim, fingerprint, encode)")

@@ -1,148 +1,104 @@
-"""Run configuration of LeJEPA text training and the named presets."""
+"""The configuration tree of a LeJEPA text-model run, and its recipes (`confluence/configs/text-*.toml`).
+
+`TextRunConfig` holds the model (`TextModelConfig`), the views (`ViewConfig`), the loss weights (`LossWeights`), the
+optimizer and schedule (the toolkit's `OptimConfig`, shared with the relational model) and the loop settings.
+Recipes load by name (`text-tiny`, `text-smoke`, `text-base`) or from a TOML / JSON file, with `extends` and
+`--set` applied by the same rule as the relational model's (`confluence.toolkit.config.overlay`); the vocabulary
+size and sequence length come from the prepared data.
+"""
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
 
-from confluence.errors import ConfluenceError
+from confluence.errors import ConfigError
 from confluence.textmodel.losses import LossWeights
 from confluence.textmodel.model import TextModelConfig
 from confluence.textmodel.views import ViewConfig
+from confluence.toolkit.config import COMPUTE_DTYPES, merge, one_of, overlay, read_recipe, recipe_dir, to_dict
+from confluence.toolkit.optim import OptimConfig
 
-COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
+
+def _text_optim() -> OptimConfig:
+    """The text model's optimizer: Nesterov Muon with decoupled decay, AdamW at 3e-3, 20 warmup steps."""
+    return OptimConfig(lr_muon=0.02, lr_adamw=3e-3, muon_nesterov=True, weight_decay=0.01, muon_weight_decay=0.01,
+                       warmup_steps=20)
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    """Everything a run needs besides the data: model, views, losses, optimizer, loop."""
+class TextRunConfig:
+    """Everything a text run needs besides the data: model, views, losses, optimizer, loop."""
 
-    model: TextModelConfig
+    model: TextModelConfig = field(default_factory=TextModelConfig)
     views: ViewConfig = field(default_factory=ViewConfig)
     weights: LossWeights = field(default_factory=LossWeights)
+    optim: OptimConfig = field(default_factory=_text_optim)
     sigreg_weight: float = 0.25
     sigreg_slices: int = 256
-    pred_loss: str = "mse"  # "mse" | "cosine"
+    pred_loss: Literal["mse", "cosine"] = "mse"
     span_tokenwise: bool = False
     batch_size: int = 32  # global micro-batch (split across devices)
     grad_accum: int = 1
-    lr_muon: float = 0.02
-    lr_adam: float = 3e-3
-    weight_decay: float = 0.01
-    adam_b1: float = 0.9
-    adam_b2: float = 0.95
-    warmup_steps: int = 20
-    grad_clip: float = 1.0
-    max_train_steps: int | None = None
+    max_train_steps: int | None = None  # None: one epoch
     checkpoint_every: int = 100
+    keep_checkpoints: int = 3  # the newest this many are kept (0: all)
     log_every: int = 10
     seed: int = 0
-    compute_dtype: str = "float32"
+    compute_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     shuffle_buffer: int = 4096
     num_devices: int | None = None  # None = all local devices
 
-    def check(self) -> None:
-        """Raise ConfluenceError on an inconsistent configuration (names the offending setting)."""
-        self.model.check()
-        self.views.check()
+    def __post_init__(self) -> None:
         fr = self.weights.fractions()
         if self.model.predictor_n_layers == 0 and "span" in fr:
-            raise ConfluenceError("span loss weight > 0 needs a predictor; set predictor_n_layers > 0 or the weight 0")
+            raise ConfigError("weights.span", "a span loss weight > 0 needs a predictor (model.predictor_n_layers > 0)")
         if self.model.decoder_n_layers == 0 and "decoder" in fr:
-            raise ConfluenceError("decoder loss weight > 0 needs decoder_n_layers > 0 (or set the weight to 0)")
+            raise ConfigError("weights.decoder", "a decoder loss weight > 0 needs model.decoder_n_layers > 0")
         if "mlm" in fr and not self.model.mask_token_input:
-            raise ConfluenceError(
-                "encoder_mlm_loss needs mask_token_input: with attention masking the encoder holds no representation "
-                "at masked positions, so there is nothing to unembed"
-            )
+            raise ConfigError("weights.mlm", "the encoder MLM loss needs model.mask_token_input: with attention "
+                                             "masking the encoder holds no representation at masked positions")
         if self.views.max_decoder_span != self.model.max_decoder_span:
-            raise ConfluenceError(
-                f"views.max_decoder_span {self.views.max_decoder_span} != model.max_decoder_span "
-                f"{self.model.max_decoder_span}"
-            )
+            raise ConfigError("views.max_decoder_span", f"{self.views.max_decoder_span} differs from "
+                                                        f"model.max_decoder_span {self.model.max_decoder_span}")
         if not 0.0 <= self.sigreg_weight <= 1.0:
-            raise ConfluenceError(f"sigreg_weight must be in [0, 1], got {self.sigreg_weight}")
-        if self.pred_loss not in ("mse", "cosine"):
-            raise ConfluenceError(f"pred_loss must be 'mse' or 'cosine', got {self.pred_loss!r}")
-        if self.compute_dtype not in COMPUTE_DTYPES:
-            raise ConfluenceError(f"compute_dtype must be one of {COMPUTE_DTYPES}, got {self.compute_dtype!r}")
-        for name in ("batch_size", "grad_accum", "checkpoint_every", "log_every", "sigreg_slices"):
+            raise ConfigError("sigreg_weight", f"must be in [0, 1], got {self.sigreg_weight}")
+        one_of("pred_loss", self.pred_loss, ("mse", "cosine"))
+        one_of("compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
+        for name in ("batch_size", "grad_accum", "checkpoint_every", "log_every", "sigreg_slices", "shuffle_buffer"):
             if getattr(self, name) < 1:
-                raise ConfluenceError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
         if self.max_train_steps is not None and self.max_train_steps < 1:
-            raise ConfluenceError(f"max_train_steps must be >= 1, got {self.max_train_steps}")
+            raise ConfigError("max_train_steps", f"must be >= 1 (or unset: one epoch), got {self.max_train_steps}")
 
-    def to_json(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["views"]["global_ratio"] = list(self.views.global_ratio)
-        d["views"]["local_ratio"] = list(self.views.local_ratio)
-        return d
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
 
     @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> TrainConfig:
-        raw = dict(raw)
-        try:
-            model = TextModelConfig.from_json(raw.pop("model"))
-            v = dict(raw.pop("views", {}))
-            for k in ("global_ratio", "local_ratio"):
-                if k in v:
-                    v[k] = tuple(v[k])
-            views = ViewConfig(**v)
-            weights = LossWeights(**raw.pop("weights", {}))
-            return cls(model=model, views=views, weights=weights, **raw)
-        except (KeyError, TypeError) as exc:
-            raise ConfluenceError(f"run configuration: malformed ({exc})") from None
+    def from_dict(cls, d: Mapping[str, Any]) -> TextRunConfig:
+        return overlay(cls(), d)
 
-    def replace(self, **kw: Any) -> TrainConfig:
-        return dataclasses.replace(self, **kw)
+    def replace(self, **kw: Any) -> TextRunConfig:
+        return replace(self, **kw)
 
 
-# Presets: overrides of TrainConfig fields; "model" and "views" entries override those sub-configs' fields.
-PRESETS: dict[str, dict[str, Any]] = {
-    # Unit tests: a few seconds per step on one CPU core.
-    "tiny": {
-        "model": {"d_model": 32, "n_heads": 2, "n_layers": 1, "mlp_ratio": 2.0, "predictor_n_layers": 1,
-                  "decoder_n_layers": 1, "max_decoder_span": 8},
-        "views": {"num_global": 2, "num_local": 2, "max_decoder_span": 8},
-        "batch_size": 8, "sigreg_slices": 32, "warmup_steps": 2, "checkpoint_every": 1000, "log_every": 1,
-        "shuffle_buffer": 256,
-    },
-    # CPU smoke run: trains in a few minutes on a 2-core box.
-    "smoke": {
-        "model": {"d_model": 128, "n_heads": 4, "n_layers": 2, "mlp_ratio": 2.0, "predictor_n_layers": 1,
-                  "decoder_n_layers": 1, "max_decoder_span": 12, "drop_path_rate": 0.0},
-        "views": {"num_global": 2, "num_local": 4, "max_decoder_span": 12},
-        "batch_size": 32, "sigreg_slices": 128, "warmup_steps": 30, "checkpoint_every": 200, "log_every": 10,
-        "shuffle_buffer": 2048,
-    },
-    # One GPU: the public-run settings of spec/text_base_model.md.
-    "base": {
-        "model": {"d_model": 512, "n_heads": 8, "n_layers": 8, "mlp_ratio": 4.0, "predictor_n_layers": 4,
-                  "decoder_n_layers": 2, "max_decoder_span": 16, "drop_path_rate": 0.1},
-        "views": {"num_global": 2, "num_local": 6, "max_decoder_span": 16},
-        "batch_size": 128, "sigreg_slices": 256, "warmup_steps": 500, "checkpoint_every": 1000, "log_every": 50,
-        "compute_dtype": "bfloat16", "lr_muon": 0.02, "lr_adam": 1e-3,
-    },
-}
+def _text_recipe_files() -> dict[str, Path]:
+    return {p.stem: p for p in recipe_dir().glob("text-*.toml")}
 
 
-def preset_config(name: str, vocab_size: int, max_seq_len: int, **overrides: Any) -> TrainConfig:
-    """The TrainConfig of preset `name` for data of this vocabulary and length, with top-level `overrides`."""
-    if name not in PRESETS:
-        raise ConfluenceError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
-    p = dict(PRESETS[name])
-    model = TextModelConfig(vocab_size=vocab_size, max_seq_len=max_seq_len, **p.pop("model", {}))
-    views = ViewConfig(**p.pop("views", {}))
-    mkeys = {f.name for f in dataclasses.fields(TextModelConfig)}
-    vkeys = {f.name for f in dataclasses.fields(ViewConfig)}
-    m_over = {k: overrides.pop(k) for k in list(overrides) if k in mkeys}
-    v_over = {k: overrides.pop(k) for k in list(overrides) if k in vkeys and k not in mkeys}
-    if "max_decoder_span" in m_over:
-        v_over["max_decoder_span"] = m_over["max_decoder_span"]
-    model = dataclasses.replace(model, **m_over)
-    views = dataclasses.replace(views, **v_over)
-    p.update(overrides)
-    cfg = TrainConfig(model=model, views=views, **p)
-    cfg.check()
-    return cfg
+def text_recipes() -> list[str]:
+    """Names of the shipped recipes of the text model."""
+    return sorted(_text_recipe_files())
+
+
+def load_text_config(spec: str, vocab_size: int, max_seq_len: int,
+                     overrides: Mapping[str, Any] | None = None) -> TextRunConfig:
+    """The TextRunConfig of a recipe (`text-tiny`, `text-smoke`, `text-base`) or a file, for data of this vocabulary
+    and length, then `overrides` (nested, e.g. from `--set`). `views.max_decoder_span` follows the model's."""
+    raw = merge(read_recipe(spec, _text_recipe_files()), dict(overrides or {}))
+    model = dict(raw.get("model") or {})
+    if "max_decoder_span" in model:
+        raw = merge(raw, {"views": {"max_decoder_span": model["max_decoder_span"]}})
+    return overlay(TextRunConfig(), merge(raw, {"model": {"vocab_size": vocab_size, "max_seq_len": max_seq_len}}))

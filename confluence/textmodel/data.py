@@ -12,9 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import queue
 import shutil
-import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -417,38 +415,3 @@ def split_for_devices(batch: np.ndarray, num_devices: int) -> np.ndarray:
 def strip_eos(tokens: np.ndarray, eos_id: int, pad_id: int) -> np.ndarray:
     """Replace EOS ids with the padding id (the model never attends to EOS)."""
     return np.where(tokens == eos_id, pad_id, tokens).astype(np.int32)
-
-
-def prefetch(iterator: Iterator[Any], size: int = 2) -> Iterator[Any]:
-    """Run `iterator` in a background thread, keeping up to `size` items ready; re-raises its errors."""
-    q: queue.Queue = queue.Queue(maxsize=max(1, size))
-    done = object()
-    stop = threading.Event()
-
-    def worker() -> None:
-        try:
-            for item in iterator:
-                while not stop.is_set():
-                    try:
-                        q.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            q.put(done)
-        except BaseException as exc:  # forwarded to the consumer
-            q.put(exc)
-
-    t = threading.Thread(target=worker, daemon=True)
-    t.start()
-    try:
-        while True:
-            item = q.get()
-            if item is done:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()

@@ -22,20 +22,21 @@ import numpy as np
 from confluence.errors import ConfluenceError
 from confluence.textmodel.data import TOKENIZER_FILE, load_tokenizer, special_ids
 from confluence.textmodel.model import TextTransformer
-from confluence.textmodel.train import CKPT_DIR, latest_checkpoint, load_params, load_run_config
+from confluence.textmodel.train import load_params, load_run_config
+from confluence.toolkit.checkpoint import META_FILE, STATE_FILE, latest_checkpoint
 
 
-def _resolve(path: str | Path) -> tuple[Path, Path]:
-    """(run directory, checkpoint directory) of a run or checkpoint path."""
+def _resolve(path: str | Path) -> Path:
+    """The checkpoint directory of a run (its newest) or a checkpoint path."""
     p = Path(path)
-    if (p / "params.eqx").is_file() and p.parent.name == CKPT_DIR:
-        return p.parent.parent, p
+    if (p / STATE_FILE).is_file() and (p / META_FILE).is_file():
+        return p
     if (p / "config.json").is_file():
         ckpt = latest_checkpoint(p)
         if ckpt is None:
             raise ConfluenceError(f"text model run {p}: has no checkpoint yet")
-        return p, ckpt
-    raise ConfluenceError(f"{p}: neither a text-model run directory (config.json) nor a checkpoint (params.eqx)")
+        return ckpt
+    raise ConfluenceError(f"{p}: neither a text-model run directory (config.json) nor a checkpoint ({STATE_FILE})")
 
 
 class LejepaTextEncoder:
@@ -43,11 +44,10 @@ class LejepaTextEncoder:
 
     def __init__(self, path: str | Path, untrained: bool = False):
         """`untrained` keeps the run's architecture and tokenizer but a fresh random initialization (a baseline)."""
-        run, ckpt = _resolve(path)
-        self.run_dir, self.checkpoint = run, ckpt
-        home = ckpt if (ckpt / "config.json").is_file() and (ckpt / TOKENIZER_FILE).is_file() else run
-        self.cfg = load_run_config(home)
-        self._tok = load_tokenizer(home / TOKENIZER_FILE)
+        ckpt = _resolve(path)
+        self.checkpoint = ckpt  # self-contained: its meta.json holds the configuration, beside the tokenizer
+        self.cfg = load_run_config(ckpt)
+        self._tok = load_tokenizer(ckpt / TOKENIZER_FILE)
         self._ids = special_ids(self._tok)
         if untrained:
             template = TextTransformer(self.cfg.model, jax.random.PRNGKey(self.cfg.seed))
@@ -57,8 +57,8 @@ class LejepaTextEncoder:
         self._params = params
         self._static = static
         h = hashlib.sha256()
-        h.update((ckpt / "params.eqx").read_bytes())
-        h.update((home / TOKENIZER_FILE).read_bytes())
+        h.update((ckpt / STATE_FILE).read_bytes())
+        h.update((ckpt / TOKENIZER_FILE).read_bytes())
         self._fingerprint = f"lejepa{'-untrained' if untrained else ''}:{h.hexdigest()[:16]}"
         self._fns: dict[int, Any] = {}
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from confluence.errors import ConfluenceError
+from confluence.errors import ConfigError, ConfluenceError
 
 
 def sigreg_directions(key: jax.Array, dim: int, num_slices: int) -> jax.Array:
@@ -188,14 +188,16 @@ class LossWeights:
     decoder: float = 1.0
     mlm: float = 0.0
 
+    def __post_init__(self) -> None:
+        for name in ("seq", "span", "decoder", "mlm"):
+            if getattr(self, name) < 0:
+                raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
+        if self.seq + self.span + self.decoder + self.mlm <= 0:
+            raise ConfigError("seq", "at least one of the seq / span / decoder / mlm loss weights must be positive")
+
     def fractions(self) -> dict[str, float]:
         raw = {"seq": self.seq, "span": self.span, "decoder": self.decoder, "mlm": self.mlm}
-        bad = {k: v for k, v in raw.items() if v < 0}
-        if bad:
-            raise ConfluenceError(f"loss weights must be >= 0, got {bad}")
         s = sum(raw.values())
-        if s <= 0:
-            raise ConfluenceError("at least one of the seq / span / decoder / mlm loss weights must be positive")
         return {k: v / s for k, v in raw.items() if v > 0}
 
 

@@ -1,30 +1,33 @@
 """`TextTransformer` (seed 003): token embedding, encoder, predictor and decoder, batched over [B, L].
 
-Every module is an Equinox module holding float32 parameters; `cast_params` casts them to the compute dtype for the
-forward pass. Dense weights are stored as [in, out] (`Dense.w`) so the optimizer can route every 2-D matrix except
-the embedding tables to Muon.
+Every module is an Equinox module holding float32 parameters; `cast_floating` casts them to the compute dtype for
+the forward pass. The layers are the toolkit's (`Linear` with [in, out] weights, zero-centered `RMSNorm`, `SwiGLU`),
+so the optimizer routes every 2-D matrix except the embedding tables to Muon, as for the relational model.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from confluence.errors import ConfluenceError
+from confluence.errors import ConfigError, ConfluenceError
+from confluence.toolkit.config import one_of, positive
+from confluence.toolkit.layers import Linear, RMSNorm, SwiGLU
 
 
 @dataclass(frozen=True)
 class TextModelConfig:
-    """Architecture of a `TextTransformer`."""
+    """Architecture of a `TextTransformer` (section `model` of a text run's tree). `vocab_size` and `max_seq_len`
+    come from the prepared data (0: not set yet)."""
 
-    vocab_size: int
-    max_seq_len: int
+    vocab_size: int = 0
+    max_seq_len: int = 0
     d_model: int = 256
     n_heads: int = 4
     n_layers: int = 4
@@ -32,7 +35,7 @@ class TextModelConfig:
     predictor_n_layers: int = 2
     decoder_n_layers: int = 1
     max_decoder_span: int = 16
-    attn_type: str = "pope"  # "pope" | "rope"
+    attn_type: Literal["pope", "rope"] = "pope"
     causal: bool = False
     drop_path_rate: float = 0.0
     rope_base: float = 10000.0
@@ -40,64 +43,25 @@ class TextModelConfig:
     embed_norm: bool = False
     mask_token_input: bool = False
 
-    def check(self) -> None:
-        """Raise ConfluenceError on an inconsistent configuration."""
-        if self.attn_type not in ("pope", "rope"):
-            raise ConfluenceError(f"attn_type must be 'pope' or 'rope', got {self.attn_type!r}")
+    def __post_init__(self) -> None:
+        one_of("attn_type", self.attn_type, ("pope", "rope"))
+        positive(self, "d_model", "n_heads", "n_layers", "mlp_ratio", "max_decoder_span", "rope_base")
+        if self.vocab_size < 0 or self.max_seq_len < 0:
+            raise ConfigError("vocab_size" if self.vocab_size < 0 else "max_seq_len", "must be >= 0 (0: from the data)")
         if self.d_model % self.n_heads:
-            raise ConfluenceError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
+            raise ConfigError("d_model", f"{self.d_model} is not divisible by n_heads {self.n_heads}")
         if self.attn_type == "rope" and (self.d_model // self.n_heads) % 2:
-            raise ConfluenceError(f"RoPE needs an even head dim, got {self.d_model // self.n_heads}")
-        if self.n_layers < 1:
-            raise ConfluenceError(f"n_layers must be >= 1, got {self.n_layers}")
+            raise ConfigError("attn_type", f"RoPE needs an even head dim, got {self.d_model // self.n_heads}")
         if self.predictor_n_layers < 0 or self.decoder_n_layers < 0:
-            raise ConfluenceError("predictor_n_layers and decoder_n_layers must be >= 0")
+            raise ConfigError("predictor_n_layers" if self.predictor_n_layers < 0 else "decoder_n_layers", "must be >= 0")
         if self.decoder_n_layers > 0 and self.predictor_n_layers == 0:
-            raise ConfluenceError("the decoder cross-attends to predictor outputs: decoder_n_layers > 0 needs a predictor")
+            raise ConfigError("decoder_n_layers", "the decoder cross-attends to predictor outputs: decoder_n_layers > 0 "
+                                                  "needs predictor_n_layers > 0")
         if not 0.0 <= self.drop_path_rate < 1.0:
-            raise ConfluenceError(f"drop_path_rate must be in [0, 1), got {self.drop_path_rate}")
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> TextModelConfig:
-        names = {f.name for f in fields(cls)}
-        unknown = set(raw) - names
-        if unknown:
-            raise ConfluenceError(f"model config: unknown keys {sorted(unknown)}")
-        return cls(**raw)
+            raise ConfigError("drop_path_rate", f"must be in [0, 1), got {self.drop_path_rate}")
 
 
 # ---------------------------------------------------------------------------------------------- layers
-
-
-class Dense(eqx.Module):
-    """Bias-free linear map, weight [in, out]."""
-
-    w: jax.Array
-
-    def __init__(self, d_in: int, d_out: int, key: jax.Array, scale: float = 1.0):
-        self.w = jax.random.normal(key, (d_in, d_out), jnp.float32) * (scale / math.sqrt(d_in))
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return x @ self.w
-
-
-class RMSNorm(eqx.Module):
-    """RMSNorm with a learned scale (computed in float32, returned in the input dtype)."""
-
-    scale: jax.Array
-    eps: float = eqx.field(static=True)
-
-    def __init__(self, dim: int, eps: float = 1e-6):
-        self.scale = jnp.ones((dim,), jnp.float32)
-        self.eps = eps
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        xf = x.astype(jnp.float32)
-        y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
-        return (y * self.scale.astype(jnp.float32)).astype(x.dtype)
 
 
 class TokenEmbedding(eqx.Module):
@@ -119,20 +83,14 @@ class TokenEmbedding(eqx.Module):
         return x.astype(jnp.float32) @ self.weight.astype(jnp.float32).T
 
 
-class SwiGLU(eqx.Module):
-    """w2(silu(w1 x) * w3 x) with hidden size mlp_ratio * d."""
+def _dense(d_in: int, d_out: int, key: jax.Array, scale: float = 1.0) -> Linear:
+    """The text model's bias-free projection: normal init with std scale / sqrt(d_in)."""
+    return Linear(d_in, d_out, key=key, use_bias=False, scale=scale, init="normal")
 
-    w1: Dense
-    w3: Dense
-    w2: Dense
 
-    def __init__(self, d: int, mlp_ratio: float, key: jax.Array):
-        h = max(1, int(round(d * mlp_ratio)))
-        k1, k2, k3 = jax.random.split(key, 3)
-        self.w1, self.w3, self.w2 = Dense(d, h, k1), Dense(d, h, k3), Dense(h, d, k2, scale=0.5)
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return self.w2(jax.nn.silu(self.w1(x)) * self.w3(x))
+def _mlp(d: int, mlp_ratio: float, key: jax.Array) -> SwiGLU:
+    """SwiGLU with hidden size mlp_ratio * d (seed 003), its output projection initialised at half scale."""
+    return SwiGLU(d, max(1, int(round(d * mlp_ratio))), key=key, out_scale=0.5, init="normal")
 
 
 # ---------------------------------------------------------------------------------------------- attention core
@@ -201,10 +159,10 @@ def attention_mask(key_visible: jax.Array, causal: bool, query_len: int | None =
 class SelfAttention(eqx.Module):
     """Multi-head self-attention with RoPE or PoPE (PoPE with an optional learned phase bias `pope_delta`)."""
 
-    wq: Dense
-    wk: Dense
-    wv: Dense
-    wo: Dense
+    wq: Linear
+    wk: Linear
+    wv: Linear
+    wo: Linear
     pope_delta: jax.Array | None
     n_heads: int = eqx.field(static=True)
     attn_type: str = eqx.field(static=True)
@@ -212,8 +170,8 @@ class SelfAttention(eqx.Module):
 
     def __init__(self, d: int, n_heads: int, attn_type: str, base: float, phase_bias: bool, key: jax.Array):
         kq, kk, kv, ko, kd = jax.random.split(key, 5)
-        self.wq, self.wk, self.wv = Dense(d, d, kq), Dense(d, d, kk), Dense(d, d, kv)
-        self.wo = Dense(d, d, ko, scale=0.5)
+        self.wq, self.wk, self.wv = _dense(d, d, kq), _dense(d, d, kk), _dense(d, d, kv)
+        self.wo = _dense(d, d, ko, scale=0.5)
         self.n_heads, self.attn_type, self.base = n_heads, attn_type, base
         dh = d // n_heads
         self.pope_delta = (
@@ -239,17 +197,17 @@ class SelfAttention(eqx.Module):
 class CrossAttention(eqx.Module):
     """Non-causal multi-head attention from x [B, Lq, D] to memory [B, Lm, D], no positional encoding."""
 
-    wq: Dense
-    wk: Dense
-    wv: Dense
-    wo: Dense
+    wq: Linear
+    wk: Linear
+    wv: Linear
+    wo: Linear
     mem_norm: RMSNorm
     n_heads: int = eqx.field(static=True)
 
     def __init__(self, d: int, n_heads: int, key: jax.Array):
         kq, kk, kv, ko = jax.random.split(key, 4)
-        self.wq, self.wk, self.wv = Dense(d, d, kq), Dense(d, d, kk), Dense(d, d, kv)
-        self.wo = Dense(d, d, ko, scale=0.5)
+        self.wq, self.wk, self.wv = _dense(d, d, kq), _dense(d, d, kk), _dense(d, d, kv)
+        self.wo = _dense(d, d, ko, scale=0.5)
         self.mem_norm = RMSNorm(d)
         self.n_heads = n_heads
 
@@ -273,7 +231,7 @@ def drop_path(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
     return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
 
 
-class Block(eqx.Module):
+class TextBlock(eqx.Module):
     """Pre-norm block: x + DropPath(attn(norm x)); [x + DropPath(cross(norm x, memory))]; x + DropPath(mlp(norm x))."""
 
     norm1: RMSNorm
@@ -292,7 +250,7 @@ class Block(eqx.Module):
         self.norm_x = RMSNorm(d) if cross else None
         self.cross = CrossAttention(d, cfg.n_heads, kc) if cross else None
         self.norm2 = RMSNorm(d)
-        self.mlp = SwiGLU(d, cfg.mlp_ratio, km)
+        self.mlp = _mlp(d, cfg.mlp_ratio, km)
         self.drop_rate = drop_rate
 
     def __call__(self, x: jax.Array, pos: jax.Array, allowed: jax.Array, key: jax.Array | None,
@@ -306,13 +264,13 @@ class Block(eqx.Module):
         return x + drop_path(self.mlp(self.norm2(x)), self.drop_rate, k3)
 
 
-def _stack(cfg: TextModelConfig, n: int, key: jax.Array, cross: bool = False) -> list[Block]:
+def _stack(cfg: TextModelConfig, n: int, key: jax.Array, cross: bool = False) -> list[TextBlock]:
     keys = jax.random.split(key, max(n, 1))
     rates = np.linspace(0.0, cfg.drop_path_rate, n) if n > 1 else np.full(n, cfg.drop_path_rate)
-    return [Block(cfg, float(rates[i]), keys[i], cross) for i in range(n)]
+    return [TextBlock(cfg, float(rates[i]), keys[i], cross) for i in range(n)]
 
 
-def _run(blocks: list[Block], x: jax.Array, pos: jax.Array, allowed: jax.Array, key: jax.Array | None,
+def _run(blocks: list[TextBlock], x: jax.Array, pos: jax.Array, allowed: jax.Array, key: jax.Array | None,
          **kw: Any) -> jax.Array:
     keys = jax.random.split(key, len(blocks)) if key is not None else [None] * len(blocks)
     for blk, k in zip(blocks, keys, strict=True):
@@ -333,24 +291,26 @@ class TextTransformer(eqx.Module):
     """Encoder + predictor + decoder of seed 003 with tied token embeddings."""
 
     embed: TokenEmbedding
-    encoder: list[Block]
+    encoder: list[TextBlock]
     final_norm: RMSNorm
     out_mlp: SwiGLU
     mask_pos_emb: jax.Array | None
-    predictor: list[Block]
+    predictor: list[TextBlock]
     predictor_norm: RMSNorm | None
-    decoder: list[Block]
+    decoder: list[TextBlock]
     decoder_norm: RMSNorm | None
     cfg: TextModelConfig = eqx.field(static=True)
 
     def __init__(self, cfg: TextModelConfig, key: jax.Array):
-        cfg.check()
+        if cfg.vocab_size < 1 or cfg.max_seq_len < 1:
+            raise ConfigError("model.vocab_size", "vocab_size and max_seq_len come from the prepared data; got "
+                                                  f"{cfg.vocab_size} and {cfg.max_seq_len}")
         ke, kenc, kmlp, kmask, kp, kd = jax.random.split(key, 6)
         self.cfg = cfg
         self.embed = TokenEmbedding(cfg.vocab_size, cfg.d_model, ke, cfg.embed_norm)
         self.encoder = _stack(cfg, cfg.n_layers, kenc)
         self.final_norm = RMSNorm(cfg.d_model)
-        self.out_mlp = SwiGLU(cfg.d_model, cfg.mlp_ratio, kmlp)
+        self.out_mlp = _mlp(cfg.d_model, cfg.mlp_ratio, kmlp)
         has_pred = cfg.predictor_n_layers > 0
         self.mask_pos_emb = (
             jax.random.normal(kmask, (cfg.max_seq_len, cfg.d_model), jnp.float32) * 0.02 if has_pred else None
@@ -403,13 +363,3 @@ class TextTransformer(eqx.Module):
         allowed = attention_mask(dec_valid, True)
         h = _run(self.decoder, x, pos, allowed, key, memory=memory, memory_valid=memory_valid)
         return self.embed.unembed(self.decoder_norm(h))
-
-
-def cast_params(model: Any, dtype: Any) -> Any:
-    """Cast every floating-point array leaf of `model` to `dtype` (the compute dtype)."""
-    def f(x: Any) -> Any:
-        if eqx.is_array(x) and jnp.issubdtype(x.dtype, jnp.floating):
-            return x.astype(dtype)
-        return x
-
-    return jax.tree.map(f, model)

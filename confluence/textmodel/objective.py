@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from confluence.textmodel import losses as L
-from confluence.textmodel.config import TrainConfig
+from confluence.textmodel.config import TextRunConfig
 from confluence.textmodel.model import TextTransformer
 from confluence.textmodel.views import ViewBatch, max_spans
 
@@ -28,7 +28,7 @@ def host_batch(tokens: np.ndarray, views: ViewBatch) -> dict[str, np.ndarray]:
     }
 
 
-def compute_losses(model: TextTransformer, batch: dict[str, jax.Array], cfg: TrainConfig, *, pad_id: int,
+def compute_losses(model: TextTransformer, batch: dict[str, jax.Array], cfg: TextRunConfig, *, pad_id: int,
                    mask_id: int, bos_id: int, eos_id: int, sigreg_key: jax.Array, key: jax.Array | None,
                    axis_name: str | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Total loss and every term (float32) of one batch. `model` may hold reduced-precision parameters."""
@@ -115,7 +115,7 @@ def compute_losses(model: TextTransformer, batch: dict[str, jax.Array], cfg: Tra
     return total, metrics
 
 
-def metric_names(cfg: TrainConfig) -> list[str]:
+def metric_names(cfg: TextRunConfig) -> list[str]:
     """The metric columns a run logs, in a stable order."""
     fr = cfg.weights.fractions()
     out = ["total"]

@@ -1,34 +1,33 @@
-"""Training curves of a text-model run: one panel per logged loss term, from run/metrics.csv."""
+"""Training curves of a text-model run: one panel per logged loss term, from run/scalars.csv."""
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 from confluence.errors import ConfluenceError
+from confluence.toolkit.logs import read_scalars
 
 
 def plot_curves(run: str | Path, out: str | Path) -> Path:
-    """Plot every metric column of run/metrics.csv against the step into a small PNG at `out`."""
+    """Plot every `train/` scalar of run/scalars.csv against the step into a small PNG at `out`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    path = Path(run) / "metrics.csv"
+    path = Path(run) / "scalars.csv"
     if not path.is_file():
-        raise ConfluenceError(f"{run}: no metrics.csv; not a text-model run directory")
-    with open(path, newline="", encoding="utf-8") as fh:
-        rows = list(csv.DictReader(fh))
-    if not rows:
+        raise ConfluenceError(f"{run}: no scalars.csv; not a text-model run directory")
+    data = {k.split("/", 1)[1]: v for k, v in read_scalars(path).items() if k.startswith("train/")}
+    if not data:
         raise ConfluenceError(f"{path}: no logged steps yet")
-    names = [k for k in rows[0] if k not in ("step", "seconds")]
-    steps = [int(r["step"]) for r in rows]
+    names = list(data)
     cols = 4
     nrows = -(-len(names) // cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(3.0 * cols, 2.2 * nrows), squeeze=False)
     for ax, name in zip(axes.flat, names, strict=False):
-        ax.plot(steps, [float(r[name]) for r in rows], lw=1.2)
+        steps, values = zip(*data[name], strict=True)
+        ax.plot(steps, values, lw=1.2)
         ax.set_title(name, fontsize=9)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)

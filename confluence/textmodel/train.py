@@ -1,4 +1,5 @@
-"""LeJEPA text training: Muon + AdamW, gradient accumulation, data parallelism over a device mesh, checkpoints.
+"""LeJEPA text training on the toolkit: Muon + AdamW (`confluence.toolkit.optim`), gradient accumulation, data
+parallelism over a device mesh, atomic checkpoints, scalar logs, background batch preparation.
 
 Data parallelism: a 1-D `jax.sharding.Mesh` with axis "data"; the per-device loss and gradients run under
 `jax.shard_map` and are averaged with `lax.pmean` over "data" (SIGReg sums its characteristic function over the
@@ -7,10 +8,7 @@ axis, so it sees the global batch). Parameters and optimizer state are replicate
 
 from __future__ import annotations
 
-import csv
 import json
-import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import astuple, dataclass
@@ -27,71 +25,41 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from confluence.errors import ConfluenceError
-from confluence.textmodel.config import TrainConfig
+from confluence.textmodel.config import TextRunConfig
 from confluence.textmodel.data import (
     TOKENIZER_FILE,
     MMapTokenDataset,
     iter_text_batches,
     num_batches,
-    prefetch,
     strip_eos,
 )
 from confluence.textmodel.losses import sigreg_key
-from confluence.textmodel.model import TextTransformer, cast_params
+from confluence.textmodel.model import TextTransformer
 from confluence.textmodel.objective import BATCH_KEYS, compute_losses, host_batch, metric_names
 from confluence.textmodel.views import make_views, view_seed
+from confluence.toolkit.checkpoint import latest_checkpoint, load_state, save_checkpoint
+from confluence.toolkit.layers import cast_floating
+from confluence.toolkit.logs import ScalarLog
+from confluence.toolkit.mesh import make_mesh
+from confluence.toolkit.optim import ADAMW_DECAY, ADAMW_NO_DECAY, MUON, label_by_path, make_optimizer
+from confluence.toolkit.prefetch import Prefetcher
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 FLOAT16_LOSS_SCALE = 1024.0
-CKPT_DIR = "checkpoints"
-
-# ---------------------------------------------------------------------------------------------- optimizer
-
-
-def param_labels(params: Any) -> Any:
-    """'adamw' for token embeddings, mask-position embeddings, norm scales, the PoPE phase bias and any non-2-D
-    array; 'muon' for every other 2-D matrix."""
-    def label(path: tuple, x: Any) -> str:
-        names = [str(getattr(p, "name", getattr(p, "key", p))) for p in path]
-        if x.ndim != 2 or any(n in ("embed", "mask_pos_emb", "scale", "pope_delta") for n in names):
-            return "adamw"
-        return "muon"
-
-    return jax.tree_util.tree_map_with_path(label, params)
+NOT_MUON = ("embed", "mask_pos_emb", "gamma", "pope_delta")  # 2-D leaves that AdamW updates
+NOT_DECAYED = ("gamma", "pope_delta")
 
 
-def _decay_mask(params: Any) -> Any:
-    def f(path: tuple, x: Any) -> bool:
-        names = [str(getattr(p, "name", getattr(p, "key", p))) for p in path]
-        return x.ndim == 2 and not any(n in ("scale", "pope_delta") for n in names)
+def text_param_labels(params: Any) -> Any:
+    """Muon for every 2-D matrix but the token / mask-position embeddings and the PoPE phase bias; AdamW with
+    weight decay for the embeddings, without for norm scales, the phase bias and any other non-2-D array."""
 
-    return jax.tree_util.tree_map_with_path(f, params)
+    def rule(names: list[str], leaf: Any) -> str:
+        if leaf.ndim == 2 and not any(n in NOT_MUON for n in names):
+            return MUON
+        return ADAMW_DECAY if leaf.ndim == 2 and not any(n in NOT_DECAYED for n in names) else ADAMW_NO_DECAY
 
-
-def _muon_dims(updates: Any) -> Any:
-    # Dense weights are [in, out]: reduce over axis 0, output axis 1.
-    return jax.tree.map(lambda _: optax.contrib.MuonDimensionNumbers(reduction_axis=0, output_axis=1), updates)
-
-
-def make_schedule(peak: float, warmup: int, total: int) -> optax.Schedule:
-    """Linear warmup to `peak`, then cosine decay to 10 % of it at `total` steps."""
-    warmup = max(1, min(warmup, max(total - 1, 1)))
-    return optax.warmup_cosine_decay_schedule(0.0, peak, warmup, max(total, warmup + 1), end_value=0.1 * peak)
-
-
-def make_optimizer(cfg: TrainConfig, total_steps: int, params: Any) -> optax.GradientTransformation:
-    """MuonWithAdamWFallback: Muon for 2-D matrices, AdamW for embeddings / norms / PoPE delta; global-norm clip."""
-    muon = optax.chain(
-        optax.contrib.scale_by_muon(beta=0.95, weight_dimension_numbers=_muon_dims),
-        optax.add_decayed_weights(cfg.weight_decay),
-        optax.scale_by_learning_rate(make_schedule(cfg.lr_muon, cfg.warmup_steps, total_steps)),
-    )
-    adamw = optax.adamw(make_schedule(cfg.lr_adam, cfg.warmup_steps, total_steps), b1=cfg.adam_b1,
-                        b2=cfg.adam_b2, eps=1e-8, weight_decay=cfg.weight_decay, mask=_decay_mask)
-    return optax.chain(
-        optax.clip_by_global_norm(cfg.grad_clip),
-        optax.multi_transform({"muon": muon, "adamw": adamw}, param_labels(params)),
-    )
+    return label_by_path(params, rule)
 
 
 # ---------------------------------------------------------------------------------------------- the step
@@ -105,16 +73,7 @@ class SpecialIds:
     eos_id: int
 
 
-def make_mesh(num_devices: int | None = None) -> Mesh:
-    """A 1-D mesh named "data" over the first `num_devices` local devices (all by default)."""
-    devs = jax.local_devices()
-    n = len(devs) if num_devices is None else num_devices
-    if not 1 <= n <= len(devs):
-        raise ConfluenceError(f"asked for {n} devices, {len(devs)} local device(s) available")
-    return Mesh(np.array(devs[:n]), ("data",))
-
-
-def build_train_step(cfg: TrainConfig, static: Any, opt: optax.GradientTransformation, ids: SpecialIds,
+def build_train_step(cfg: TextRunConfig, static: Any, opt: optax.GradientTransformation, ids: SpecialIds,
                      mesh: Mesh) -> Callable[..., Any]:
     """jit-compiled (params, opt_state, batch, step) -> (params, opt_state, metrics).
 
@@ -125,7 +84,7 @@ def build_train_step(cfg: TrainConfig, static: Any, opt: optax.GradientTransform
     names = metric_names(cfg)
 
     def micro_loss(params: Any, mb: dict[str, jax.Array], step: jax.Array, micro: int) -> tuple[jax.Array, Any]:
-        model = eqx.combine(cast_params(params, dtype), static)
+        model = eqx.combine(cast_floating(params, dtype), static)
         skey = sigreg_key(cfg.seed, step * cfg.grad_accum + micro)
         dkey = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(cfg.seed + 1), step), micro)
         dkey = jax.random.fold_in(dkey, jax.lax.axis_index("data"))
@@ -162,86 +121,54 @@ def build_train_step(cfg: TrainConfig, static: Any, opt: optax.GradientTransform
     return step_fn
 
 
-# ---------------------------------------------------------------------------------------------- checkpoints
+# ---------------------------------------------------------------------------------------------- runs
 
 
-def _step_dir(run: Path, step: int) -> Path:
-    return run / CKPT_DIR / f"step_{step:08d}"
+def load_run_config(run: str | Path) -> TextRunConfig:
+    """The TextRunConfig saved in a run directory (or in one of its checkpoints, which carry it too)."""
+    from confluence.toolkit.checkpoint import META_FILE
 
-
-def latest_checkpoint(run: str | Path) -> Path | None:
-    """The newest complete checkpoint directory of a run, or None."""
-    d = Path(run) / CKPT_DIR
-    if not d.is_dir():
-        return None
-    steps = sorted(p for p in d.iterdir() if p.name.startswith("step_") and (p / "state.json").is_file())
-    return steps[-1] if steps else None
-
-
-def save_checkpoint(run: Path, step: int, params: Any, opt_state: Any, state: dict[str, Any]) -> Path:
-    """Write params, optimizer state, loop state, the run configuration and the tokenizer atomically to
-    run/checkpoints/step_<step>/ (a checkpoint directory is self-contained)."""
-    final = _step_dir(run, step)
-    tmp = final.with_name(final.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    shutil.copyfile(run / "config.json", tmp / "config.json")
-    shutil.copyfile(run / TOKENIZER_FILE, tmp / TOKENIZER_FILE)
-    eqx.tree_serialise_leaves(tmp / "params.eqx", jax.device_get(params))
-    eqx.tree_serialise_leaves(tmp / "opt_state.eqx", jax.device_get(opt_state))
-    (tmp / "state.json").write_text(json.dumps(state | {"step": step}, indent=2), encoding="utf-8")
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    return final
-
-
-def load_run_config(run: str | Path) -> TrainConfig:
-    """The TrainConfig saved in a run directory."""
-    path = Path(run) / "config.json"
+    path = Path(run)
     try:
-        return TrainConfig.from_json(json.loads(path.read_text(encoding="utf-8")))
+        if (path / META_FILE).is_file():
+            return TextRunConfig.from_dict(json.loads((path / META_FILE).read_text(encoding="utf-8"))["config"])
+        return TextRunConfig.from_dict(json.loads((path / "config.json").read_text(encoding="utf-8")))
     except FileNotFoundError:
         raise ConfluenceError(f"{run}: no config.json; not a text-model run directory") from None
-    except json.JSONDecodeError as exc:
-        raise ConfluenceError(f"{path}: not valid JSON ({exc})") from None
+    except (json.JSONDecodeError, KeyError) as exc:
+        raise ConfluenceError(f"{path}: not a text-model run configuration ({exc})") from None
 
 
-def load_params(ckpt: Path, cfg: TrainConfig) -> tuple[Any, Any]:
+def load_params(ckpt: Path, cfg: TextRunConfig) -> tuple[Any, Any]:
     """(params, static) of the model in checkpoint directory `ckpt`."""
     template = TextTransformer(cfg.model, jax.random.PRNGKey(0))
     params, static = eqx.partition(template, eqx.is_array)
-    try:
-        params = eqx.tree_deserialise_leaves(ckpt / "params.eqx", params)
-    except (OSError, RuntimeError, ValueError) as exc:
-        raise ConfluenceError(f"{ckpt}: cannot read params.eqx ({exc})") from None
+    params, _ = load_state(ckpt, params)
     return params, static
-
-
-# ---------------------------------------------------------------------------------------------- the loop
 
 
 _STEP_CACHE: dict[tuple, Callable[..., Any]] = {}
 
 
 @dataclass
-class TrainResult:
+class TextTrainResult:
     run_dir: Path
     steps: int
     metrics: list[dict[str, float]]
     seconds: float
 
 
-def train(data_dir: str | Path, run_dir: str | Path, cfg: TrainConfig, *, resume: bool = True,
-          progress: Callable[[dict[str, float]], None] | None = None, stop_after: int | None = None) -> TrainResult:
+def train_text(data_dir: str | Path, run_dir: str | Path, cfg: TextRunConfig, *, resume: bool = True,
+               progress: Callable[[dict[str, float]], None] | None = None,
+               stop_after: int | None = None) -> TextTrainResult:
     """Train (or resume) a LeJEPA text model on prepared data; one epoch or `cfg.max_train_steps` steps.
 
-    Writes run_dir/config.json, tokenizer.json, data_meta.json, metrics.csv and checkpoints/step_*/ every
-    `checkpoint_every` steps and at the end. With `resume`, continues from the newest checkpoint exactly where
-    it stopped (same batches, same views, same schedule position). `stop_after` ends the call after that global
-    step (with a checkpoint), as if the process had been stopped there.
+    Writes run_dir/config.json, tokenizer.json, data_meta.json, scalars.csv (tags `train/<term>`) and
+    checkpoints/step_*/ (state.eqx, meta.json with the configuration, tokenizer.json) every `checkpoint_every`
+    steps and at the end. With `resume`, continues from the newest checkpoint exactly where it stopped (same
+    batches, same views, same schedule position). `stop_after` ends the call after that global step (with a
+    checkpoint), as if the process had been stopped there.
     """
-    cfg.check()
     ds = MMapTokenDataset(data_dir)
     meta = ds.meta
     if cfg.model.vocab_size != meta.vocab_size or cfg.model.max_seq_len != meta.max_seq_len:
@@ -261,7 +188,7 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: TrainConfig, *, resume
 
     run = Path(run_dir)
     run.mkdir(parents=True, exist_ok=True)
-    cfg_json = cfg.to_json()
+    cfg_json = cfg.to_dict()
     ckpt = latest_checkpoint(run) if resume else None
     if ckpt is not None:
         saved = json.loads((run / "config.json").read_text(encoding="utf-8"))
@@ -272,18 +199,18 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: TrainConfig, *, resume
     elif latest_checkpoint(run) is not None:
         raise ConfluenceError(f"{run}: already holds checkpoints; resume it or choose a new --out")
     (run / "config.json").write_text(json.dumps(cfg_json, indent=2), encoding="utf-8")
-    shutil.copyfile(Path(data_dir) / TOKENIZER_FILE, run / TOKENIZER_FILE)
+    (run / TOKENIZER_FILE).write_bytes((Path(data_dir) / TOKENIZER_FILE).read_bytes())
     (run / "data_meta.json").write_text(json.dumps(meta.to_json(), indent=2), encoding="utf-8")
 
     model = TextTransformer(cfg.model, jax.random.PRNGKey(cfg.seed))
     params, static = eqx.partition(model, eqx.is_array)
-    opt = make_optimizer(cfg, total_steps, params)
+    optim = cfg.optim.for_run(total_steps)
+    opt = make_optimizer(text_param_labels(params), optim)
     opt_state = opt.init(params)
     start = 0
     if ckpt is not None:
-        params = eqx.tree_deserialise_leaves(ckpt / "params.eqx", params)
-        opt_state = eqx.tree_deserialise_leaves(ckpt / "opt_state.eqx", opt_state)
-        start = json.loads((ckpt / "state.json").read_text(encoding="utf-8"))["step"]
+        params, opt_state = load_state(ckpt, params, opt_state)
+        start = json.loads((ckpt / "meta.json").read_text(encoding="utf-8"))["step"]
 
     rep = NamedSharding(mesh, P())
     params, opt_state = jax.device_put((params, opt_state), rep)
@@ -308,38 +235,29 @@ def train(data_dir: str | Path, run_dir: str | Path, cfg: TrainConfig, *, resume
             stacked = {k: np.stack([m[k] for m in micro]) for k in BATCH_KEYS}
             yield s, jax.device_put(stacked, bsh)
 
-    metrics_path = run / "metrics.csv"
-    rows = _read_metrics(metrics_path, upto=start)
+    log = ScalarLog(run / "scalars.csv", truncate_after_step=start)
     history: list[dict[str, float]] = []
     t0 = time.perf_counter()
     step = start
-    with open(metrics_path, "w", newline="", encoding="utf-8") as fh:
-        w = csv.DictWriter(fh, fieldnames=["step", *names, "seconds"])
-        w.writeheader()
-        for r in rows:
-            w.writerow(r)
-        for step_idx, batch in prefetch(batches(), size=2):
-            params, opt_state, m = step_fn(params, opt_state, batch, jnp.asarray(step_idx, jnp.int32))
-            step = step_idx + 1
-            if step % cfg.log_every == 0 or step == total_steps or step == start + 1:
-                vals = {k: float(v) for k, v in jax.device_get(m).items()}
-                row = {"step": step, **{k: vals[k] for k in names}, "seconds": round(time.perf_counter() - t0, 3)}
-                w.writerow(row)
-                fh.flush()
-                history.append(row)
-                if progress is not None:
-                    progress(row)
-            stopping = stop_after is not None and step >= stop_after
-            if step % cfg.checkpoint_every == 0 or step == total_steps or stopping:
-                save_checkpoint(run, step, params, opt_state, {"batches_consumed": step, "seed": cfg.seed,
-                                                              "total_steps": total_steps})
-            if stopping:
-                break
-    return TrainResult(run, step, history, time.perf_counter() - t0)
-
-
-def _read_metrics(path: Path, upto: int) -> list[dict[str, Any]]:
-    if not path.exists() or upto == 0:
-        return []
-    with open(path, newline="", encoding="utf-8") as fh:
-        return [r for r in csv.DictReader(fh) if int(r["step"]) <= upto]
+    try:
+        with Prefetcher(batches, capacity=2, name="text-batches") as prepared:
+            for step_idx, batch in prepared:
+                params, opt_state, m = step_fn(params, opt_state, batch, jnp.asarray(step_idx, jnp.int32))
+                step = step_idx + 1
+                if step % cfg.log_every == 0 or step == total_steps or step == start + 1:
+                    vals = {k: float(v) for k, v in jax.device_get(m).items()}
+                    row = {"step": step, **{k: vals[k] for k in names}, "seconds": round(time.perf_counter() - t0, 3)}
+                    log.write(step, {f"train/{k}": vals[k] for k in names} | {"perf/seconds": row["seconds"]})
+                    history.append(row)
+                    if progress is not None:
+                        progress(row)
+                stopping = stop_after is not None and step >= stop_after
+                if step % cfg.checkpoint_every == 0 or step == total_steps or stopping:
+                    save_checkpoint(run, step, params, opt_state,
+                                    {"config": cfg_json, "batches_consumed": step, "total_steps": total_steps},
+                                    keep=cfg.keep_checkpoints, files={TOKENIZER_FILE: run / TOKENIZER_FILE})
+                if stopping:
+                    break
+    finally:
+        log.close()
+    return TextTrainResult(run, step, history, time.perf_counter() - t0)

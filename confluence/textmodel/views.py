@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from confluence.errors import ConfluenceError
+from confluence.errors import ConfigError, ConfluenceError
 
 
 @dataclass(frozen=True)
@@ -32,19 +32,18 @@ class ViewConfig:
     def num_views(self) -> int:
         return self.num_global + self.num_local
 
-    def check(self) -> None:
-        """Raise ConfluenceError on an inconsistent configuration."""
+    def __post_init__(self) -> None:
         if self.num_global < 1:
-            raise ConfluenceError(f"num_global views must be at least 1 (the global center), got {self.num_global}")
+            raise ConfigError("num_global", f"must be at least 1 (the global center), got {self.num_global}")
         if self.num_local < 0:
-            raise ConfluenceError(f"num_local views must be >= 0, got {self.num_local}")
+            raise ConfigError("num_local", f"must be >= 0, got {self.num_local}")
         for name, (lo, hi) in (("global_ratio", self.global_ratio), ("local_ratio", self.local_ratio)):
             if not 0.0 < lo <= hi < 1.0:
-                raise ConfluenceError(f"{name} must satisfy 0 < min <= max < 1, got ({lo}, {hi})")
+                raise ConfigError(name, f"must satisfy 0 < min <= max < 1, got ({lo}, {hi})")
         if self.span_lambda <= 0:
-            raise ConfluenceError(f"span_lambda must be positive, got {self.span_lambda}")
+            raise ConfigError("span_lambda", f"must be positive, got {self.span_lambda}")
         if self.max_decoder_span < 1:
-            raise ConfluenceError(f"max_decoder_span must be >= 1, got {self.max_decoder_span}")
+            raise ConfigError("max_decoder_span", f"must be >= 1, got {self.max_decoder_span}")
 
 
 @dataclass(frozen=True)
@@ -166,7 +165,6 @@ def make_views(tokens: np.ndarray, pad_id: int, cfg: ViewConfig, seed: int) -> V
     Valid positions are the non-pad positions; they must form a prefix of each row (as `prepare` writes them).
     Deterministic for a given `seed`.
     """
-    cfg.check()
     tokens = np.asarray(tokens)
     B, L = tokens.shape
     valid = tokens != pad_id

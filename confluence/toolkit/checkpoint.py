@@ -112,7 +112,7 @@ def resolve_checkpoint(path: Path) -> Path:
     raise CheckpointError(f"no checkpoint found at {path} (expected a run dir, its checkpoints/ or a step_* dir)")
 
 
-def read_meta(path: Path) -> Checkpoint:
+def read_checkpoint(path: Path) -> Checkpoint:
     ckpt = resolve_checkpoint(path)
     meta = json.loads((ckpt / META_FILE).read_text())
     return Checkpoint(ckpt, int(meta["step"]), meta)

@@ -13,13 +13,17 @@ import json
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from importlib.resources import files
 from pathlib import Path
 from typing import Any, TypeVar
 
 from confluence.errors import ConfigError
 
 T = TypeVar("T")
+
+
+COMPUTE_DTYPES = ("bfloat16", "float32", "float16")  # what a model may compute in; parameters stay float32
 
 
 def positive(cfg: object, *names: str) -> None:
@@ -143,6 +147,35 @@ def read_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ConfigError("", f"{path} must hold a table of settings")
     return raw
+
+
+def recipe_dir() -> Path:
+    """Where the shipped recipes live (`confluence/configs/`; the text model's are `text-*.toml`)."""
+    return Path(str(files("confluence").joinpath("configs")))
+
+
+def read_recipe(spec: str, recipes: dict[str, Path], migrate: Callable[[dict[str, Any]], dict[str, Any]] = dict,
+                _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The settings of a recipe (a name in `recipes`) or of a .toml / .json file, with its chain of `extends`
+    (a recipe name, or a file path relative to the extending file) applied base first. `migrate` maps each file's
+    dict from an older layout."""
+    path = Path(spec)
+    if not (path.suffix in (".toml", ".json") and path.is_file()):
+        if spec not in recipes:
+            raise ConfigError("", f"--config {spec!r}: neither a recipe ({', '.join(sorted(recipes))}) nor an "
+                                  "existing .toml / .json file")
+        path = recipes[spec]
+    if path.resolve() in _seen:
+        raise ConfigError("extends", f"{path}: recipes extend each other in a circle")
+    raw = migrate(read_file(path))
+    parent = raw.pop("extends", None)
+    if parent is None:
+        return raw
+    if not isinstance(parent, str):
+        raise ConfigError("extends", f"{path}: must name a recipe or a file, got {parent!r}")
+    rel = path.parent / parent
+    parent_spec = str(rel) if rel.suffix in (".toml", ".json") and rel.is_file() else parent
+    return merge(read_recipe(parent_spec, recipes, migrate, (*_seen, path.resolve())), raw)
 
 
 def parse_sets(items: list[str]) -> dict[str, Any]:

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 from confluence.errors import ConfigError
 from confluence.model.config import LossConfig, ModelConfig
 from confluence.sampler.config import SamplerConfig
-from confluence.toolkit.config import merge, overlay, read_file, to_dict
+from confluence.toolkit.config import overlay, read_recipe, recipe_dir, to_dict
 from confluence.toolkit.optim import OptimConfig
 
 
@@ -70,46 +69,18 @@ class RunConfig:
         return overlay(self, {"loop": {"max_steps": steps}})
 
 
-def recipe_dir() -> Path:
-    """Where the shipped recipes live (`confluence/configs/`)."""
-    return Path(str(files("confluence").joinpath("configs")))
+def _recipe_files() -> dict[str, Path]:
+    return {p.stem: p for p in recipe_dir().glob("*.toml") if not p.stem.startswith("text-")}
 
 
 def recipes() -> list[str]:
     """Names of the shipped recipes of the relational model."""
-    return sorted(p.stem for p in recipe_dir().glob("*.toml") if not p.stem.startswith("text-"))
-
-
-def _recipe_file(spec: str) -> Path:
-    path = Path(spec)
-    if path.suffix in (".toml", ".json") and path.is_file():
-        return path
-    named = recipe_dir() / f"{spec}.toml"
-    if named.is_file() and not spec.startswith("text-"):
-        return named
-    raise ConfigError("", f"--config {spec!r}: neither a recipe ({', '.join(recipes())}) nor an existing "
-                          ".toml / .json file")
-
-
-def _resolve(spec: str, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """The settings of a recipe or file, with the chain of `extends` applied (base first)."""
-    path = _recipe_file(spec)
-    if path.resolve() in seen:
-        raise ConfigError("extends", f"{path}: recipes extend each other in a circle")
-    raw = migrate(read_file(path))
-    parent = raw.pop("extends", None)
-    if parent is None:
-        return raw
-    if not isinstance(parent, str):
-        raise ConfigError("extends", f"{path}: must name a recipe or a file, got {parent!r}")
-    rel = path.parent / parent
-    parent_spec = str(rel) if rel.suffix in (".toml", ".json") and rel.is_file() else parent
-    return merge(_resolve(parent_spec, (*seen, path.resolve())), raw)
+    return sorted(_recipe_files())
 
 
 def load_config(spec: str = "small", overrides: Mapping[str, Any] | None = None) -> RunConfig:
     """The RunConfig of a recipe name or a .toml / .json file, then `overrides` (nested dict, e.g. from `--set`)."""
-    raw = _resolve(spec)
+    raw = read_recipe(spec, _recipe_files(), migrate)
     try:
         cfg = overlay(RunConfig(), raw)
     except ConfigError as exc:

@@ -18,7 +18,7 @@ from confluence.model.inputs import DbTables, batch_to_inputs
 from confluence.model.transformer import RelationalTransformer
 from confluence.sampler.stream import BatchStream
 from confluence.stypes import SemanticType
-from confluence.toolkit.checkpoint import load_state, read_meta, save_checkpoint
+from confluence.toolkit.checkpoint import load_state, read_checkpoint, save_checkpoint
 from confluence.toolkit.logs import ScalarLog, plot_scalars
 from confluence.toolkit.mesh import make_mesh, replicate
 from confluence.toolkit.progress import StepBar
@@ -85,7 +85,7 @@ def train(
     params, opt_state = trainer.init_state(model)
     step = 0
     if resume and (out_dir / "checkpoints" / "LATEST").is_file():
-        ck = read_meta(out_dir)
+        ck = read_checkpoint(out_dir)
         saved = RunConfig.from_dict(ck.meta.get("config", {}))
         if saved.model != cfg.model:
             raise ConfluenceError(f"--resume: the checkpoint {ck.path} was trained with another model config")

@@ -9,7 +9,6 @@ mean reciprocal rank of the first same-package neighbour.
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ def _encode_fn(spec: str, train_texts: list[str]) -> tuple[Any, int]:
         dim = min(256, len(vec.vocabulary_) - 1)
         svd = TruncatedSVD(dim, random_state=0).fit(vec.transform(train_texts))
         return (lambda t: svd.transform(vec.transform(t)).astype(np.float32)), dim
+    from confluence.textenc.registry import load_encoder
     from confluence.textmodel.encoder import LejepaTextEncoder
 
     if spec.startswith("random:"):
@@ -36,11 +36,7 @@ def _encode_fn(spec: str, train_texts: list[str]) -> tuple[Any, int]:
     if Path(spec).is_dir():
         enc = LejepaTextEncoder(spec)
         return enc.encode, enc.dim
-    try:
-        registry = importlib.import_module("confluence.textenc.registry")
-    except ModuleNotFoundError:
-        raise ConfluenceError(f"encoder {spec!r}: not a run directory and confluence.textenc.registry is absent") from None
-    enc = registry.load_encoder(spec)
+    enc = load_encoder(spec)
     return enc.encode, enc.dim
 
 
