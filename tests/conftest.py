@@ -19,10 +19,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 def tiny_store(tmp_path_factory):
     """The tiny bookstore preprocessed with the hashing text encoder of the tiny model's D_t (8): a real store the
     training, evaluation and prediction tests run the tiny model on."""
-    from confluence.preprocess.pipeline import preprocess
-    from tests.conftest_store import HashEncoder, write_bookstore
+    from tests.fixtures.bookstore import build_bookstore
     from tests.fixtures.model import D_T
 
-    d = tmp_path_factory.mktemp("tiny_store")
-    src, meta = write_bookstore(d)
-    return preprocess(src, meta, d / "store", encoder=HashEncoder(D_T), progress=False)
+    return build_bookstore(tmp_path_factory.mktemp("tiny_store"), "tiny", dim=D_T)

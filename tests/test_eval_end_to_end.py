@@ -21,8 +21,7 @@ from confluence.evaluation.targets import decode_targets
 from confluence.preprocess.pipeline import preprocess
 from confluence.store import Store
 from confluence.training.loop import open_stream, train
-from tests.conftest_data import bookstore_metadata, write_bookstore
-from tests.conftest_store import HashEncoder
+from tests.fixtures.bookstore import HashEncoder, bookstore_metadata, write_bookstore
 from tests.fixtures.model import tiny_run_config
 from tests.test_eval_gbdt import META, _tables
 
@@ -50,7 +49,7 @@ def shop(tmp_path_factory):
 @pytest.fixture(scope="module")
 def bookstore(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("zero_shot")
-    src = write_bookstore(tmp / "raw", "parquet")
+    src = write_bookstore(tmp / "raw", "parquet", size="small")
     meta = tmp / "bookstore.json"
     meta.write_text(json.dumps(bookstore_metadata()))
     return preprocess(src, meta, tmp / "store", encoder=HashEncoder(D_T), progress=False)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,12 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from conftest_store import HashEncoder  # noqa: E402
-
-from confluence.evaluation.gbdt import FeatureBuilder, fit_gbdt  # noqa: E402
-from confluence.preprocess.pipeline import preprocess  # noqa: E402
-from confluence.store import Store  # noqa: E402
+from confluence.evaluation.gbdt import FeatureBuilder, fit_gbdt
+from confluence.preprocess.pipeline import preprocess
+from confluence.store import Store
+from tests.fixtures.bookstore import HashEncoder
 
 T0 = dt.datetime(2020, 1, 1)
 CUTOFF = dt.datetime(2020, 7, 1)

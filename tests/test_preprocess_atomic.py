@@ -18,7 +18,7 @@ from confluence.preprocess import pipeline, preprocess
 from confluence.schema.metadata import parse_metadata
 from confluence.sources import open_source
 from confluence.store import Store
-from tests.conftest_store import BOOKSTORE_METADATA, HashEncoder, write_bookstore
+from tests.fixtures.bookstore import BOOKSTORE_METADATA, HashEncoder, bookstore_files
 
 
 def digest(root: Path) -> dict[str, str]:
@@ -31,7 +31,7 @@ def run(src, meta, out, **kw) -> Path:
 
 
 def test_two_runs_identical_bytes(tmp_path):
-    src, meta = write_bookstore(tmp_path)
+    src, meta = bookstore_files(tmp_path)
     a, b = run(src, meta, tmp_path / "a"), run(src, meta, tmp_path / "b")
     da, db = digest(a), digest(b)
     assert da == db and len(da) > 40
@@ -72,7 +72,7 @@ def test_streaming_batches_give_identical_bytes(tmp_path, monkeypatch):
 
 
 def test_interrupted_run_leaves_nothing_that_loads(tmp_path, monkeypatch):
-    src, meta = write_bookstore(tmp_path)
+    src, meta = bookstore_files(tmp_path)
     out = tmp_path / "store"
 
     def boom(*a, **k):
@@ -88,7 +88,7 @@ def test_interrupted_run_leaves_nothing_that_loads(tmp_path, monkeypatch):
 
 
 def test_interrupted_run_keeps_the_old_store(tmp_path, monkeypatch):
-    src, meta = write_bookstore(tmp_path)
+    src, meta = bookstore_files(tmp_path)
     out = run(src, meta, tmp_path / "store")
     before = digest(out)
     monkeypatch.setattr(pipeline, "build_graph", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("crash")))
@@ -100,7 +100,7 @@ def test_interrupted_run_keeps_the_old_store(tmp_path, monkeypatch):
 
 def test_half_written_directory_does_not_load(tmp_path, monkeypatch):
     """Even a tmp directory left by a killed process (no cleanup ran) is not a store."""
-    src, meta = write_bookstore(tmp_path)
+    src, meta = bookstore_files(tmp_path)
     monkeypatch.setattr(pipeline.StoreWriter, "abort", lambda self: None)
     monkeypatch.setattr(pipeline, "embed_into", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("kill")))
     with pytest.raises(RuntimeError):
@@ -112,7 +112,7 @@ def test_half_written_directory_does_not_load(tmp_path, monkeypatch):
 
 
 def test_rerun_replaces_existing_store(tmp_path):
-    src, meta = write_bookstore(tmp_path)
+    src, meta = bookstore_files(tmp_path)
     out = run(src, meta, tmp_path / "store")
     m = copy.deepcopy(BOOKSTORE_METADATA)
     m["tasks"] = {}
@@ -122,13 +122,13 @@ def test_rerun_replaces_existing_store(tmp_path):
 
 
 def _with_table(tmp_path: Path, table: str, data: pa.Table) -> tuple[Path, Path]:
-    src, meta = write_bookstore(tmp_path)
+    src, meta = bookstore_files(tmp_path)
     pq.write_table(data, src / f"{table}.parquet")
     return src, meta
 
 
 def test_duplicate_and_nan_primary_keys(tmp_path):
-    from tests.conftest_store import bookstore_tables
+    from tests.fixtures.bookstore import bookstore_tables
 
     books = bookstore_tables()["books"]
     src, meta = _with_table(tmp_path, "books", books.set_column(0, "book_id", pa.array(["b1", "b1", "b3"])))
@@ -145,7 +145,7 @@ def test_duplicate_and_nan_primary_keys(tmp_path):
 
 
 def test_numerical_column_with_strings(tmp_path):
-    from tests.conftest_store import bookstore_tables
+    from tests.fixtures.bookstore import bookstore_tables
 
     books = bookstore_tables()["books"]
     src, meta = _with_table(tmp_path, "books", books.set_column(2, "price", pa.array(["10", "cheap", "30"])))
@@ -154,7 +154,7 @@ def test_numerical_column_with_strings(tmp_path):
 
 
 def test_task_errors_name_the_task(tmp_path):
-    src, meta_path = write_bookstore(tmp_path)
+    src, meta_path = bookstore_files(tmp_path)
     m = copy.deepcopy(BOOKSTORE_METADATA)
     m["tasks"] = {"bad": {"query": "SELECT order_id, 'x' || status AS s FROM orders", "anchor_table": "orders",
                           "anchor_key": "order_id", "target_column": "s", "target_stype": "numerical"}}
@@ -167,7 +167,7 @@ def test_task_errors_name_the_task(tmp_path):
 
 
 def test_unmatched_anchor_keys_reported(tmp_path):
-    src, _ = write_bookstore(tmp_path)
+    src, _ = bookstore_files(tmp_path)
     m = copy.deepcopy(BOOKSTORE_METADATA)
     m["tasks"] = {"t": {"query": "SELECT order_id + 1 AS order_id, rating FROM orders", "anchor_table": "orders",
                         "anchor_key": "order_id", "target_column": "rating", "target_stype": "numerical"}}
@@ -177,7 +177,7 @@ def test_unmatched_anchor_keys_reported(tmp_path):
 
 
 def test_metadata_json_is_stable(tmp_path):
-    src, meta = write_bookstore(tmp_path)
+    src, meta = bookstore_files(tmp_path)
     out = run(src, meta, tmp_path / "s")
     m = json.loads((out / "metadata.json").read_text())
     assert list(m["files"]) == sorted(m["files"])
@@ -185,7 +185,7 @@ def test_metadata_json_is_stable(tmp_path):
 
 
 def test_refuses_to_replace_a_directory_that_is_not_a_store(tmp_path):
-    src, meta = write_bookstore(tmp_path)
+    src, meta = bookstore_files(tmp_path)
     precious = tmp_path / "precious"
     precious.mkdir()
     (precious / "thesis.tex").write_text("do not delete")
@@ -197,7 +197,7 @@ def test_refuses_to_replace_a_directory_that_is_not_a_store(tmp_path):
 
 
 def test_timestamp_out_of_range_names_the_row(tmp_path):
-    from tests.conftest_store import bookstore_tables
+    from tests.fixtures.bookstore import bookstore_tables
 
     cust = bookstore_tables()["customers"]
     far = pa.array([0, 86_400, 400_000_000_000, 0], pa.timestamp("s"))  # row 2 is in the year 14645
@@ -208,7 +208,7 @@ def test_timestamp_out_of_range_names_the_row(tmp_path):
 
 
 def test_cell_masking_value_outside_the_column_categories(tmp_path):
-    src, _ = write_bookstore(tmp_path)
+    src, _ = bookstore_files(tmp_path)
     m = copy.deepcopy(BOOKSTORE_METADATA)
     m["tasks"] = {"shifted": {"query": "SELECT order_id, status * 3 AS status FROM orders", "anchor_table": "orders",
                               "anchor_key": "order_id", "target_column": "status", "target_stype": "categorical"}}
@@ -229,7 +229,7 @@ def _dead_pid() -> int:
 def test_leftovers_of_a_killed_run_are_cleaned(tmp_path):
     from confluence.preprocess.writer import recover_leftovers
 
-    src, meta = write_bookstore(tmp_path)
+    src, meta = bookstore_files(tmp_path)
     out = run(src, meta, tmp_path / "store")
     before = digest(out)
     pid = _dead_pid()
@@ -247,7 +247,7 @@ def test_leftovers_of_a_killed_run_are_cleaned(tmp_path):
 
 
 def test_unreadable_column_is_a_data_error(tmp_path):
-    src, meta = write_bookstore(tmp_path)
+    src, meta = bookstore_files(tmp_path)
     raw = open_source(src)
     # a view whose column fails at read time (a cast that fails on one row only)
     sql = (

@@ -11,7 +11,7 @@ import pytest
 from confluence.preprocess import preprocess
 from confluence.store import Store, unpack_bits
 from confluence.store.format import INT64_MAX, INT64_MIN
-from tests.conftest_store import HashEncoder, bookstore_tables, write_bookstore
+from tests.fixtures.bookstore import HashEncoder, bookstore_files, bookstore_tables
 
 UTC = dt.UTC
 
@@ -23,7 +23,7 @@ def us(*args: int) -> int:
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> Store:
     d = tmp_path_factory.mktemp("bookstore")
-    src, meta = write_bookstore(d)
+    src, meta = bookstore_files(d)
     return Store.open(preprocess(src, meta, d / "store", encoder=HashEncoder(), progress=False))
 
 
@@ -40,10 +40,11 @@ def test_layout_rows_and_columns(store):
     names = [(c.table or c.task, c.name) for c in store.columns]
     assert names[:6] == [("customers", "customer_id"), ("customers", "country"), ("customers", "age"),
                          ("customers", "is_premium"), ("customers", "bio"), ("customers", "signed_up_at")]
-    assert names[17:21] == [("orders_next_30d", "n"), ("country_upper", "country_uc"),
+    assert names[6] == ("customers", "name") and names[11] == ("books", "genre") and names[19] == ("orders", "quantity")
+    assert names[20:24] == [("orders_next_30d", "n"), ("country_upper", "country_uc"),
                             ("book_expensive", "expensive"), ("orders_next_30d", "observation time")]
     # + orders_next_30d's observation-time column, then one child-count column per foreign key
-    assert store.num_columns == 23 and store.d_t == 16
+    assert store.num_columns == 26 and store.d_t == 16
     assert store.values("orders", "order_id") is None  # identifier: presence only
     assert bits(store, "orders", "customer_id") == [1, 1, 1, 1, 0, 1]
 
@@ -68,19 +69,24 @@ def test_boolean_bits(store):
 
 def test_categorical_blocks_contiguous_and_sorted(store):
     country = store.table("customers").column("country").stats
+    genre = store.table("books").column("genre").stats
     status = store.table("orders").column("status").stats
+    quantity = store.table("orders").column("quantity").stats
+    # one block per categorical column in global column order: country 0-1, genre 2-3, status 4-6, quantity 7-9
     assert country["categories"] == ["de", "fr"] and country["cat_emb_start"] == 0
-    assert status["categories"] == ["1", "2", "10"] and status["cat_emb_start"] == 2  # numeric order
+    assert genre["categories"] == ["novel", "scifi"] and genre["cat_emb_start"] == 2
+    assert status["categories"] == ["1", "2", "10"] and status["cat_emb_start"] == 4  # numeric order
+    assert quantity["categories"] == ["1", "2", "3"] and quantity["cat_emb_start"] == 7
     assert store.values("customers", "country").tolist() == [1, 0, 1, 0]
     assert bits(store, "customers", "country") == [1, 1, 1, 0]
-    assert store.values("orders", "status").tolist() == [4, 3, 2, 3, 0, 4]
+    assert store.values("orders", "status").tolist() == [6, 5, 4, 5, 0, 6]
     upper = store.task("country_upper")
-    assert (upper.cat_block_start, upper.cat_count) == (5, 2)  # derived target: own block after the columns
+    assert (upper.cat_block_start, upper.cat_count) == (10, 2)  # derived target: own block after the columns
     assert upper.stats["categories"] == ["DE", "FR"]
-    assert store.max_k == 3 and store.meta["num_categories"] == 7
+    assert store.max_k == 3 and store.meta["num_categories"] == 12
     enc = HashEncoder()
-    want = ["country is de", "country is fr", "status is 1", "status is 2", "status is 10",
-            "country_uc is DE", "country_uc is FR"]
+    want = ["country is de", "country is fr", "genre is novel", "genre is scifi", "status is 1", "status is 2",
+            "status is 10", "quantity is 1", "quantity is 2", "quantity is 3", "country_uc is DE", "country_uc is FR"]
     np.testing.assert_array_equal(store.categorical_embeddings, enc.encode(want).astype(np.float16))
 
 
@@ -95,7 +101,7 @@ def test_text_first_seen_order(store):
 
 def test_column_name_embeddings(store):
     assert store.columns[4].text == "bio of customers: free-form biography"
-    assert store.columns[17].text == "n of orders_next_30d: orders in the first 30 days"
+    assert store.columns[20].text == "n of orders_next_30d: orders in the first 30 days"
     enc = HashEncoder()
     np.testing.assert_array_equal(store.column_embeddings,
                                   enc.encode([c.text for c in store.columns]).astype(np.float16))
@@ -130,7 +136,7 @@ def test_row_time(store):
 def test_parent_csr(store):
     assert store.parent_indptr.tolist() == [0] * 8 + [2, 4, 6, 7, 8, 10]
     assert store.parent_indices.tolist() == [0, 4, 0, 5, 1, 4, 6, 5, 0, 6]
-    assert store.parent_column.tolist() == [11, 12, 11, 12, 11, 12, 12, 12, 11, 12]
+    assert store.parent_column.tolist() == [13, 14, 13, 14, 13, 14, 14, 14, 13, 14]
 
 
 def test_child_csr_sorted_by_time(store):
@@ -147,7 +153,7 @@ def test_child_csr_sorted_by_time(store):
     for r in range(13):
         t = store.child_time[indptr[r]:indptr[r + 1]]
         assert (np.diff(t) >= 0).all()
-    assert store.child_column[indptr[0]:indptr[1]].tolist() == [11, 11, 11]
+    assert store.child_column[indptr[0]:indptr[1]].tolist() == [13, 13, 13]
     # every parent edge appears once as a child edge
     pe = sorted(zip(np.repeat(np.arange(13), np.diff(store.parent_indptr)), store.parent_indices, strict=True))
     ce = sorted(zip(store.child_indices, np.repeat(np.arange(13), np.diff(store.child_indptr)), strict=True))
@@ -162,7 +168,7 @@ def test_dangling_counted(store):
 def test_cell_masking_task(store):
     info = store.task("order_rating")
     arr = store.task_arrays("order_rating")
-    assert not info.is_derived and info.target_column_idx == 13
+    assert not info.is_derived and info.target_column_idx == 15
     assert arr.anchor_row.tolist() == [7, 9, 10, 11, 12]  # NaN passes "IS NOT NULL" but is a null target
     assert arr.obs_time.tolist() == [us(2020, 1, 5, 10, 30, 15), us(2020, 2, 10), us(2020, 3, 1), INT64_MAX,
                                      us(2020, 1, 3)]  # cascade step 2: the anchor's temporal column
@@ -175,10 +181,10 @@ def test_cell_masking_task(store):
 
 def test_exclude_columns_and_categorical_cell_masking(store):
     info = store.task("order_status")
-    assert info.exclude_column_idxs == [12, 13]
-    assert (info.cat_block_start, info.cat_count, info.target_column_idx) == (2, 3, 14)
+    assert info.exclude_column_idxs == [14, 15]
+    assert (info.cat_block_start, info.cat_count, info.target_column_idx) == (4, 3, 16)
     arr = store.task_arrays("order_status")
-    assert arr.target_values.tolist() == [4, 3, 2, 3, 0, 4]
+    assert arr.target_values.tolist() == [6, 5, 4, 5, 0, 6]
 
 
 def test_child_count_columns_one_per_foreign_key(store):
@@ -187,7 +193,7 @@ def test_child_count_columns_one_per_foreign_key(store):
     counts = [c for c in store.columns if c.count_of]
     fks = [c for c in store.columns if c.foreign_key]
     assert [c.count_of["column_idx"] for c in counts] == [c.column_idx for c in fks] and len(fks) == 2
-    assert [c.column_idx for c in counts] == [21, 22]
+    assert [c.column_idx for c in counts] == [24, 25]
     for c, fk in zip(counts, fks, strict=True):
         assert c.table is None and c.task is None and c.stype.label == "numerical"
         assert c.count_of == {"parent_table": fk.foreign_key.split(".")[0], "child_table": fk.table,
@@ -198,18 +204,18 @@ def test_child_count_columns_one_per_foreign_key(store):
 def test_derived_numerical_with_observation_column(store):
     info = store.task("orders_next_30d")
     arr = store.task_arrays("orders_next_30d")
-    assert info.is_derived and info.target_column_idx == 17 and info.observation_time == "observation_time_column"
+    assert info.is_derived and info.target_column_idx == 20 and info.observation_time == "observation_time_column"
     assert arr.anchor_row.tolist() == [0, 1, 2, 3]
     assert arr.obs_time.tolist() == [us(2020, 1, 31), us(2020, 3, 2), us(2020, 3, 31), us(2020, 5, 1)]
     counts = np.array([3.0, 1.0, 0.0, 0.0])  # c1: orders 100, 101, 105 within 30 days; c2: 102
     assert info.stats["mean"] == 1.0 and info.stats["std"] == pytest.approx(np.sqrt(1.5))
     np.testing.assert_allclose(arr.target_values, (counts - 1.0) / np.sqrt(1.5), rtol=1e-6)
-    assert store.columns[17].stats == info.stats
+    assert store.columns[20].stats == info.stats
 
 
 def test_derived_categorical_and_no_cutoff(store):
     arr = store.task_arrays("country_upper")
-    assert arr.target_values.tolist() == [6, 5, 6, 0]
+    assert arr.target_values.tolist() == [11, 10, 11, 0]
     assert unpack_bits(arr.target_valid, 4).tolist() == [True, True, True, False]
     book = store.task_arrays("book_expensive")
     assert book.anchor_row.tolist() == [4, 5, 6]

@@ -9,7 +9,7 @@ from confluence.preprocess import preprocess
 from confluence.schema.metadata import parse_metadata
 from confluence.store import Store, unpack_bits
 from confluence.store.format import INT64_MAX
-from tests.conftest_store import HashEncoder
+from tests.fixtures.bookstore import HashEncoder
 
 
 def test_empty_table_and_all_null_columns(tmp_path):

@@ -8,8 +8,7 @@ import pytest
 from confluence.preprocess import preprocess
 from confluence.schema.metadata import parse_metadata
 from confluence.store import Store
-from tests.conftest_data import bookstore_metadata, write_bookstore
-from tests.conftest_store import HashEncoder
+from tests.fixtures.bookstore import HashEncoder, bookstore_metadata, write_bookstore
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +17,7 @@ def stores(tmp_path_factory):
     meta = parse_metadata(bookstore_metadata())
     out = {}
     for kind in ("parquet", "duckdb", "sqlite", "csv"):
-        src = write_bookstore(d, kind)
+        src = write_bookstore(d, kind, size="small")
         out[kind] = Store.open(preprocess(src, meta, d / f"store_{kind}", encoder=HashEncoder(), progress=False))
     return out
 

@@ -49,7 +49,7 @@ def test_permutations(seed):
                 assert _contiguous(b.seq_row_ids[i][perm[:n]])
 
 
-def test_bookstore_outbound_order_matches_seed_example():
+def test_walk_example_outbound_order_matches_the_seed():
     # Cuthill-McKee from the row with the fewest parents: book 42 (r2) or customer 23 (r1) first, then the
     # orders that point at it; the dense 6x6 band holds every edge.
     store = walk_example()

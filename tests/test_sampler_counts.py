@@ -1,6 +1,7 @@
 """Child-count cells (`SamplerConfig.child_counts`): each row shows, per foreign key pointing at its table, how many
 rows referenced it at the observation time. Checked against a brute-force count (never a row from after the
-observation time), against hand counts on the bookstore, for the task's cut columns, and for old stores."""
+observation time), against hand counts on the worked example of seed 000, for the task's cut columns, and for old
+stores."""
 
 from __future__ import annotations
 
@@ -96,7 +97,7 @@ def test_count_cells_equal_brute_force_counts_at_the_observation_time(seed, widt
         _check_counts(store, s, res, cut, anchor_only=mode == "anchor")
 
 
-def test_bookstore_counts_by_hand_and_never_after_the_observation_time():
+def test_walk_example_counts_by_hand_and_never_after_the_observation_time():
     store = walk_example()
     s = Sampler([store], CFG)
     first = int(np.flatnonzero(np.asarray(store.task_arrays("rating").anchor_row) == local_row(store, "orders", 1))[0])

@@ -13,13 +13,13 @@ from confluence.sampler.data import SamplerData
 from confluence.sampler.sampler import Sampler
 from confluence.store import Store
 from confluence.stypes import SemanticType
-from tests.conftest_store import HashEncoder, write_bookstore
+from tests.fixtures.bookstore import HashEncoder, bookstore_files
 
 
 @pytest.fixture(scope="module")
 def bookstore_path(tmp_path_factory):
     d = tmp_path_factory.mktemp("sampler_store")
-    src, meta = write_bookstore(d)
+    src, meta = bookstore_files(d)
     return preprocess(src, meta, d / "store", encoder=HashEncoder(16), progress=False)
 
 

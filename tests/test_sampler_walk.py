@@ -1,4 +1,4 @@
-"""The walk and the batch tensors on the bookstore of seed 000 section 4, and walk properties on random databases."""
+"""The walk and the batch tensors on the worked example of seed 000 section 4, and walk properties on random databases."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def _orders(store, ids=(1, 7, 12, 5, 99)):
     return {oid: local_row(store, "orders", oid) for oid in ids}
 
 
-def test_bookstore_fk_adj_and_visibility():
+def test_walk_example_fk_adj_and_visibility():
     store = walk_example()
     cust23, book42 = local_row(store, "customers", 23), local_row(store, "books", 42)
     order = _orders(store)
@@ -65,7 +65,7 @@ def _z(store, table, column, raw):
     return np.float32((raw - st["mean"]) / st["std"])
 
 
-def test_bookstore_cells_and_target():
+def test_walk_example_cells_and_target():
     store = walk_example()
     o = _orders(store)
     seeds = [_seed_of(store, "rating", o[1]), _seed_of(store, "rating", o[7])]
@@ -368,10 +368,10 @@ def test_task_recent_overrides_recent_per_task():
 
     base = dict(batch_size=1, seq_len=4096, width=5, max_rows=256)
     assert reached(SamplerConfig(**base, task_recent={"country": 5})) == latest
-    assert reached(SamplerConfig(**base, recent=5, task_recent={"bookstore/country": 0})) != latest
+    assert reached(SamplerConfig(**base, recent=5, task_recent={"walk_example/country": 0})) != latest
     assert reached(SamplerConfig(**base, recent=5, task_recent={"rating": 0})) == latest  # another task's setting
-    cfg = SamplerConfig(**base, recent=1, task_recent={"country": 3, "bookstore/rating": 2})
-    assert (recent_for(cfg, "bookstore", "country"), recent_for(cfg, "bookstore", "rating"),
-            recent_for(cfg, "other", "rating"), recent_for(cfg, "bookstore", "next_order_at")) == (3, 2, 1, 1)
+    cfg = SamplerConfig(**base, recent=1, task_recent={"country": 3, "walk_example/rating": 2})
+    assert (recent_for(cfg, "walk_example", "country"), recent_for(cfg, "walk_example", "rating"),
+            recent_for(cfg, "other", "rating"), recent_for(cfg, "walk_example", "next_order_at")) == (3, 2, 1, 1)
     with pytest.raises(ConfluenceError, match="task_recent"):
         SamplerConfig(width=4, task_recent={"country": 9})

@@ -7,13 +7,13 @@ import json
 from typer.testing import CliRunner
 
 from confluence.cli.main import app
-from tests.conftest_data import bookstore_metadata, write_bookstore
+from tests.fixtures.bookstore import bookstore_metadata, write_bookstore
 
 runner = CliRunner()
 
 
 def test_draft_then_validate(tmp_path):
-    src = write_bookstore(tmp_path, "sqlite")
+    src = write_bookstore(tmp_path, "sqlite", size="small")
     out = tmp_path / "draft.json"
     res = runner.invoke(app, ["draft-metadata", str(src), "-o", str(out), "--name", "shop"])
     assert res.exit_code == 0, res.output
@@ -28,7 +28,7 @@ def test_draft_then_validate(tmp_path):
 
 
 def test_validate_prints_every_problem_and_exits_1(tmp_path):
-    src = write_bookstore(tmp_path, "parquet")
+    src = write_bookstore(tmp_path, "parquet", size="small")
     meta = bookstore_metadata()
     meta["tables"]["books"]["columns"]["genre"]["stype"] = "numerical"
     meta["tasks"]["order_rating"]["query"] = "SELECT FROM nowhere"

@@ -12,12 +12,12 @@ from confluence.schema.draft import draft_metadata, id_like, names_agree
 from confluence.schema.validate import validate_against_data
 from confluence.sources import open_source
 from confluence.stypes import SemanticType
-from tests.conftest_data import BOOKSTORE_KINDS, bookstore_tables, write_bookstore
+from tests.fixtures.bookstore import BOOKSTORE_KINDS, bookstore_tables, write_bookstore
 
 
 @pytest.mark.parametrize("kind", BOOKSTORE_KINDS)
 def test_bookstore_draft_recovers_keys_and_validates(tmp_path, kind):
-    with open_source(write_bookstore(tmp_path, kind)) as raw:
+    with open_source(write_bookstore(tmp_path, kind, size="small")) as raw:
         meta = draft_metadata(raw, name="bookstore")
         validate_against_data(meta, raw)  # a draft always passes validation against its own data
     assert {t: m.primary_key for t, m in meta.tables.items()} == {
@@ -46,7 +46,7 @@ def test_bookstore_draft_recovers_keys_and_validates(tmp_path, kind):
 
 
 def test_draft_is_deterministic(tmp_path):
-    path = write_bookstore(tmp_path, "parquet")
+    path = write_bookstore(tmp_path, "parquet", size="small")
     texts = []
     for _ in range(2):
         with open_source(path) as raw:
@@ -56,7 +56,7 @@ def test_draft_is_deterministic(tmp_path):
 
 
 def test_large_tables_are_sampled_but_keys_checked_in_full(tmp_path):
-    with open_source(write_bookstore(tmp_path, "parquet")) as raw:
+    with open_source(write_bookstore(tmp_path, "parquet", size="small")) as raw:
         meta = draft_metadata(raw, sample_rows=40)
     orders = meta.tables["orders"]
     assert "systematic sample of 40 of 500 rows" in orders.description
@@ -101,12 +101,12 @@ def test_constant_and_near_constant_columns(tmp_path):
 
 
 def test_relbench_hints_prefill_the_draft(tmp_path):
-    tables = bookstore_tables()
-    # 'buyer' would never be inferred (an integer column whose name says nothing) and books.published_on would
+    tables = bookstore_tables("small")
+    # 'buyer' would never be inferred (an integer column whose name says nothing) and books.published would
     # be drafted as temporal column: the RelBench metadata overrides both.
     tables["orders"] = tables["orders"].rename_columns(
-        ["order_id", "buyer", "book_id", "quantity", "rating", "ordered_at"])
-    path = write_bookstore(tmp_path, "relbench", tables)
+        ["order_id", "buyer", "book_id", "rating", "status", "gift", "ordered_at", "quantity"])
+    path = write_bookstore(tmp_path, "relbench", tables=tables)
     for f in (path / "db").glob("orders.parquet"):
         t = pq.read_table(f)
         meta = dict(t.schema.metadata)
@@ -121,8 +121,8 @@ def test_relbench_hints_prefill_the_draft(tmp_path):
     assert orders.temporal_column == "ordered_at" and "RelBench" in orders.description
     assert meta.tables["books"].temporal_column is None
     assert "records none" in meta.tables["books"].description
-    with open_source(write_bookstore(tmp_path, "parquet")) as raw:
-        assert draft_metadata(raw).tables["books"].temporal_column == "published_on"
+    with open_source(write_bookstore(tmp_path, "parquet", size="small")) as raw:
+        assert draft_metadata(raw).tables["books"].temporal_column == "published"
 
 
 def test_name_helpers():

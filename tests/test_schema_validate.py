@@ -12,7 +12,7 @@ from confluence.errors import MetadataError
 from confluence.schema.metadata import parse_metadata
 from confluence.schema.validate import load_and_validate, validate_against_data
 from confluence.sources import open_source
-from tests.conftest_data import bookstore_metadata, bookstore_tables, write_bookstore
+from tests.fixtures.bookstore import bookstore_metadata, bookstore_tables, write_bookstore
 
 
 def _set(table: str, column: str, value: pa.Array | list) -> Callable[[dict], None]:
@@ -32,7 +32,7 @@ def _dup_pk(tables):
 def _null_pk(tables):
     ids = tables["books"].column("book_id").to_pylist()
     ids[0] = ids[3] = None
-    _set("books", "book_id", pa.array(ids, pa.int64()))(tables)
+    _set("books", "book_id", pa.array(ids, pa.string()))(tables)
 
 
 def _str_ts(tables):
@@ -57,7 +57,7 @@ def _bool_ints(tables):
 
 
 def _str_fk(tables):
-    _set("orders", "book_id", [f"b{v}" for v in tables["orders"].column("book_id").to_pylist()])(tables)
+    _set("orders", "customer_id", [f"c{v}" for v in tables["orders"].column("customer_id").to_pylist()])(tables)
 
 
 def _extra_table(tables):
@@ -91,7 +91,7 @@ DATA_CASES = [
     ("boolean_not_01", _bool_ints, None,
      ["column 'customers.is_premium': declared boolean but", "integers other than 0/1 (e.g. 2)"]),
     ("fk_type_mismatch", _str_fk, None,
-     ["column 'orders.book_id': foreign key holds string values but 'books.book_id' holds integer"]),
+     ["column 'orders.customer_id': foreign key holds string values but 'customers.customer_id' holds integer"]),
     ("table_missing_from_metadata", _extra_table, None, ["table 'audit_log': in the data but not in the metadata"]),
     ("timestamp_on_numbers", None, _m(["tables", "books", "columns", "price", "stype"], "timestamp"),
      ["column 'books.price': declared timestamp but holds double data"]),
@@ -143,13 +143,13 @@ STRUCT_CASES = [
 
 
 def _validate(tmp_path, data_edit=None, meta_edit=None, kind="parquet"):
-    tables = bookstore_tables()
+    tables = bookstore_tables("small")
     if data_edit:
         data_edit(tables)
     meta = bookstore_metadata()
     if meta_edit:
         meta_edit(meta)
-    with open_source(write_bookstore(tmp_path, kind, tables)) as raw:
+    with open_source(write_bookstore(tmp_path, kind, tables=tables)) as raw:
         validate_against_data(parse_metadata(meta), raw)
 
 
@@ -201,20 +201,20 @@ def test_all_problems_are_reported_at_once(tmp_path):
 def test_load_and_validate_reads_the_file(tmp_path):
     path = tmp_path / "meta.json"
     path.write_text(json.dumps(bookstore_metadata()))
-    with open_source(write_bookstore(tmp_path, "duckdb")) as raw:
+    with open_source(write_bookstore(tmp_path, "duckdb", size="small")) as raw:
         meta = load_and_validate(path, raw)
-        assert list(meta.tables) == ["books", "customers", "orders"]
+        assert list(meta.tables) == ["customers", "books", "orders"]
         path.write_text("{ not json")
         with pytest.raises(MetadataError, match=r"meta\.json: not valid JSON at line 1"):
             load_and_validate(path, raw)
 
 
 def test_unreadable_table_is_a_problem_not_a_traceback(tmp_path):
-    path = write_bookstore(tmp_path, "csv")
+    path = write_bookstore(tmp_path, "csv", size="small")
     with open_source(path) as raw:
         # a row appended after opening no longer fits the pinned column types
-        with (path / "books.csv").open("a") as fh:
-            fh.write('"B-999","x","poetry",1.5,"2001-01-01"\n')
+        with (path / "orders.csv").open("a") as fh:
+            fh.write('"o-1",1,"b101",3.0,1,0,2024-01-01 00:00:00,1\n')
         with pytest.raises(MetadataError) as info:
             validate_against_data(parse_metadata(bookstore_metadata()), raw)
-    assert any(p.startswith("table 'books': its data cannot be read") for p in info.value.problems), info.value
+    assert any(p.startswith("table 'orders': its data cannot be read") for p in info.value.problems), info.value

@@ -10,17 +10,17 @@ import pytest
 
 from confluence.errors import DataError
 from confluence.sources import SOURCE_KINDS, open_source
-from tests.conftest_data import BOOKSTORE_KINDS, bookstore_tables, write_bookstore
+from tests.fixtures.bookstore import BOOKSTORE_KINDS, bookstore_tables, write_bookstore
 
 
 @pytest.fixture(scope="module")
 def expected() -> dict[str, pa.Table]:
-    return bookstore_tables()
+    return bookstore_tables("small")
 
 
 @pytest.mark.parametrize("kind", BOOKSTORE_KINDS)
 def test_every_kind_reads_the_bookstore(tmp_path, kind, expected):
-    path = write_bookstore(tmp_path, kind)
+    path = write_bookstore(tmp_path, kind, size="small")
     with open_source(path) as raw:
         assert raw.kind == kind
         assert raw.tables == ["books", "customers", "orders"]
@@ -35,28 +35,29 @@ def test_every_kind_reads_the_bookstore(tmp_path, kind, expected):
                 if pa.types.is_floating(want.type) and pa.types.is_integer(have.type):
                     have = have.cast(want.type)  # CSV writes 3.0 as "3", which DuckDB sniffs as an integer
                 assert have.cast(want.type).to_pylist() == want.to_pylist(), f"{kind}: {name}.{col}"
-            assert pa.types.is_timestamp(schema.field(schema.names[-1]).type) or name == "books"
+            temporal = {"customers": "signed_up_at", "orders": "ordered_at"}.get(name)
+            assert temporal is None or pa.types.is_timestamp(schema.field(temporal).type)
 
 
 @pytest.mark.parametrize("kind", SOURCE_KINDS)
 def test_explicit_kind_matches_detection(tmp_path, kind):
-    path = write_bookstore(tmp_path, kind)
+    path = write_bookstore(tmp_path, kind, size="small")
     with open_source(path, kind=kind) as raw:
         assert raw.kind == kind
 
 
 def test_relbench_hints_come_from_parquet_metadata(tmp_path):
-    with open_source(write_bookstore(tmp_path, "relbench")) as raw:
+    with open_source(write_bookstore(tmp_path, "relbench", size="small")) as raw:
         assert raw.hints["orders"].primary_key == "order_id"
         assert raw.hints["orders"].foreign_keys == {"book_id": "books", "customer_id": "customers"}
         assert raw.hints["orders"].temporal_column == "ordered_at"
         assert raw.hints["books"].temporal_column is None
-    with open_source(write_bookstore(tmp_path, "parquet")) as raw:
+    with open_source(write_bookstore(tmp_path, "parquet", size="small")) as raw:
         assert raw.hints == {}
 
 
 def test_scan_streams_in_batches_and_selects_columns(tmp_path):
-    with open_source(write_bookstore(tmp_path, "parquet")) as raw:
+    with open_source(write_bookstore(tmp_path, "parquet", size="small")) as raw:
         batches = list(raw.scan("orders", ["rating", "order_id"], batch_rows=128))
         assert [b.num_rows for b in batches] == [128, 128, 128, 116]
         assert batches[0].schema.names == ["rating", "order_id"]

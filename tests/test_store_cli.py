@@ -10,11 +10,11 @@ from typer.testing import CliRunner
 from confluence.cli.demo_cmds import DemoContext, run_demo
 from confluence.cli.main import app
 from confluence.preprocess import pipeline
-from tests.conftest_store import HashEncoder, write_bookstore
+from tests.fixtures.bookstore import HashEncoder, bookstore_files
 
 
 def test_preprocess_then_inspect(tmp_path, monkeypatch):
-    src, meta = write_bookstore(tmp_path)
+    src, meta = bookstore_files(tmp_path)
     monkeypatch.setattr(pipeline, "_load_encoder", lambda spec: HashEncoder())
     out = tmp_path / "store"
     r = CliRunner().invoke(app, ["preprocess", str(src), "--metadata", str(meta), "--out", str(out), "--quiet",
@@ -36,7 +36,7 @@ def test_inspect_reports_errors_without_traceback(tmp_path):
 
 
 def test_preprocess_bad_metadata_exits_1(tmp_path, monkeypatch):
-    src, meta = write_bookstore(tmp_path)
+    src, meta = bookstore_files(tmp_path)
     meta.write_text(meta.read_text().replace('"stype": "ignored"', '"stype": "nonsense"'))
     monkeypatch.setattr(pipeline, "_load_encoder", lambda spec: HashEncoder())
     r = CliRunner().invoke(app, ["preprocess", str(src), "-m", str(meta), "-o", str(tmp_path / "s"), "-q"])

@@ -6,11 +6,11 @@ import pyarrow.parquet as pq
 
 from confluence.preprocess.pipeline import preprocess
 from confluence.store import Store
-from tests.conftest_store import HashEncoder, write_bookstore
+from tests.fixtures.bookstore import HashEncoder, bookstore_files
 
 
 def test_primary_key_values_round_trip(tmp_path):
-    src, meta = write_bookstore(tmp_path)
+    src, meta = bookstore_files(tmp_path)
     store = Store.open(preprocess(src, meta, tmp_path / "store", encoder=HashEncoder(8), progress=False))
     for table in store.tables:
         keys = store.keys(table.name)

@@ -12,13 +12,13 @@ from confluence.errors import StoreError
 from confluence.preprocess import preprocess
 from confluence.store import Store, get_bit, pack_bits, unpack_bits
 from confluence.stypes import SemanticType
-from tests.conftest_store import HashEncoder, write_bookstore
+from tests.fixtures.bookstore import HashEncoder, bookstore_files
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     d = tmp_path_factory.mktemp("reader")
-    src, meta = write_bookstore(d)
+    src, meta = bookstore_files(d)
     return preprocess(src, meta, d / "store", encoder=HashEncoder(), progress=False)
 
 
@@ -49,8 +49,8 @@ def test_open_is_read_only_and_typed(built):
     assert s.values("orders", "ordered_at").dtype == np.float32
     assert s.values("orders", "status").dtype == np.uint32
     t = s.table("orders")
-    assert t.column("rating").stype is SemanticType.NUMERICAL and t.column("rating").column_idx == 13
-    assert s.columns[13] is t.column("rating")
+    assert t.column("rating").stype is SemanticType.NUMERICAL and t.column("rating").column_idx == 15
+    assert s.columns[15] is t.column("rating")
     assert s.task("order_status").target_stype is SemanticType.CATEGORICAL
     assert s.table_of_row(np.array([0, 3, 4, 6, 7, 12])).tolist() == [0, 0, 1, 1, 2, 2]
 

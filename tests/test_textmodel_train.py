@@ -113,9 +113,9 @@ def test_trained_encoder_is_a_frozen_text_encoder(run: Path) -> None:
 def test_store_built_with_trained_encoder(run: Path, tmp_path: Path) -> None:
     from confluence.preprocess.pipeline import preprocess
     from confluence.store import Store
-    from tests.conftest_store import write_bookstore
+    from tests.fixtures.bookstore import bookstore_files
 
-    src, meta = write_bookstore(tmp_path)
+    src, meta = bookstore_files(tmp_path)
     enc = load_lejepa_encoder(run)
     # through the registry spec preprocessing accepts (confluence.textenc.registry -> load_lejepa_encoder)
     out = preprocess(src, meta, tmp_path / "store", text_encoder=f"lejepa:{run}", progress=False)

@@ -44,7 +44,7 @@ def measured_matmul_peak(dtype=jnp.float32, n: int = 1024, reps: int = 5) -> flo
 
 @dataclass
 class BenchResult:
-    preset: str
+    recipe: str
     device: str
     num_devices: int
     batch_size: int
@@ -65,7 +65,7 @@ class BenchResult:
     attention_impl: str
 
 
-def bench_train(cfg: RunConfig, preset: str, steps: int = 5, peak_flops: float | None = None) -> BenchResult:
+def bench_train(cfg: RunConfig, recipe: str, steps: int = 5, peak_flops: float | None = None) -> BenchResult:
     """Compile the fused train step of `cfg`, then time `steps` steps over one synthetic batch per target type."""
     mesh = make_mesh()
     s = cfg.sampler
@@ -111,7 +111,7 @@ def bench_train(cfg: RunConfig, preset: str, steps: int = 5, peak_flops: float |
         source = "measured 1024x1024 float32 matmul on this CPU"
     flops = model_flops_per_step(cfg.model, s.batch_size, s.seq_len, cfg.loss.max_k)
     return BenchResult(
-        preset=preset, device=f"{dev.platform}:{dev.device_kind}", num_devices=len(jax.devices()),
+        recipe=recipe, device=f"{dev.platform}:{dev.device_kind}", num_devices=len(jax.devices()),
         batch_size=s.batch_size, seq_len=s.seq_len, params=count_params(model), compile_s=compile_s,
         first_step_s=first_step_s, step_s=step_s, steps_per_s=1.0 / step_s, cells_per_s=s.batch_size * s.seq_len / step_s,
         real_cells_per_s=real / step_s, model_flops_per_step=flops, xla_flops_per_step=xla_flops,

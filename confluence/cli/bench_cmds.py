@@ -165,7 +165,7 @@ def _end_to_end_training(recipe: str, steps: int) -> dict[str, object]:
     """Training cells/s of `recipe` with the reference attention and with the kernel."""
     from confluence.bench.train import train_throughput
 
-    out: dict[str, object] = {"available": True, "preset": recipe, "steps": steps}
+    out: dict[str, object] = {"available": True, "recipe": recipe, "steps": steps}
     for impl in ("reference", "block_sparse"):
         r = train_throughput(recipe, impl, steps)
         out[impl] = r
@@ -227,9 +227,9 @@ def bench_attention_cmd(
         str | None, typer.Option(help="Task of --store to sample (default: its first task).")
     ] = None,
     train: Annotated[bool, typer.Option(help="Also measure end-to-end training cells/s.")] = True,
-    train_preset: Annotated[
+    train_config: Annotated[
         str | None,
-        typer.Option(help="Training preset for the end-to-end figure. Default: base on a GPU, small on CPU."),
+        typer.Option(help="Training recipe for the end-to-end figure. Default: base on a GPU, small on CPU."),
     ] = None,
     train_steps: Annotated[int, typer.Option(help="Timed training steps per attention implementation.")] = 5,
     json_path: Annotated[
@@ -279,8 +279,8 @@ def bench_attention_cmd(
     else:
         report = run_attention_bench(cfg, log=typer.echo)
     if train and not stats_only:
-        preset = train_preset or ("base" if on_gpu else "small")
-        report["end_to_end_training"] = _end_to_end_training(preset, train_steps)
+        recipe = train_config or ("base" if on_gpu else "small")
+        report["end_to_end_training"] = _end_to_end_training(recipe, train_steps)
         if "speedup" in report["end_to_end_training"]:
             typer.echo(
                 f"end-to-end training speedup with the kernel: x{report['end_to_end_training']['speedup']:.2f}"
