@@ -14,7 +14,7 @@ import pytest
 
 from confluence.errors import ConfluenceError
 from confluence.sampler import BatchStream, Sampler, SamplerConfig, SplitConfig
-from tests.fixtures.graphs import random_store
+from tests.fixtures.graphs import DAY, random_store
 
 STREAM = SamplerConfig(batch_size=8, seq_len=64, width=2, max_rows=32, row_buckets=(8, 32), text_buckets=(8, 32),
                        split=SplitConfig(fractions=(0.6, 0.3, 0.1)))
@@ -116,11 +116,20 @@ def test_anchor_tasks_are_ordered_passes_too():
             s.sampler.anchor_task(e.task.name, rows, obs[:3])
 
 
-def test_no_training_seeds_is_named():
+def test_no_training_seeds_is_named_unless_the_task_is_weighted_out():
+    """Under a temporal split the tasks of static tables (no cut-off: test) have no training seeds: an error that
+    names them, unless their weight is 0."""
     store = random_store(4)
-    with _open([store], split=SplitConfig(fractions=(0.0, 0.5, 0.5))) as s, \
-            pytest.raises(ConfluenceError, match="no training seeds"):
-        s.next_train()
+    temporal = SplitConfig(mode="temporal", t_val=50 * DAY, t_test=80 * DAY)
+    with _open([store], split=temporal) as s:
+        empty = [e.task.name for e in s.tasks if s.train_seed_ids(e).size == 0]
+        full = [e.task.name for e in s.tasks if s.train_seed_ids(e).size > 0]
+        assert empty and full
+        with pytest.raises(ConfluenceError, match=f"{empty[0]}.*no training seeds.*the weight 0"):
+            s.next_train()
+    with _open([store], split=temporal, task_weights=dict.fromkeys(empty, 0.0), prefetch=0) as s:
+        drawn = {s.sampler.data[0].tasks[s.next_train().task_idx].name for _ in range(30)}
+    assert drawn <= set(full) and drawn
 
 
 def test_a_build_error_reaches_the_consumer_in_order(monkeypatch):

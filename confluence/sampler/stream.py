@@ -109,12 +109,14 @@ class BatchStream:
     def _choice_table(self):
         """(uniform?, per-task probabilities or None, per-database (members, probabilities) or None)."""
         cfg = self.config
-        empty = [e.key for e in self.tasks if self.train_seed_ids(e).shape[0] == 0]
-        if empty:
-            raise ConfluenceError(f"task(s) {empty} have no training seeds in this shard; exclude them or re-split")
         w = np.array([self._weight(e) for e in self.tasks], dtype=np.float64)
+        n_seeds = np.array([self.train_seed_ids(e).shape[0] for e in self.tasks], dtype=np.float64)
+        empty = [e.key for e, wk, n in zip(self.tasks, w, n_seeds, strict=True) if wk > 0 and n == 0]
+        if empty:
+            raise ConfluenceError(f"task(s) {empty} have no training seeds in this shard; exclude them (sampler.tasks), "
+                                  "give them the weight 0 (sampler.task_weights) or re-split")
         if cfg.task_choice == "seeds":
-            w = w * np.array([self.train_seed_ids(e).shape[0] for e in self.tasks], dtype=np.float64)
+            w = w * n_seeds
         if not w.sum() > 0:
             raise ConfigError("sampler.task_weights", "every task has weight 0: nothing to train on")
         plain = cfg.task_choice != "seeds" and not cfg.task_weights
