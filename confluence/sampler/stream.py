@@ -38,13 +38,13 @@ from confluence.toolkit.prefetch import Prefetcher
 @dataclass(frozen=True)
 class _Spec:
     """One batch to build: its task (an entry or ad-hoc task data), seeds, database, epoch; and for a training
-    batch, the stream's position after it."""
+    batch, what it moves in the stream's position: the task generator's state and the task's (epoch, batch)."""
 
     task: TaskEntry | TaskData
     seed_ids: np.ndarray
     db_idx: int
     epoch: int
-    position: dict[str, Any] | None = None
+    moves: tuple[dict[str, Any], str, int, int] | None = None
 
 
 class BatchStream:
@@ -56,7 +56,7 @@ class BatchStream:
         self.tasks: list[TaskEntry] = list(sampler.entries)
         self._position = {"tasks": np.random.default_rng(sampler.seed).bit_generator.state,
                           "streams": {e.key: {"epoch": 0, "batch": 0} for e in self.tasks}}
-        self._train: Iterator[tuple[TrainingBatch, dict[str, Any] | None]] | None = None
+        self._train: Iterator[tuple[TrainingBatch, _Spec]] | None = None
 
     # ---- opening
     @classmethod
@@ -130,7 +130,8 @@ class BatchStream:
         return plain, w / w.sum(), dbs
 
     def _train_specs(self, position: dict[str, Any]) -> Iterator[_Spec]:
-        """The training batches from `position` on, each with the position after it (runs in the producer)."""
+        """The training batches from `position` on, each with what it moves in the position (runs in the
+        producer, ahead of the consumer)."""
         plain, probs, dbs = self._choice_table()
         rng = np.random.default_rng()
         rng.bit_generator.state = copy.deepcopy(position["tasks"])
@@ -155,16 +156,17 @@ class BatchStream:
             seeds = np.resize(order, max(bsz, ids.shape[0]))[idx * bsz: (idx + 1) * bsz]
             per_epoch = max(ids.shape[0] // bsz, 1)
             pos[e.key] = [epoch + (idx + 1) // per_epoch, (idx + 1) % per_epoch]
-            after = {"tasks": copy.deepcopy(rng.bit_generator.state),
-                     "streams": {key: {"epoch": ep, "batch": b} for key, (ep, b) in pos.items()}}
-            yield _Spec(e, seeds, e.db_idx, epoch, after)
+            # the generator's state is a fresh dict on every read: the spec owns it
+            yield _Spec(e, seeds, e.db_idx, epoch, (rng.bit_generator.state, e.key, *pos[e.key]))
 
     def next_train(self) -> TrainingBatch:
         """The next training batch (the stream's position moves past it)."""
         if self._train is None:
             self._train = self._run(self._train_specs(copy.deepcopy(self._position)))
-        batch, after = next(self._train)
-        self._position = after
+        batch, spec = next(self._train)
+        rng_state, key, epoch, idx = spec.moves
+        self._position["tasks"] = rng_state
+        self._position["streams"][key] = {"epoch": epoch, "batch": idx}
         return batch
 
     def position(self) -> dict[str, Any]:
@@ -215,7 +217,7 @@ class BatchStream:
         task = spec.task.task if isinstance(spec.task, TaskEntry) else spec.task
         return self.sampler.builders[spec.db_idx].build(task, spec.seed_ids, spec.epoch, serial=serial)
 
-    def _built(self, specs: Iterator[_Spec]) -> Iterator[tuple[TrainingBatch, dict[str, Any] | None]]:
+    def _built(self, specs: Iterator[_Spec]) -> Iterator[tuple[TrainingBatch, _Spec]]:
         """The batches of `specs` in order: built here, or (threads > 1) whole batches in the worker pool with a
         lookahead of 2 x threads. Leaving early cancels the builds not started; a build cancelled by `close()` is
         rebuilt here, so the stream stays complete; a failing build raises at its turn."""
@@ -224,7 +226,7 @@ class BatchStream:
             for spec in specs:
                 res = self._build(spec, serial=False)
                 self.sampler.account(res)
-                yield res.batch, spec.position
+                yield res.batch, spec
             return
         lookahead = 2 * self.config.threads
         pending: deque[tuple[_Spec, Future[BuildResult] | None]] = deque()
@@ -256,7 +258,7 @@ class BatchStream:
                 if res is None:
                     res = self._build(spec, serial=True)
                 self.sampler.account(res)
-                yield res.batch, spec.position
+                yield res.batch, spec
         finally:
             for _spec, f in pending:
                 if f is not None:
@@ -272,7 +274,7 @@ class BatchStream:
         except RuntimeError:  # the pool was shut down (stream closed): the consumer builds it itself
             return None
 
-    def _run(self, specs: Iterator[_Spec]) -> Iterator[tuple[TrainingBatch, dict[str, Any] | None]]:
+    def _run(self, specs: Iterator[_Spec]) -> Iterator[tuple[TrainingBatch, _Spec]]:
         """`_built(specs)`, in a background thread `prefetch` batches ahead when `prefetch` > 0."""
         if self.config.prefetch == 0:
             return self._built(specs)
