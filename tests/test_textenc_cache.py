@@ -2,40 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 import pytest
 
 from confluence.errors import ConfluenceError
 from confluence.textenc.cache import EmbeddingCache, encode_cached
+from tests.fixtures.bookstore import HashEncoder
 
 
-class CountingEncoder:
-    """A deterministic fake encoder that records which strings it was asked to embed."""
-
-    def __init__(self, dim: int = 8, fingerprint: str = "fake:v1"):
-        self._dim, self._fp = dim, fingerprint
-        self.seen: list[str] = []
-
-    @property
-    def dim(self) -> int:
-        return self._dim
-
-    @property
-    def fingerprint(self) -> str:
-        return self._fp
-
-    def encode(self, texts: Sequence[str], batch_size: int = 4096) -> np.ndarray:
-        self.seen.extend(texts)
-        out = np.zeros((len(texts), self._dim), np.float32)
-        for i, t in enumerate(texts):
-            rng = np.random.default_rng(list(t.encode()) or [0])
-            out[i] = rng.standard_normal(self._dim)
-        return out
+def CountingEncoder(dim: int = 8, fingerprint: str = "fake:v1") -> HashEncoder:
+    """The tests' hashing encoder under this file's defaults (8 dims, fingerprint "fake:v1")."""
+    return HashEncoder(dim, fingerprint)
 
 
-def _expected(enc: CountingEncoder, texts, dtype=np.float16) -> np.ndarray:
+def _expected(enc: HashEncoder, texts, dtype=np.float16) -> np.ndarray:
     return CountingEncoder(enc.dim).encode(texts).astype(dtype).astype(np.float32)
 
 
