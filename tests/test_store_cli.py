@@ -15,7 +15,7 @@ from tests.fixtures.bookstore import HashEncoder, bookstore_files
 
 def test_preprocess_then_inspect(tmp_path, monkeypatch):
     src, meta = bookstore_files(tmp_path)
-    monkeypatch.setattr(pipeline, "_load_encoder", lambda spec: HashEncoder())
+    monkeypatch.setattr(pipeline, "load_encoder", lambda spec: HashEncoder())
     out = tmp_path / "store"
     r = CliRunner().invoke(app, ["preprocess", str(src), "--metadata", str(meta), "--out", str(out), "--quiet",
                                  "--memory-limit-mb", "256", "--threads", "1"],
@@ -38,7 +38,7 @@ def test_inspect_reports_errors_without_traceback(tmp_path):
 def test_preprocess_bad_metadata_exits_1(tmp_path, monkeypatch):
     src, meta = bookstore_files(tmp_path)
     meta.write_text(meta.read_text().replace('"stype": "ignored"', '"stype": "nonsense"'))
-    monkeypatch.setattr(pipeline, "_load_encoder", lambda spec: HashEncoder())
+    monkeypatch.setattr(pipeline, "load_encoder", lambda spec: HashEncoder())
     r = CliRunner().invoke(app, ["preprocess", str(src), "-m", str(meta), "-o", str(tmp_path / "s"), "-q"])
     assert r.exit_code == 1 and "unknown stype 'nonsense'" in r.output
     assert not (tmp_path / "s").exists()

@@ -79,7 +79,6 @@ def reference_attention(
 # model has no hard dependency on Pallas); other implementations can be added with `register_attention`.
 
 _ATTENTION_IMPLS: dict[str, AttentionFn] = {"reference": reference_attention}
-_LAZY: dict[str, tuple[str, str]] = {"block_sparse": ("confluence.model.kernels", "block_sparse_attention")}
 
 
 def register_attention(name: str, fn: AttentionFn) -> None:
@@ -92,14 +91,10 @@ def get_attention(name: str) -> AttentionFn:
     "auto" is the block-sparse kernel when the default backend is a GPU and the reference elsewhere."""
     if name == "auto":
         name = "block_sparse" if jax.default_backend() == "gpu" else "reference"
-    if name not in _ATTENTION_IMPLS and name in _LAZY:
-        import importlib
+    if name == "block_sparse" and name not in _ATTENTION_IMPLS:
+        from confluence.model.kernels import block_sparse_attention
 
-        module, attr = _LAZY[name]
-        try:
-            _ATTENTION_IMPLS[name] = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"attention_impl {name!r} needs {module}.{attr}, unavailable: {exc}") from exc
+        _ATTENTION_IMPLS[name] = block_sparse_attention
     try:
         return _ATTENTION_IMPLS[name]
     except KeyError:

@@ -6,7 +6,6 @@ embedded by an earlier run are not embedded again.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -15,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from confluence.textenc.base import TextEncoder
+from confluence.textenc.cache import encode_cached
 
 EMBED_BATCH = 8192
 
@@ -76,7 +76,6 @@ def embed_into(
 def _encode_fn(encoder: TextEncoder, cache: Any) -> Callable[[list[str]], np.ndarray]:
     if cache is None:
         return lambda chunk: encoder.encode(chunk)
-    encode_cached = importlib.import_module("confluence.textenc.cache").encode_cached
     return lambda chunk: encode_cached(encoder, chunk, cache, progress=False)
 
 

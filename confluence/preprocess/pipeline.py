@@ -6,7 +6,6 @@ Steps: validate; primary keys; statistics pass; encoding pass (`columns.py`); ta
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,6 @@ import numpy as np
 import pyarrow as pa
 
 import confluence
-from confluence.errors import ConfluenceError
 from confluence.preprocess.columns import (
     ColumnPlan,
     TablePlan,
@@ -44,6 +42,7 @@ from confluence.schema.validate import validate_against_data
 from confluence.store import format as fmt
 from confluence.stypes import SemanticType
 from confluence.textenc.base import TextEncoder
+from confluence.textenc.registry import load_encoder
 
 DEFAULT_MEMORY_LIMIT_MB = 2048
 __all__ = ["DEFAULT_MEMORY_LIMIT_MB", "batch_rows_for", "preprocess"]
@@ -75,7 +74,7 @@ def preprocess(
         if validate:
             validate_against_data(db, raw)
         if encoder is None:
-            encoder = _load_encoder(text_encoder)
+            encoder = load_encoder(text_encoder)
         con = raw.con
         con.execute(f"SET memory_limit = '{max(int(memory_limit_mb) // 2, 64)}MB'")
         if threads:
@@ -92,21 +91,6 @@ def preprocess(
     finally:
         if raw is not source:  # opened here: close it
             raw.close()
-
-
-def _load_encoder(spec: str | None) -> TextEncoder:
-    """The encoder named by `spec` via `confluence.textenc.registry`; the shipped static encoder by default."""
-    try:
-        registry = importlib.import_module("confluence.textenc.registry")
-    except ModuleNotFoundError as exc:
-        if exc.name != "confluence.textenc.registry":
-            raise
-        if spec not in (None, "default"):
-            raise ConfluenceError(f"text encoder {spec!r}: confluence.textenc.registry is not installed") from None
-        from confluence.textenc.default import StaticEncoder
-
-        return StaticEncoder()
-    return registry.load_encoder(spec)
 
 
 def write_primary_keys(writer: StoreWriter, tables: list) -> None:
