@@ -3,27 +3,25 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-import confluence.model.kernels  # noqa: F401  (registers "block_sparse")
 from confluence.model.attention import get_attention, register_attention
 from confluence.model.inputs import batch_to_inputs
-from confluence.model.kernels import block_sparse_attention
+from confluence.model.kernels import BLOCK_SPARSE, block_sparse
 from tests.fixtures.model import TINY, tables, tiny_batch, tiny_db, tiny_model
 
 
 def test_block_sparse_is_registered():
-    assert get_attention("block_sparse") is block_sparse_attention
+    assert get_attention("block_sparse") is BLOCK_SPARSE and BLOCK_SPARSE.permuted
 
 
 def test_model_forward_and_grads_match_reference():
     # tiles of 16 so that the S=40 sequences span three tiles, the last one partial
-    register_attention("block_sparse_t16", functools.partial(block_sparse_attention, block=16))
+    register_attention("block_sparse_t16", block_sparse(block=16))  # tile structures built once per batch
     db = tiny_db(1)
     batch = tiny_batch(db, b=2, s=40, r=8)
     inputs = batch_to_inputs(batch)

@@ -6,7 +6,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from confluence.model.attention import MASK_KINDS, dense_mask, get_attention, reference_attention
+from confluence.model.attention import (
+    MASK_KINDS,
+    Attention,
+    dense_mask,
+    get_attention,
+    masked_attention,
+    reference_attention,
+)
 from confluence.model.block import GatedAttention, Structure, inverse_permutation
 from tests.fixtures.model import TINY
 
@@ -100,10 +107,10 @@ def test_reference_attention_matches_a_per_query_softmax():
                     np.testing.assert_allclose(out[bi, i, hi], p @ v[bi, vis, hi], rtol=1e-5, atol=1e-6)
 
 
-def _structure(rows, cols, pad, adj, perms):
+def _structure(rows, cols, pad, adj, perms, attention):
     inputs = {"seq_row_ids": rows, "column_ids": cols, "is_padding": pad, "fk_adj": adj,
               "out_perm": perms, "in_perm": perms, "col_perm": perms}
-    return Structure.from_inputs({k: jnp.asarray(v) for k, v in inputs.items()})
+    return Structure.from_inputs({k: jnp.asarray(v) for k, v in inputs.items()}, attention)
 
 
 @pytest.mark.parametrize("kind", MASK_KINDS)
@@ -119,10 +126,25 @@ def test_permuted_attention_equals_unpermuted(kind):
     perm = np.stack([rng.permutation(s) for _ in range(b)]).astype(np.uint16)
     sub = GatedAttention(TINY, kind, key=jax.random.key(1))
     x = jnp.asarray(rng.standard_normal((b, s, TINY.d_model)), jnp.float32)
-    fn = get_attention("reference")
-    a = sub(x, _structure(rows, cols, pad, adj, ident), fn)
-    p = sub(x, _structure(rows, cols, pad, adj, perm), fn)
-    np.testing.assert_allclose(np.asarray(a), np.asarray(p), rtol=1e-5, atol=1e-6)
+    # the reference works in the batch's own order; the same math asking for the sublayer's permuted order takes
+    # the model's permute / unpermute path (its gradient: the inverse permutation's gather)
+    plain = get_attention("reference")
+    permuted = Attention.from_function("reference_permuted", reference_attention)
+    assert not plain.permuted and permuted.permuted
+
+    def run(fn, p):
+        def f(sub, x):
+            return sub(x, _structure(rows, cols, pad, adj, p, fn), fn)
+
+        out, vjp = jax.vjp(f, sub, x)
+        return out, vjp(jnp.asarray(np.cos(np.arange(out.size)).reshape(out.shape), out.dtype))
+
+    a, grads_a = run(plain, ident)
+    for p in (ident, perm):
+        got, grads = run(permuted, p)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(a), rtol=1e-5, atol=1e-6)
+        for ga, gb in zip(jax.tree.leaves(grads_a), jax.tree.leaves(grads), strict=True):
+            np.testing.assert_allclose(np.asarray(gb), np.asarray(ga), rtol=1e-4, atol=1e-5)
     inv = np.asarray(inverse_permutation(jnp.asarray(perm.astype(np.int32))))
     np.testing.assert_array_equal(np.take_along_axis(perm.astype(np.int64), inv, 1), np.tile(np.arange(s), (b, 1)))
 
@@ -144,6 +166,40 @@ def test_no_visible_key_gives_zero_output_and_finite_gradients():
 
 
 def test_attention_registry():
-    assert get_attention("reference") is reference_attention
+    ref = get_attention("reference")
+    assert ref.name == "reference" and not ref.permuted
+    assert get_attention("auto") is ref  # no GPU here
     with pytest.raises(ValueError, match="unknown attention_impl 'nope'"):
         get_attention("nope")
+
+
+def _autodiff_attention(q, k, v, mask):
+    """The masked softmax written plainly (differentiated by JAX): the oracle of `masked_attention`'s custom VJP."""
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+    logits = jnp.where(mask[:, None], logits, -jnp.inf)
+    m = jnp.max(logits, axis=-1, keepdims=True)
+    p = jnp.exp(logits - jnp.where(jnp.isfinite(m), m, 0.0))
+    d = jnp.sum(p, axis=-1, keepdims=True)
+    p = p / jnp.where(d > 0, d, 1.0)
+    return jnp.einsum("bhqk,bkhd->bqhd", p.astype(v.dtype), v, preferred_element_type=jnp.float32).astype(v.dtype)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_masked_attention_custom_vjp_matches_autodiff(dtype):
+    ks = jax.random.split(jax.random.key(3), 5)
+    b, s, h, dh = 2, 40, 2, 8
+    q, k, v, g = (jax.random.normal(kk, (b, s, h, dh)).astype(dtype) for kk in ks[:4])
+    mask = jax.random.uniform(ks[4], (b, s, s)) < 0.2
+    mask = mask.at[:, 3, :].set(False).at[:, 7, :].set(False).at[:, 7, 7].set(True)  # a blind query, a lone key
+    want, vjp_want = jax.vjp(_autodiff_attention, q, k, v, mask)
+    got, vjp_got = jax.vjp(masked_attention, q, k, v, mask)
+    # f32: equal up to rounding; bf16: within the rounding of the bf16 intermediates both keep
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == jnp.float32 else {"rtol": 0.02, "atol": 0.02}
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), **tol)
+    assert np.all(np.asarray(got)[:, 3] == 0.0)
+    grads = vjp_got(g)[:3]
+    for a, c in zip(vjp_want(g)[:3], grads, strict=True):
+        scale = float(jnp.max(jnp.abs(a.astype(jnp.float32))))
+        np.testing.assert_allclose(np.asarray(c, np.float32), np.asarray(a, np.float32),
+                                   rtol=tol["rtol"], atol=tol["atol"] * scale)
+    assert np.all(np.asarray(grads[0])[:, 3] == 0.0)  # a blind query gets no gradient

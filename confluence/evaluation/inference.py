@@ -65,15 +65,11 @@ class HeadOutputs:
 @functools.partial(jax.jit, static_argnames=("max_k",))
 def _forward(model: RelationalTransformer, inputs: dict[str, jax.Array], col_tab: jax.Array, cat_tab: jax.Array,
              max_k: int) -> tuple[jax.Array, ...]:
-    out = model(inputs, col_tab, cat_tab)
-    b = inputs["is_target"].shape[0]
-    t = jnp.argmax(inputs["is_target"], axis=1)
-    bidx = jnp.arange(b)
+    out = model.at_targets(inputs, col_tab, cat_tab)
     start = inputs["cat_block_start"].astype(jnp.int32)
     count = inputs["cat_count"].astype(jnp.int32)
-    logits = categorical_logits(out.cat_preds[bidx, t], model.encoder, cat_tab, start, count, max_k)
-    return (out.null_logits[bidx, t], out.num_preds[bidx, t], out.bool_logits[bidx, t], out.ts_preds[bidx, t],
-            logits)
+    logits = categorical_logits(out.cat_preds, model.encoder, cat_tab, start, count, max_k)
+    return out.null_logits, out.num_preds, out.bool_logits, out.ts_preds, logits
 
 
 class Predictor:

@@ -1,10 +1,19 @@
 """Attention over the three relational masks, behind one interface (seed 000 section 4, spec/training.md).
 
-Interface shared by every implementation (the reference below and the block-sparse GPU kernel):
+An implementation has two parts (`Attention`):
 
-    fn(q, k, v, kind, row_ids, col_ids, is_padding, fk_adj) -> out
+* `prepare(kind, row_ids, col_ids, is_padding, fk_adj) -> prepared`: what every sublayer of one kind needs besides
+  q / k / v (a mask, tile lists). It depends only on the batch, so the model calls it once per batch and kind,
+  not once per layer;
+* `attend(q, k, v, kind, prepared) -> out`: one sublayer's attention.
 
-* `q`, `k`, `v`: [B, S, H, dh] already gathered into the sublayer's permuted order. `q` is already L2-normalised
+Calling an `Attention` does both: `fn(q, k, v, kind, row_ids, col_ids, is_padding, fk_adj) -> out`, the one-call
+form the tests and benchmarks use. Attention is equivariant under a permutation of the positions, so the sublayer
+permutations of seed 000 (which cluster visible pairs into tiles) matter only to a block-sparse kernel: an
+implementation with `permuted = False` (the dense reference) gets q / k / v and the ids in the batch's own order and
+the model skips the permute / unpermute gathers. Shapes:
+
+* `q`, `k`, `v`: [B, S, H, dh] already gathered into the sublayer's permuted order (`permuted = True`). `q` is already L2-normalised
   and multiplied by the learned per-head temperature, `k` is L2-normalised: logits are exactly `q . k`.
 * `kind`: "outbound" | "inbound" | "column".
 * `row_ids`, `col_ids` (int32) and `is_padding` (bool): [B, S], permuted the same way as q / k / v.
@@ -20,7 +29,8 @@ Masks (all AND-ed with ~pad[i] and ~pad[j]):
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +38,25 @@ import jax.numpy as jnp
 MaskKind = Literal["outbound", "inbound", "column"]
 MASK_KINDS: tuple[MaskKind, ...] = ("outbound", "inbound", "column")
 
-AttentionFn = Callable[..., jax.Array]
+AttentionFn = Callable[..., jax.Array]  # fn(q, k, v, kind, row_ids, col_ids, is_padding, fk_adj) -> out
+
+
+@dataclass(frozen=True)
+class Attention:
+    """An attention implementation: `prepare` once per batch and kind, `attend` per sublayer (module doc)."""
+
+    name: str
+    prepare: Callable[..., Any]  # (kind, row_ids, col_ids, is_padding, fk_adj) -> prepared (a pytree)
+    attend: Callable[..., jax.Array]  # (q, k, v, kind, prepared) -> out
+    permuted: bool = True  # wants the sublayer's permuted order (False: any order, the model passes its own)
+
+    def __call__(self, q, k, v, kind: MaskKind, row_ids, col_ids, is_padding, fk_adj) -> jax.Array:
+        return self.attend(q, k, v, kind, self.prepare(kind, row_ids, col_ids, is_padding, fk_adj))
+
+    @classmethod
+    def from_function(cls, name: str, fn: AttentionFn) -> Attention:
+        """A one-call function as an `Attention` whose `prepare` only passes the ids through."""
+        return cls(name, lambda kind, *ids: ids, lambda q, k, v, kind, ids: fn(q, k, v, kind, *ids))
 
 
 def dense_mask(
@@ -51,6 +79,60 @@ def dense_mask(
     return m & valid[:, :, None] & valid[:, None, :]
 
 
+def _weights(q: jax.Array, k: jax.Array, mask: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
+    """Unnormalised softmax weights `exp(q . k - rowmax)` ([B, H, S, S] in `dtype`, 0 where masked) and the inverse
+    of their row sums ([B, H, S] FP32, 0 for a query that sees no key). FP32 logits and statistics."""
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+    logits = jnp.where(mask[:, None, :, :], logits, -jnp.inf)
+    row_max = jnp.max(logits, axis=-1, keepdims=True)
+    row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+    e = jnp.exp(logits - row_max)  # exp(-inf) = 0 at masked positions
+    denom = jnp.sum(e, axis=-1)
+    return e.astype(dtype), jnp.where(denom > 0, 1.0 / jnp.where(denom > 0, denom, 1.0), 0.0)
+
+
+def _rows_scaled(x: jax.Array, inv: jax.Array) -> jax.Array:
+    """x [B, S, H, dh] (FP32) times inv [B, H, S] per (query, head)."""
+    return x * jnp.swapaxes(inv, 1, 2)[..., None]
+
+
+@jax.custom_vjp
+def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Dense masked softmax attention with a precomputed `[B, S, S]` mask; [B, S, H, dh] in v's dtype.
+
+    Written as flash attention's algebra on dense tiles, with the gradient written out (custom VJP) instead of
+    differentiated through the softmax: the forward pass keeps the unnormalised weights (in v's dtype) and the
+    inverse row sums, normalises the `[B, S, H, dh]` output rather than the `[B, H, S, S]` weights, and the backward
+    pass needs four passes over `[B, H, S, S]` tensors instead of the dozen that autodiff of the masked softmax
+    produces (selects, converts, the max and the division each transposed)."""
+    return _masked_fwd(q, k, v, mask)[0]
+
+
+def _masked_fwd(q, k, v, mask):
+    e, inv = _weights(q, k, mask, v.dtype)
+    acc = jnp.einsum("bhqk,bkhd->bqhd", e, v, preferred_element_type=jnp.float32)
+    out = _rows_scaled(acc, inv).astype(v.dtype)
+    return out, (q, k, v, e, inv, out)
+
+
+def _masked_bwd(res, g):
+    q, k, v, e, inv, out = res
+    f32 = jnp.float32
+    # p = e * inv per query row; with gs = g * inv: dV = p^T g = e^T gs, and dS = p (dP - rowsum(p dP)) =
+    # e (gs V^T - inv * (O . g)).
+    gs = _rows_scaled(g.astype(f32), inv)
+    dv = jnp.einsum("bhqk,bqhd->bkhd", e, gs.astype(e.dtype), preferred_element_type=f32)
+    dps = jnp.einsum("bqhd,bkhd->bhqk", gs.astype(v.dtype), v, preferred_element_type=f32)
+    delta = inv * jnp.einsum("bqhd,bqhd->bhq", g.astype(f32), out.astype(f32))
+    ds = (e.astype(f32) * (dps - delta[..., None])).astype(q.dtype)
+    dq = jnp.einsum("bhqk,bkhd->bqhd", ds, k, preferred_element_type=f32)
+    dk = jnp.einsum("bhqk,bqhd->bkhd", ds, q, preferred_element_type=f32)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+
+
+masked_attention.defvjp(_masked_fwd, _masked_bwd)
+
+
 def reference_attention(
     q: jax.Array,
     k: jax.Array,
@@ -62,39 +144,35 @@ def reference_attention(
     fk_adj: jax.Array,
 ) -> jax.Array:
     """Dense masked softmax attention; FP32 logits and softmax statistics. Runs on any backend."""
-    mask = dense_mask(kind, row_ids, col_ids, is_padding, fk_adj)  # [B, S, S]
-    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
-    logits = jnp.where(mask[:, None, :, :], logits, -jnp.inf)
-    row_max = jnp.max(logits, axis=-1, keepdims=True)
-    row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
-    p = jnp.exp(logits - row_max)  # exp(-inf) = 0 at masked positions
-    denom = jnp.sum(p, axis=-1, keepdims=True)
-    p = p / jnp.where(denom > 0, denom, 1.0)
-    out = jnp.einsum("bhqk,bkhd->bqhd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-    return out.astype(v.dtype)
+    return masked_attention(q, k, v, dense_mask(kind, row_ids, col_ids, is_padding, fk_adj))
+
+
+REFERENCE = Attention("reference", dense_mask, lambda q, k, v, kind, mask: masked_attention(q, k, v, mask),
+                      permuted=False)
 
 
 # --- Registry: the model picks its attention implementation by name (ModelConfig.attention_impl). ---------------
-# "block_sparse" resolves lazily to `confluence.model.kernels.block_sparse_attention` (imported on first use, so the
-# model has no hard dependency on Pallas); other implementations can be added with `register_attention`.
+# "block_sparse" resolves lazily to `confluence.model.kernels` (imported on first use, so the model has no hard
+# dependency on Pallas); other implementations can be added with `register_attention`.
 
-_ATTENTION_IMPLS: dict[str, AttentionFn] = {"reference": reference_attention}
-
-
-def register_attention(name: str, fn: AttentionFn) -> None:
-    """Make `fn` (same signature as `reference_attention`) selectable as `attention_impl=name`."""
-    _ATTENTION_IMPLS[name] = fn
+_ATTENTION_IMPLS: dict[str, Attention] = {"reference": REFERENCE}
 
 
-def get_attention(name: str) -> AttentionFn:
+def register_attention(name: str, impl: Attention | AttentionFn) -> None:
+    """Make `impl` selectable as `attention_impl=name`: an `Attention`, or a one-call function with the signature
+    of `reference_attention` (then nothing is prepared once per batch)."""
+    _ATTENTION_IMPLS[name] = impl if isinstance(impl, Attention) else Attention.from_function(name, impl)
+
+
+def get_attention(name: str) -> Attention:
     """Resolve an attention implementation by name; raises ValueError listing the available ones.
     "auto" is the block-sparse kernel when the default backend is a GPU and the reference elsewhere."""
     if name == "auto":
         name = "block_sparse" if jax.default_backend() == "gpu" else "reference"
     if name == "block_sparse" and name not in _ATTENTION_IMPLS:
-        from confluence.model.kernels import block_sparse_attention
+        from confluence.model.kernels import BLOCK_SPARSE
 
-        _ATTENTION_IMPLS[name] = block_sparse_attention
+        _ATTENTION_IMPLS[name] = BLOCK_SPARSE
     try:
         return _ATTENTION_IMPLS[name]
     except KeyError:

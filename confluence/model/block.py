@@ -8,14 +8,15 @@ multiplied by sigmoid(x_norm @ W_gate). No biases in any core layer.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from confluence.model.attention import AttentionFn, MaskKind
+from confluence.model.attention import Attention, MaskKind
 from confluence.model.config import ModelConfig
-from confluence.toolkit.layers import RMSNorm, SwiGLU, xavier_uniform
+from confluence.toolkit.layers import RMSNorm, SwiGLU, matmul, split_last, xavier_uniform
 
 PERM_FIELD: dict[str, str] = {"outbound": "out_perm", "inbound": "in_perm", "column": "col_perm"}
 
@@ -38,27 +39,57 @@ def _gather_seq(x: jax.Array, idx: jax.Array) -> jax.Array:
     return jnp.take_along_axis(x, idx, axis=1)
 
 
-class Structure(eqx.Module):
-    """Per-batch structure shared by all layers: ids, padding, adjacency, permutations and their inverses."""
+@jax.custom_vjp
+def permute(x: jax.Array, perm: jax.Array, inv: jax.Array) -> jax.Array:
+    """x[b, perm[b, i]] along the sequence axis, `inv` being perm's inverse. The gradient of a gather is a scatter-
+    add; for a permutation it is the inverse permutation's gather, which is what the backward pass runs."""
+    return _gather_seq(x, perm)
 
-    row_ids: jax.Array
-    col_ids: jax.Array
-    is_padding: jax.Array
-    fk_adj: jax.Array
-    perms: dict[str, jax.Array]
-    inv_perms: dict[str, jax.Array]
+
+def _permute_fwd(x, perm, inv):
+    return _gather_seq(x, perm), (perm, inv)
+
+
+def _permute_bwd(res, g):
+    perm, inv = res
+    return _gather_seq(g, inv), None, None
+
+
+permute.defvjp(_permute_fwd, _permute_bwd)
+
+
+class KindStructure(eqx.Module):
+    """One attention kind's share of a batch's structure: its permutation and the inverse (None when the attention
+    implementation works in any order), and what the implementation prepared for it (once per batch, shared by
+    every layer)."""
+
+    perm: jax.Array | None
+    inv: jax.Array | None
+    prepared: Any
+
+
+class Structure(eqx.Module):
+    """Per-batch structure shared by all layers, one `KindStructure` per attention kind."""
+
+    kinds: dict[str, KindStructure]
 
     @classmethod
-    def from_inputs(cls, inputs: dict[str, jax.Array]) -> Structure:
-        perms = {kind: inputs[f].astype(jnp.int32) for kind, f in PERM_FIELD.items()}
-        return cls(
-            row_ids=inputs["seq_row_ids"].astype(jnp.int32),
-            col_ids=inputs["column_ids"].astype(jnp.int32),
-            is_padding=inputs["is_padding"],
-            fk_adj=inputs["fk_adj"],
-            perms=perms,
-            inv_perms={k: inverse_permutation(p) for k, p in perms.items()},
-        )
+    def from_inputs(cls, inputs: dict[str, jax.Array], attention: Attention) -> Structure:
+        row_ids = inputs["seq_row_ids"].astype(jnp.int32)
+        col_ids = inputs["column_ids"].astype(jnp.int32)
+        kinds = {}
+        for kind, field in PERM_FIELD.items():
+            if not attention.permuted:
+                prepared = attention.prepare(kind, row_ids, col_ids, inputs["is_padding"], inputs["fk_adj"])
+                kinds[kind] = KindStructure(None, None, prepared)
+                continue
+            perm = inputs[field].astype(jnp.int32)
+            prepared = attention.prepare(
+                kind, _gather_seq(row_ids, perm), _gather_seq(col_ids, perm), _gather_seq(inputs["is_padding"], perm),
+                inputs["fk_adj"],
+            )
+            kinds[kind] = KindStructure(perm, inverse_permutation(perm), prepared)
+        return cls(kinds)
 
 
 class GatedAttention(eqx.Module):
@@ -85,23 +116,23 @@ class GatedAttention(eqx.Module):
         self.kind = kind
         self.n_heads = cfg.n_heads
 
-    def __call__(self, x_norm: jax.Array, st: Structure, attn_fn: AttentionFn) -> jax.Array:
+    def __call__(self, x_norm: jax.Array, st: Structure, attention: Attention) -> jax.Array:
         b, s, d = x_norm.shape
         h = self.n_heads
-        perm, inv = st.perms[self.kind], st.inv_perms[self.kind]
-        xp = _gather_seq(x_norm, perm)  # permute
-        q = (xp @ self.w_q).reshape(b, s, h, d // h)
-        k = (xp @ self.w_k).reshape(b, s, h, d // h)
-        v = (xp @ self.w_v).reshape(b, s, h, d // h)
+        ks = st.kinds[self.kind]
+        # Q, K, V and the gate in one matmul (the per-position projection commutes with the permutation).
+        w = jnp.concatenate([self.w_q, self.w_k, self.w_v, self.w_gate], axis=1)
+        qkv, gate = split_last(matmul(x_norm, w), (3 * d, d))
+        if ks.perm is not None:
+            qkv = permute(qkv, ks.perm, ks.inv)
+        q, k, v = (x.reshape(b, s, h, d // h) for x in split_last(qkv, (d, d, d)))
         q = (_l2norm(q) * self.temperature.astype(jnp.float32)[:, None]).astype(x_norm.dtype)
         k = _l2norm(k).astype(x_norm.dtype)
-        o = attn_fn(
-            q, k, v, self.kind, _gather_seq(st.row_ids, perm), _gather_seq(st.col_ids, perm),
-            _gather_seq(st.is_padding, perm), st.fk_adj,
-        )
-        o = _gather_seq(o.reshape(b, s, d).astype(x_norm.dtype), inv)  # unpermute
-        gate = jax.nn.sigmoid(x_norm @ self.w_gate)
-        return (o @ self.w_o) * gate
+        o = attention.attend(q, k, v, self.kind, ks.prepared)
+        o = o.reshape(b, s, d).astype(x_norm.dtype)
+        if ks.perm is not None:
+            o = permute(o, ks.inv, ks.perm)  # unpermute
+        return matmul(o, self.w_o) * jax.nn.sigmoid(gate)
 
 
 class Block(eqx.Module):
@@ -124,8 +155,8 @@ class Block(eqx.Module):
         self.attn_col = GatedAttention(cfg, "column", key=k[2])
         self.ffn = SwiGLU(cfg.d_model, cfg.d_ff, key=k[3], out_scale=1.0 / math.sqrt(4 * cfg.n_layers))
 
-    def __call__(self, x: jax.Array, st: Structure, attn_fn: AttentionFn) -> jax.Array:
-        x = x + self.attn_out(self.norm_out(x), st, attn_fn)
-        x = x + self.attn_in(self.norm_in(x), st, attn_fn)
-        x = x + self.attn_col(self.norm_col(x), st, attn_fn)
+    def __call__(self, x: jax.Array, st: Structure, attention: Attention) -> jax.Array:
+        x = x + self.attn_out(self.norm_out(x), st, attention)
+        x = x + self.attn_in(self.norm_in(x), st, attention)
+        x = x + self.attn_col(self.norm_col(x), st, attention)
         return x + self.ffn(self.norm_ffn(x))

@@ -2,9 +2,13 @@
 masking (priority over null). Returns `col_enc + val_final` with padding zeroed; the transformer applies the h0
 RMSNorm (kept outside so this module's parameters are exactly the seed's 203,264 at D = D_t = 256).
 
-The categorical and text encoders are linear, so `Linear(table)[ids] == Linear(table[ids])`. We project the
-(small, deduplicated) tables first and gather the projected rows: the same function as projecting the gathered
-per-cell vectors, with fewer FLOPs (Vc or U rows instead of B*S) and no [B, S, D_t] intermediate.
+The column-name, categorical and text encoders are `Linear(table[ids])` (seed 002) on a frozen table. Which of two
+equal forms runs depends on the table's size, and neither has a scatter in its gradient: a table of at most D_t
+rows is projected first and its rows picked by a one-hot contraction (B x S x V x D work, the gradient a dense
+matmul); a larger one has each cell's frozen row gathered (no gradient: the table is an input) and projected
+(B x S x D_t x D). Gathering rows of a projected table, the cheapest forward, has as gradient a scatter-add of all
+B x S cells into the few rows of the table, which serialises on a GPU's atomics (docs/decisions.md, "Training
+speed"). The boolean embedding is a select between its two rows for the same reason.
 """
 
 from __future__ import annotations
@@ -25,6 +29,17 @@ ENCODED_STYPES = (
     SemanticType.CATEGORICAL,
     SemanticType.TEXT,
 )
+
+
+def embed_rows(linear: Linear, table: jax.Array, ids: jax.Array, dtype) -> jax.Array:
+    """`linear(table[ids])` [B, S, D] for a frozen table [V, D_t], in `dtype`, with a gradient free of scatters
+    (module doc): a one-hot contraction with the projected table when V <= D_t, else a gather and a projection."""
+    table = jax.lax.stop_gradient(table).astype(dtype)
+    ids = ids.astype(jnp.int32)
+    if table.shape[0] <= table.shape[1]:
+        onehot = jax.nn.one_hot(ids, table.shape[0], dtype=dtype)
+        return jnp.einsum("...v,vd->...d", onehot, linear(table), preferred_element_type=jnp.float32).astype(dtype)
+    return linear(table[ids])
 
 
 class ValueEncoder(eqx.Module):
@@ -58,19 +73,19 @@ class ValueEncoder(eqx.Module):
         stypes = inputs["semantic_types"].astype(jnp.int32)
         col_ids = inputs["column_ids"].astype(jnp.int32)
         # Column identity: frozen table row -> Linear(D_t, D).
-        col_enc = self.column_name_encoder(column_table.astype(dt))[col_ids]  # [B, S, D]
+        col_enc = embed_rows(self.column_name_encoder, column_table, col_ids, dt)  # [B, S, D]
         # The six type encoders, all evaluated on every position (dense layout).
         enc = {
             SemanticType.IDENTIFIER: jnp.broadcast_to(self.identifier_emb, col_enc.shape),
             SemanticType.NUMERICAL: self.numerical_encoder(inputs["numeric_values"].astype(dt)[..., None]),
             SemanticType.TIMESTAMP: self.timestamp_encoder(inputs["timestamp_values"].astype(dt)),
-            SemanticType.BOOLEAN: self.boolean_encoder[inputs["bool_values"].astype(jnp.int32)],
-            SemanticType.CATEGORICAL: self.categorical_encoder(category_table.astype(dt))[
-                inputs["categorical_embed_ids"].astype(jnp.int32)
-            ],
-            SemanticType.TEXT: self.text_encoder(inputs["text_batch_embeddings"].astype(dt))[
-                inputs["text_embed_ids"].astype(jnp.int32)
-            ],
+            SemanticType.BOOLEAN: jnp.where(
+                inputs["bool_values"][..., None], self.boolean_encoder[1], self.boolean_encoder[0]
+            ),
+            SemanticType.CATEGORICAL: embed_rows(
+                self.categorical_encoder, category_table, inputs["categorical_embed_ids"], dt
+            ),
+            SemanticType.TEXT: embed_rows(self.text_encoder, inputs["text_batch_embeddings"], inputs["text_embed_ids"], dt),
         }
         raw_val = jnp.zeros_like(col_enc)
         for t in ENCODED_STYPES:  # sum_t one_hot(stype, t) * encoder_t(values)

@@ -79,33 +79,42 @@ def categorical_logits(
     return jnp.where(valid[None, :], logits, -1e9)
 
 
+def at_positions(out: ModelOutput, t: jax.Array) -> ModelOutput:
+    """The dense outputs `[B, S, ...]` at one position per sequence `t [B]`: fields `[B, ...]`."""
+    bidx = jnp.arange(t.shape[0])
+    return ModelOutput(*(jnp.asarray(x)[bidx, t] for x in out))
+
+
 def compute_loss(
     out: ModelOutput, inputs: dict[str, jax.Array], encoder: ValueEncoder, category_table: jax.Array,
     cfg: LossConfig,
 ) -> LossParts:
-    """The batch loss and its parts. `encoder` must be the float32 (master) value encoder. The truth comes from
+    """The batch loss of dense outputs (every position, as `RelationalTransformer.__call__` returns them): the
+    target loss of their values at each sequence's target cell."""
+    t = jnp.argmax(jnp.asarray(inputs["is_target"]), axis=1)
+    return target_loss(at_positions(out, t), inputs, encoder, category_table, cfg)
+
+
+def target_loss(
+    out: ModelOutput, inputs: dict[str, jax.Array], encoder: ValueEncoder, category_table: jax.Array,
+    cfg: LossConfig,
+) -> LossParts:
+    """The batch loss and its parts from the head outputs at each sequence's target cell (`[B]`-shaped fields,
+    `RelationalTransformer.at_targets`). `encoder` must be the float32 (master) value encoder. The truth comes from
     the `[B]` target fields of `confluence.model.inputs.TARGET_FIELDS`, never from the (blanked) value tensors."""
     inputs = {k: jnp.asarray(v) for k, v in inputs.items()}
-    is_target = inputs["is_target"]
-    b = is_target.shape[0]
-    t = jnp.argmax(is_target, axis=1)  # [B] the target position (exactly one per valid sequence)
-    bidx = jnp.arange(b)
-
-    def at(x: jax.Array) -> jax.Array:
-        return x[bidx, t]
-
-    weight = (jnp.any(is_target, axis=1) & inputs["seq_valid"]).astype(jnp.float32)
+    weight = (jnp.any(inputs["is_target"], axis=1) & inputs["seq_valid"]).astype(jnp.float32)
     is_null = inputs["target_is_null"].astype(jnp.float32)
 
-    null_loss = optax.sigmoid_binary_cross_entropy(at(out.null_logits), is_null)
-    num_loss = numeric_point_loss(at(out.num_preds) - inputs["target_numeric"].astype(jnp.float32), cfg)
-    bool_loss = optax.sigmoid_binary_cross_entropy(at(out.bool_logits), inputs["target_bool"].astype(jnp.float32))
+    null_loss = optax.sigmoid_binary_cross_entropy(out.null_logits, is_null)
+    num_loss = numeric_point_loss(out.num_preds - inputs["target_numeric"].astype(jnp.float32), cfg)
+    bool_loss = optax.sigmoid_binary_cross_entropy(out.bool_logits, inputs["target_bool"].astype(jnp.float32))
     ts_loss = timestamp_loss(
-        at(out.ts_preds), inputs["target_timestamp"].astype(jnp.float32), cfg.huber_delta, cfg.ts_scalar_weight
+        out.ts_preds, inputs["target_timestamp"].astype(jnp.float32), cfg.huber_delta, cfg.ts_scalar_weight
     )
     start = inputs["cat_block_start"].astype(jnp.int32)
     count = inputs["cat_count"].astype(jnp.int32)
-    logits = categorical_logits(at(out.cat_preds), encoder, category_table, start, count, cfg.max_k)
+    logits = categorical_logits(out.cat_preds, encoder, category_table, start, count, cfg.max_k)
     target_idx = jnp.clip(inputs["target_category"].astype(jnp.int32) - start, 0, cfg.max_k - 1)
     lse = jax.nn.logsumexp(logits, axis=-1)
     ce = lse - jnp.take_along_axis(logits, target_idx[:, None], axis=-1)[:, 0]

@@ -35,24 +35,51 @@ class RelationalTransformer(eqx.Module):
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.heads = DecoderHeads(cfg, key=k_heads)
 
-    def __call__(
+    def hidden(
         self, inputs: dict[str, jax.Array], column_table: jax.Array, category_table: jax.Array
-    ) -> ModelOutput:
-        """Forward pass on a device batch (see `confluence.model.inputs`) and the database's embedding tables."""
+    ) -> jax.Array:
+        """The last block's output [B, S, D] in the compute dtype (before the final RMSNorm)."""
         inputs = {k: jnp.asarray(v) for k, v in inputs.items()}
         column_table, category_table = jnp.asarray(column_table), jnp.asarray(category_table)
         m = cast_floating(self, jnp.dtype(self.cfg.compute_dtype))
-        attn_fn = get_attention(self.cfg.attention_impl)
+        attention = get_attention(self.cfg.attention_impl)
         keep = ~inputs["is_padding"][..., None]
         x = m.encoder(inputs, column_table, category_table)
         x = jnp.where(keep, m.h0_norm(x), jnp.zeros((), x.dtype))
-        st = Structure.from_inputs(inputs)
+        st = Structure.from_inputs(inputs, attention)  # permutations and masks: once per batch, not per layer
         for block in m.blocks:
             if self.cfg.remat:
-                x = eqx.filter_checkpoint(lambda b, x, st: b(x, st, attn_fn))(block, x, st)
+                x = eqx.filter_checkpoint(lambda b, x, st: b(x, st, attention))(block, x, st)
             else:
-                x = block(x, st, attn_fn)
-        return m.heads(m.final_norm(x))
+                x = block(x, st, attention)
+        return x
+
+    def __call__(
+        self, inputs: dict[str, jax.Array], column_table: jax.Array, category_table: jax.Array
+    ) -> ModelOutput:
+        """Forward pass on a device batch (see `confluence.model.inputs`) and the database's embedding tables: the
+        five heads at every position (seed 004)."""
+        m = cast_floating(self, jnp.dtype(self.cfg.compute_dtype))
+        return m.heads(m.final_norm(self.hidden(inputs, column_table, category_table)))
+
+    def at_targets(
+        self, inputs: dict[str, jax.Array], column_table: jax.Array, category_table: jax.Array
+    ) -> ModelOutput:
+        """The heads at each sequence's target cell only: fields `[B]`, `[B, D_time]`, `[B, D]` (what the loss and
+        prediction read). Equal to `__call__`'s outputs at those positions; the final norm and the heads run on
+        B rows instead of B x S, and the gradient of the selection is dense (a one-hot contraction, no scatter)."""
+        m = cast_floating(self, jnp.dtype(self.cfg.compute_dtype))
+        h = self.hidden(inputs, column_table, category_table)
+        onehot = target_onehot(jnp.asarray(inputs["is_target"]), h.dtype)
+        h_t = jnp.einsum("bs,bsd->bd", onehot, h, preferred_element_type=jnp.float32).astype(h.dtype)
+        return m.heads(m.final_norm(h_t))
+
+
+def target_onehot(is_target: jax.Array, dtype) -> jax.Array:
+    """[B, S] one-hot of each sequence's target position (the first True; position 0 when there is none, as the
+    loss's argmax does)."""
+    t = jnp.argmax(is_target, axis=1)
+    return jax.nn.one_hot(t, is_target.shape[1], dtype=dtype)
 
 
 def count_params(tree) -> int:

@@ -93,16 +93,36 @@ def make_schedule(peak: float, cfg: OptimConfig) -> optax.Schedule:
 
 def newton_schulz5(g: jax.Array, steps: int = 5, eps: float = 1e-7) -> jax.Array:
     """Approximate orthogonalisation U V^T of a 2-D matrix by quintic Newton-Schulz iterations (FP32)."""
-    a, b, c = 3.4445, -4.7750, 2.0315
-    x = g.astype(jnp.float32)
-    transposed = x.shape[0] > x.shape[1]
-    if transposed:
-        x = x.T
-    x = x / (jnp.linalg.norm(x) + eps)
-    for _ in range(steps):
-        xxt = x @ x.T
-        x = a * x + (b * xxt + c * xxt @ xxt) @ x
+    transposed = g.shape[0] > g.shape[1]
+    x = _ns5_wide(g.astype(jnp.float32).T if transposed else g.astype(jnp.float32), steps, eps)
     return x.T if transposed else x
+
+
+def _ns5_wide(x: jax.Array, steps: int, eps: float) -> jax.Array:
+    """Newton-Schulz on `[..., m, n]` with m <= n, each trailing matrix normalised by its own Frobenius norm."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    x = x / (jnp.sqrt(jnp.sum(x * x, axis=(-2, -1), keepdims=True)) + eps)
+    for _ in range(steps):
+        xxt = x @ jnp.swapaxes(x, -1, -2)
+        x = a * x + (b * xxt + c * xxt @ xxt) @ x
+    return x
+
+
+def newton_schulz5_batched(mats: list[jax.Array], steps: int = 5, eps: float = 1e-7) -> list[jax.Array]:
+    """`newton_schulz5` of every matrix of `mats`, same-shaped ones (after putting the longer side last) stacked
+    and iterated together: one batched matmul per step and shape instead of one per matrix (seed 000 names no
+    order, and each matrix is still normalised and iterated on its own)."""
+    out: list[jax.Array | None] = [None] * len(mats)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, m in enumerate(mats):
+        groups.setdefault((min(m.shape), max(m.shape)), []).append(i)
+    for idx in groups.values():
+        wide = [mats[i].astype(jnp.float32) for i in idx]
+        wide = [m.T if m.shape[0] > m.shape[1] else m for m in wide]
+        res = _ns5_wide(jnp.stack(wide), steps, eps)
+        for j, i in enumerate(idx):
+            out[i] = res[j].T if mats[i].shape[0] > mats[i].shape[1] else res[j]
+    return out
 
 
 class MuonState(NamedTuple):
@@ -123,7 +143,8 @@ def scale_by_muon(beta: float = 0.95, ns_steps: int = 5, nesterov: bool = False)
             look = jax.tree.map(lambda m, g: beta * m + (1.0 - beta) * g.astype(jnp.float32), mom, grads)
         else:
             look = mom
-        return jax.tree.map(lambda m: newton_schulz5(m, ns_steps), look), MuonState(mom)
+        leaves, treedef = jax.tree.flatten(look)
+        return jax.tree.unflatten(treedef, newton_schulz5_batched(leaves, ns_steps)), MuonState(mom)
 
     return optax.GradientTransformation(init, update)
 

@@ -20,7 +20,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from confluence.model.config import LossConfig
 from confluence.model.inputs import BATCH_AXIS_FIELDS
-from confluence.model.loss import compute_loss
+from confluence.model.loss import target_loss
 from confluence.model.transformer import RelationalTransformer
 from confluence.toolkit.mesh import DATA_AXIS
 from confluence.toolkit.optim import (
@@ -123,8 +123,8 @@ class Trainer:
     # -- pure functions --------------------------------------------------------------------------------------------
     def _loss(self, params, inputs, col_tab, cat_tab):
         model = eqx.combine(params, self.static)
-        out = model(inputs, col_tab, cat_tab)
-        parts = compute_loss(out, inputs, model.encoder, cat_tab, self.loss_cfg)
+        out = model.at_targets(inputs, col_tab, cat_tab)  # the heads at the target cells only
+        parts = target_loss(out, inputs, model.encoder, cat_tab, self.loss_cfg)
         return parts.loss, parts
 
     def _grads(self, params, inputs, col_tab, cat_tab):

@@ -24,7 +24,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from confluence.model.attention import MaskKind
+from confluence.model.attention import Attention, MaskKind
 from confluence.model.kernels.structure import BlockStructure, block_structure, check_kind, padded_length
 
 DEFAULT_BLOCK = 64
@@ -395,6 +395,33 @@ def default_interpret() -> bool:
     return jax.default_backend() != "gpu"
 
 
+def _check_block(block: int) -> None:
+    if block < 16 or block & (block - 1):
+        raise ValueError(f"block must be a power of two >= 16, got {block}")
+
+
+def attend_block_sparse(
+    q: jax.Array, k: jax.Array, v: jax.Array, kind: MaskKind, st: BlockStructure, *, interpret: bool | None = None
+) -> jax.Array:
+    """One sublayer's attention on a structure from `block_structure` (built once per batch and kind): q / k / v
+    `[B, S, H, dh]` in the sublayer's permuted order; returns `[B, S, H, dh]` in v's dtype."""
+    check_kind(kind)
+    if q.ndim != 4 or q.shape != k.shape or q.shape != v.shape:
+        raise ValueError(f"q, k, v must share one [B, S, H, dh] shape, got {q.shape}, {k.shape}, {v.shape}")
+    bsz, s, _, d = q.shape
+    sp = st.kkey.shape[1]
+    if st.kkey.shape[0] != bsz or not 0 <= sp - s < sp // st.kv_cnt.shape[1]:
+        raise ValueError(f"structure of shape {st.kkey.shape} does not fit q of shape {q.shape}")
+    block = sp // st.kv_cnt.shape[1]
+    if interpret is None:
+        interpret = default_interpret()
+    dp = max(16, pl.next_power_of_2(d))
+    dtype = jnp.promote_types(q.dtype, v.dtype)
+    qp, kp, vp = (_pad_to(x.astype(dtype), sp, dp) for x in (q, k, v))
+    out = _attend(qp, kp, vp, st, kind, block, interpret)
+    return out[:, :s, :, :d].astype(v.dtype)
+
+
 def block_sparse_attention(
     q: jax.Array,
     k: jax.Array,
@@ -417,20 +444,28 @@ def block_sparse_attention(
     interpreter elsewhere.
     """
     check_kind(kind)
-    if block < 16 or block & (block - 1):
-        raise ValueError(f"block must be a power of two >= 16, got {block}")
+    _check_block(block)
     if q.ndim != 4 or q.shape != k.shape or q.shape != v.shape:
         raise ValueError(f"q, k, v must share one [B, S, H, dh] shape, got {q.shape}, {k.shape}, {v.shape}")
-    bsz, s, _, d = q.shape
+    bsz, s = q.shape[:2]
     for name, x in (("row_ids", row_ids), ("col_ids", col_ids), ("is_padding", is_padding)):
         if x.shape != (bsz, s):
             raise ValueError(f"{name} must be [B={bsz}, S={s}], got {x.shape}")
-    if interpret is None:
-        interpret = default_interpret()
     st = block_structure(kind, row_ids, col_ids, is_padding, fk_adj, block)
-    sp = padded_length(s, block)
-    dp = max(16, pl.next_power_of_2(d))
-    dtype = jnp.promote_types(q.dtype, v.dtype)
-    qp, kp, vp = (_pad_to(x.astype(dtype), sp, dp) for x in (q, k, v))
-    out = _attend(qp, kp, vp, st, kind, block, interpret)
-    return out[:, :s, :, :d].astype(v.dtype)
+    return attend_block_sparse(q, k, v, kind, st, interpret=interpret)
+
+
+def block_sparse(block: int = DEFAULT_BLOCK, interpret: bool | None = None) -> Attention:
+    """The kernel as an `Attention`: the tile structure of each kind is built once per batch (`block_structure`)
+    and shared by the sublayers of every layer."""
+    _check_block(block)
+    name = f"block_sparse(block={block}, interpret={interpret})"
+    return Attention(
+        name,
+        lambda kind, row_ids, col_ids, is_padding, fk_adj: block_structure(
+            kind, row_ids, col_ids, is_padding, fk_adj, block),
+        lambda q, k, v, kind, st: attend_block_sparse(q, k, v, kind, st, interpret=interpret),
+    )
+
+
+BLOCK_SPARSE = block_sparse()
