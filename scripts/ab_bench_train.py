@@ -61,7 +61,7 @@ def main() -> None:
                     print(f"round {r} {side}: {res['steps_per_s']:.3f} steps/s (step {res['step_s'] * 1e3:.1f} ms, "
                           f"compile {res['compile_s']:.1f} s)", flush=True)
         finally:
-            for side, path in trees.items():
+            for path in trees.values():
                 if path != ROOT:
                     subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)],
                                    capture_output=True)

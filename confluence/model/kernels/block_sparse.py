@@ -25,7 +25,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from confluence.model.attention import Attention, MaskKind
-from confluence.model.kernels.structure import BlockStructure, block_structure, check_kind, padded_length
+from confluence.model.kernels.structure import BlockStructure, block_structure, check_kind
 
 DEFAULT_BLOCK = 64
 NUM_WARPS = 4
