@@ -8,7 +8,12 @@ rows is projected first and its rows picked by a one-hot contraction (B x S x V 
 matmul); a larger one has each cell's frozen row gathered (no gradient: the table is an input) and projected
 (B x S x D_t x D). Gathering rows of a projected table, the cheapest forward, has as gradient a scatter-add of all
 B x S cells into the few rows of the table, which serialises on a GPU's atomics (docs/decisions.md, "Training
-speed"). The boolean embedding is a select between its two rows for the same reason.
+speed"). Every other learned vector (numerical and timestamp weights and biases, the three tables' biases, the
+identifier, boolean, null and mask embeddings) is a row of one small matrix, picked or scaled per cell by a
+coefficient computed from the inputs: one product whose gradient is a product, where a bias or an embedding
+broadcast to every cell has a reduction over all B x S cells as gradient (windowed and slow on XLA's CPU backend)
+and an embedding lookup a scatter-add. The sum is the seed's: the one-hot type selection, null gating, target
+masking with priority, padding zeroed.
 """
 
 from __future__ import annotations
@@ -19,27 +24,17 @@ import jax.numpy as jnp
 
 from confluence.model.config import ModelConfig
 from confluence.stypes import SemanticType
-from confluence.toolkit.layers import Linear, normal_init
-
-ENCODED_STYPES = (
-    SemanticType.IDENTIFIER,
-    SemanticType.NUMERICAL,
-    SemanticType.TIMESTAMP,
-    SemanticType.BOOLEAN,
-    SemanticType.CATEGORICAL,
-    SemanticType.TEXT,
-)
+from confluence.toolkit.layers import Linear, matmul, normal_init
 
 
-def embed_rows(linear: Linear, table: jax.Array, ids: jax.Array, dtype) -> jax.Array:
-    """`linear(table[ids])` [B, S, D] for a frozen table [V, D_t], in `dtype`, with a gradient free of scatters
+def project_rows(weight: jax.Array, table: jax.Array, ids: jax.Array, dtype) -> jax.Array:
+    """`table[ids] @ weight` [B, S, D] for a frozen table [V, D_t], in `dtype`, with a gradient free of scatters
     (module doc): a one-hot contraction with the projected table when V <= D_t, else a gather and a projection."""
     table = jax.lax.stop_gradient(table).astype(dtype)
     ids = ids.astype(jnp.int32)
     if table.shape[0] <= table.shape[1]:
-        onehot = jax.nn.one_hot(ids, table.shape[0], dtype=dtype)
-        return jnp.einsum("...v,vd->...d", onehot, linear(table), preferred_element_type=jnp.float32).astype(dtype)
-    return linear(table[ids])
+        return matmul(jax.nn.one_hot(ids, table.shape[0], dtype=dtype), matmul(table, weight))
+    return matmul(table[ids], weight)
 
 
 class ValueEncoder(eqx.Module):
@@ -71,28 +66,44 @@ class ValueEncoder(eqx.Module):
     def __call__(self, inputs: dict[str, jax.Array], column_table: jax.Array, category_table: jax.Array) -> jax.Array:
         dt = self.identifier_emb.dtype
         stypes = inputs["semantic_types"].astype(jnp.int32)
-        col_ids = inputs["column_ids"].astype(jnp.int32)
-        # Column identity: frozen table row -> Linear(D_t, D).
-        col_enc = embed_rows(self.column_name_encoder, column_table, col_ids, dt)  # [B, S, D]
-        # The six type encoders, all evaluated on every position (dense layout).
-        enc = {
-            SemanticType.IDENTIFIER: jnp.broadcast_to(self.identifier_emb, col_enc.shape),
-            SemanticType.NUMERICAL: self.numerical_encoder(inputs["numeric_values"].astype(dt)[..., None]),
-            SemanticType.TIMESTAMP: self.timestamp_encoder(inputs["timestamp_values"].astype(dt)),
-            SemanticType.BOOLEAN: jnp.where(
-                inputs["bool_values"][..., None], self.boolean_encoder[1], self.boolean_encoder[0]
-            ),
-            SemanticType.CATEGORICAL: embed_rows(
-                self.categorical_encoder, category_table, inputs["categorical_embed_ids"], dt
-            ),
-            SemanticType.TEXT: embed_rows(self.text_encoder, inputs["text_batch_embeddings"], inputs["text_embed_ids"], dt),
-        }
-        raw_val = jnp.zeros_like(col_enc)
-        for t in ENCODED_STYPES:  # sum_t one_hot(stype, t) * encoder_t(values)
-            raw_val = raw_val + (stypes == int(t))[..., None].astype(dt) * enc[t]
-        is_null = inputs["is_null"][..., None]
-        is_target = inputs["is_target"][..., None]
-        val = jnp.where(is_null, self.null_emb, raw_val)  # null gating
-        val = jnp.where(is_target, self.mask_emb, val)  # target masking takes priority
-        keep = ~inputs["is_padding"][..., None]
-        return jnp.where(keep, col_enc + val, jnp.zeros((), dt))  # padding: both encodings zeroed
+        keep = ~inputs["is_padding"]
+        is_null, is_target = inputs["is_null"], inputs["is_target"]
+        valued = keep & ~is_null & ~is_target  # cells whose value is encoded (seed 002: target > null > value)
+
+        def of(t: SemanticType) -> jax.Array:
+            return valued & (stypes == int(t))
+
+        def m(mask: jax.Array) -> jax.Array:
+            return mask[..., None].astype(dt)
+
+        # The frozen-table encoders (weights only; their biases join the learned vectors below).
+        col = project_rows(self.column_name_encoder.weight, column_table, inputs["column_ids"], dt)
+        cat = project_rows(self.categorical_encoder.weight, category_table, inputs["categorical_embed_ids"], dt)
+        txt = project_rows(self.text_encoder.weight, inputs["text_batch_embeddings"], inputs["text_embed_ids"], dt)
+        # Everything else is a learned row per cell, scaled by a coefficient computed from the inputs: the
+        # numerical and timestamp encoders (value x weight + bias), the identifier, boolean, null and mask
+        # embeddings and the three biases. One [B, S, K] x [K, D] product, whose gradient is a product too.
+        is_bool = of(SemanticType.BOOLEAN)
+        coef = jnp.concatenate([
+            inputs["numeric_values"].astype(dt)[..., None] * m(of(SemanticType.NUMERICAL)),
+            m(of(SemanticType.NUMERICAL)),
+            inputs["timestamp_values"].astype(dt) * m(of(SemanticType.TIMESTAMP)),
+            m(of(SemanticType.TIMESTAMP)),
+            m(of(SemanticType.IDENTIFIER)),
+            m(is_bool & ~inputs["bool_values"]),
+            m(is_bool & inputs["bool_values"]),
+            m(of(SemanticType.CATEGORICAL)),
+            m(of(SemanticType.TEXT)),
+            m(keep),
+            m(keep & is_null & ~is_target),
+            m(keep & is_target),
+        ], axis=-1)
+        rows = jnp.concatenate([
+            self.numerical_encoder.weight, self.numerical_encoder.bias[None],
+            self.timestamp_encoder.weight, self.timestamp_encoder.bias[None],
+            self.identifier_emb[None], self.boolean_encoder,
+            self.categorical_encoder.bias[None], self.text_encoder.bias[None], self.column_name_encoder.bias[None],
+            self.null_emb[None], self.mask_emb[None],
+        ], axis=0)
+        return (col * m(keep) + cat * m(of(SemanticType.CATEGORICAL)) + txt * m(of(SemanticType.TEXT))
+                + matmul(coef, rows))

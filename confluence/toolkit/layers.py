@@ -121,9 +121,43 @@ class RMSNorm(eqx.Module):
         self.eps = eps
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        x32 = x.astype(jnp.float32)
-        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return (y * (1.0 + self.gamma.astype(jnp.float32))).astype(x.dtype)
+        return rms_norm(x, self.gamma, self.eps)
+
+
+def _rms_parts(x: jax.Array, eps: float) -> tuple[jax.Array, jax.Array]:
+    x32 = x.astype(jnp.float32)
+    r = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return x32 * r, r
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def rms_norm(x: jax.Array, gamma: jax.Array, eps: float) -> jax.Array:
+    """(1 + gamma) * x / sqrt(mean(x^2) + eps) in x's dtype, FP32 inside.
+
+    The gradient is written out: gamma's is a matrix-vector product over the positions, where autodiff's reduction
+    became a windowed tree reduction on XLA's CPU backend (0.55 ms per norm of a [16, 128, 64] batch, against
+    0.05 ms)."""
+    y, _ = _rms_parts(x, eps)
+    return (y * (1.0 + gamma.astype(jnp.float32))).astype(x.dtype)
+
+
+def _rms_fwd(x, gamma, eps):
+    return rms_norm(x, gamma, eps), (x, gamma)
+
+
+def _rms_bwd(eps, res, g):
+    x, gamma = res
+    y, r = _rms_parts(x, eps)
+    g32 = g.astype(jnp.float32)
+    gy = g32 * (1.0 + gamma.astype(jnp.float32))
+    dx = r * (gy - y * jnp.mean(gy * y, axis=-1, keepdims=True))
+    d = x.shape[-1]
+    ones = jnp.ones((1, g32.size // d), jnp.float32)
+    dgamma = jnp.matmul(ones, (g32 * y).reshape(-1, d))[0]
+    return dx.astype(x.dtype), dgamma.astype(gamma.dtype)
+
+
+rms_norm.defvjp(_rms_fwd, _rms_bwd)
 
 
 class SwiGLU(eqx.Module):
