@@ -32,6 +32,8 @@ def _worktree(ref: str, tmp: Path) -> Path:
 def _bench(src: Path, args: argparse.Namespace, out: Path) -> dict:
     cmd = [sys.executable, "-m", "confluence.cli.main", "bench", "train", "--config", args.config,
            "--steps", str(args.steps), "--json", str(out)]
+    if args.windows > 1:
+        cmd += ["--windows", str(args.windows)]
     for s in args.set:
         cmd += ["--set", s]
     env = dict(os.environ, PYTHONPATH=str(src))
@@ -46,6 +48,8 @@ def main() -> None:
     ap.add_argument("--config", default="small")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--windows", type=int, default=1, help="timed windows per run (needs a `bench train` that has "
+                    "--windows on both sides)")
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
@@ -66,11 +70,14 @@ def main() -> None:
                     subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)],
                                    capture_output=True)
     med = {side: statistics.median(x["steps_per_s"] for x in v) for side, v in rounds.items()}
+    # each round's old and new ran next to each other: the median of their ratios is the least noisy figure
+    paired = statistics.median(n["steps_per_s"] / o["steps_per_s"] for o, n in zip(rounds["old"], rounds["new"]))
     comp = {side: statistics.median(x["compile_s"] for x in v) for side, v in rounds.items()}
     summary = {"old": args.old, "new": args.new or "working tree", "config": args.config, "steps": args.steps,
-               "median_steps_per_s": med, "median_compile_s": comp, "ratio": med["new"] / med["old"],
+               "median_steps_per_s": med, "median_compile_s": comp, "ratio": med["new"] / med["old"], "paired_ratio": paired,
                "device": rounds["new"][0]["device"], "rounds": rounds}
-    print(f"median steps/s: old {med['old']:.3f}, new {med['new']:.3f}; ratio new/old {summary['ratio']:.2f}x; "
+    print(f"median steps/s: old {med['old']:.3f}, new {med['new']:.3f}; ratio new/old {summary['ratio']:.2f}x (median of "
+          f"the rounds' ratios {paired:.2f}x); "
           f"compile old {comp['old']:.1f} s, new {comp['new']:.1f} s")
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")

@@ -3,8 +3,9 @@ synthetic batches of a recipe's shapes (no store needed)."""
 
 from __future__ import annotations
 
+import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import jax
 import jax.numpy as jnp
@@ -52,7 +53,9 @@ class BenchResult:
     params: int
     compile_s: float  # lowering + XLA compilation of the fused train step
     first_step_s: float  # first call (includes any compilation the jit cache did not reuse)
-    step_s: float
+    step_s: float  # median over the timed windows of the mean step time in a window
+    step_s_best: float  # the fastest window's mean step time
+    windows: int
     steps_per_s: float
     cells_per_s: float  # padded slots B*S per second
     real_cells_per_s: float  # non-padding cells per second
@@ -63,26 +66,59 @@ class BenchResult:
     mfu: float
     compute_dtype: str
     attention_impl: str
+    breakdown: dict | None = None  # see `step_breakdown`
 
 
-def bench_train(cfg: RunConfig, recipe: str, steps: int = 5, peak_flops: float | None = None) -> BenchResult:
-    """Compile the fused train step of `cfg`, then time `steps` steps over one synthetic batch per target type."""
-    mesh = make_mesh()
+class _Bench:
+    """A recipe's trainer, replicated state and one synthetic batch per target type, ready to time."""
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        self.mesh = mesh = make_mesh()
+        s = cfg.sampler
+        db = SyntheticDatabase(seed=cfg.seed, d_t=cfg.model.d_t, name="synthetic0")
+        self.model = RelationalTransformer(cfg.model, key=jax.random.key(cfg.seed))
+        self.trainer = Trainer(self.model, cfg.optim.for_run(cfg.loop.max_steps), cfg.loss)
+        params, opt_state = self.trainer.init_state(self.model)
+        self.state = [replicate(params, mesh), replicate(opt_state, mesh)]
+        tb = DbTables.build(db.name, db.column_embeddings, db.categorical_embeddings, db.max_k, cfg.loss.max_k)
+        self.tabs = replicate((tb.column_embeddings, tb.categorical_embeddings), mesh)
+        batches = [db.batch(t, s.batch_size, s.seq_len, s.max_rows, seed=(0, 0, 0)) for t in range(len(db.tasks))]
+        self.inputs = [shard_inputs(batch_to_inputs(b), mesh) for b in batches]
+        self.real = sum(int((~b.is_padding).sum()) for b in batches) / len(batches)
+        self.n = 0
+
+    def step(self) -> jax.Array:
+        params, opt_state, m = self.trainer.step(*self.state, [(self.inputs[self.n % len(self.inputs)], *self.tabs)],
+                                                 self.n)
+        self.state = [params, opt_state]
+        self.n += 1
+        return m.loss
+
+
+def _windows(fn, steps: int, windows: int) -> list[float]:
+    """Mean seconds per call of `fn` in each of `windows` windows of `steps` calls (after one warm call)."""
+    jax.block_until_ready(fn())
+    out = []
+    for _ in range(windows):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            r = fn()
+        jax.block_until_ready(r)
+        out.append((time.perf_counter() - t0) / steps)
+    return out
+
+
+def bench_train(cfg: RunConfig, recipe: str, steps: int = 5, peak_flops: float | None = None, windows: int = 1,
+                breakdown: bool = False) -> BenchResult:
+    """Compile the fused train step of `cfg`, then time `windows` windows of `steps` steps over one synthetic batch
+    per target type (the median window is the figure: these machines are noisy). `breakdown` adds
+    `step_breakdown`'s figures."""
+    b = _Bench(cfg)
     s = cfg.sampler
-    db = SyntheticDatabase(seed=cfg.seed, d_t=cfg.model.d_t, name="synthetic0")
-    model = RelationalTransformer(cfg.model, key=jax.random.key(cfg.seed))
-    trainer = Trainer(model, cfg.optim.for_run(cfg.loop.max_steps), cfg.loss)
-    params, opt_state = trainer.init_state(model)
-    params, opt_state = replicate(params, mesh), replicate(opt_state, mesh)
-    tb = DbTables.build(db.name, db.column_embeddings, db.categorical_embeddings, db.max_k, cfg.loss.max_k)
-    tabs = replicate((tb.column_embeddings, tb.categorical_embeddings), mesh)
-    batches = [db.batch(t, s.batch_size, s.seq_len, s.max_rows, seed=(0, 0, 0)) for t in range(len(db.tasks))]
-    inputs = [shard_inputs(batch_to_inputs(b), mesh) for b in batches]
-    real = sum(int((~b.is_padding).sum()) for b in batches) / len(batches)
-
     xla_flops = None
     t0 = time.perf_counter()
-    compiled = trainer._step.lower(params, opt_state, inputs[0], *tabs).compile()
+    compiled = b.trainer._step.lower(*b.state, b.inputs[0], *b.tabs).compile()
     compile_s = time.perf_counter() - t0
     try:
         cost = compiled.cost_analysis()
@@ -91,14 +127,10 @@ def bench_train(cfg: RunConfig, recipe: str, steps: int = 5, peak_flops: float |
     except Exception:  # cost analysis is optional and backend-dependent
         xla_flops = None
     t0 = time.perf_counter()
-    params, opt_state, m = trainer.step(params, opt_state, [(inputs[0], *tabs)], 0)
-    jax.block_until_ready(m.loss)
+    jax.block_until_ready(b.step())
     first_step_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for i in range(steps):
-        params, opt_state, m = trainer.step(params, opt_state, [(inputs[i % len(inputs)], *tabs)], i + 1)
-    jax.block_until_ready((params, m.loss))
-    step_s = (time.perf_counter() - t0) / steps
+    times = _windows(b.step, steps, max(1, windows))
+    step_s = statistics.median(times)
 
     dev = jax.devices()[0]
     if peak_flops is not None:
@@ -112,12 +144,53 @@ def bench_train(cfg: RunConfig, recipe: str, steps: int = 5, peak_flops: float |
     flops = model_flops_per_step(cfg.model, s.batch_size, s.seq_len, cfg.loss.max_k)
     return BenchResult(
         recipe=recipe, device=f"{dev.platform}:{dev.device_kind}", num_devices=len(jax.devices()),
-        batch_size=s.batch_size, seq_len=s.seq_len, params=count_params(model), compile_s=compile_s,
-        first_step_s=first_step_s, step_s=step_s, steps_per_s=1.0 / step_s, cells_per_s=s.batch_size * s.seq_len / step_s,
-        real_cells_per_s=real / step_s, model_flops_per_step=flops, xla_flops_per_step=xla_flops,
+        batch_size=s.batch_size, seq_len=s.seq_len, params=count_params(b.model), compile_s=compile_s,
+        first_step_s=first_step_s, step_s=step_s, step_s_best=min(times), windows=len(times),
+        steps_per_s=1.0 / step_s, cells_per_s=s.batch_size * s.seq_len / step_s,
+        real_cells_per_s=b.real / step_s, model_flops_per_step=flops, xla_flops_per_step=xla_flops,
         peak_flops=peak, peak_source=source, mfu=flops / step_s / peak, compute_dtype=cfg.model.compute_dtype,
         attention_impl=cfg.model.attention_impl,
+        breakdown=step_breakdown(cfg, steps=steps, windows=max(3, windows)) if breakdown else None,
     )
+
+
+def _parts(cfg: RunConfig, steps: int, windows: int) -> dict[str, float]:
+    """Median ms of forward + loss, forward + backward, optimizer update and the fused step, first batch."""
+    b = _Bench(cfg)
+    tr, inp, tabs = b.trainer, b.inputs[0], b.tabs
+    grads, _ = tr._grad(b.state[0], inp, *tabs)
+
+    def update():
+        params, opt_state, norm = tr._apply(*b.state, grads)
+        b.state = [params, opt_state]
+        return norm
+
+    def fused():
+        params, opt_state, m = tr._step(*b.state, inp, *tabs)
+        b.state = [params, opt_state]
+        return m[0]
+
+    fns = {"forward_loss_ms": lambda: tr._eval(b.state[0], inp, *tabs)[0],
+           "forward_backward_ms": lambda: tr._grad(b.state[0], inp, *tabs)[1].loss,
+           "update_ms": update, "step_ms": fused}
+    return {k: 1e3 * statistics.median(_windows(f, steps, windows)) for k, f in fns.items()}
+
+
+def step_breakdown(cfg: RunConfig, steps: int = 5, windows: int = 3) -> dict:
+    """Where a train step's time goes (the method of the training-speed issue): forward + loss, forward +
+    backward, optimizer update and the fused step, timed separately, for the recipe's N layers and for 1 layer;
+    the differences give the cost per layer and the cost outside the layers (value encoding, heads, loss)."""
+    n = cfg.model.n_layers
+    full = _parts(cfg, steps, windows)
+    out = {f"layers_{n}": full}
+    if n > 1:
+        one = _parts(replace(cfg, model=replace(cfg.model, n_layers=1)), steps, windows)
+        out["layers_1"] = one
+        for k in ("forward_loss_ms", "forward_backward_ms", "update_ms"):
+            per_layer = (full[k] - one[k]) / (n - 1)
+            out.setdefault("per_layer", {})[k] = per_layer
+            out.setdefault("outside_layers", {})[k] = one[k] - per_layer
+    return out
 
 
 def result_dict(r: BenchResult) -> dict:
@@ -135,4 +208,4 @@ def train_throughput(recipe: str = "base", attention_impl: str = "reference", st
         return {"skipped": f"no GPU (backend {jax.default_backend()!r}); use `confluence bench train --config small` "
                            "on CPU or pass allow_cpu=True"}
     cfg = load_config(recipe, {"model": {"attention_impl": attention_impl}})
-    return result_dict(bench_train(cfg, recipe, steps=steps))
+    return result_dict(bench_train(cfg, recipe, steps=steps, windows=3))

@@ -143,7 +143,11 @@ def bench_sampler_cmd(
 def bench_train_cmd(
     config: str = typer.Option("small", "--config", help="Recipe (small, base, ...) or a .toml / .json file."),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the figures to this JSON file."),
-    steps: int = typer.Option(5, "--steps", help="Timed steps after the compile step."),
+    steps: int = typer.Option(5, "--steps", help="Timed steps per window, after the compile step."),
+    windows: int = typer.Option(3, "--windows", min=1, help="Timed windows; the median window is reported."),
+    breakdown: bool = typer.Option(False, "--breakdown", help="Also time forward, forward + backward, update and "
+                                   "step separately, with the recipe's layers and with one (cost per layer and "
+                                   "outside the layers)."),
     set_: list[str] = typer.Option([], "--set", help="Override a setting."),
     peak_tflops: float | None = typer.Option(None, "--peak-tflops", help="Peak TFLOP/s for the MFU."),
 ) -> None:
@@ -155,8 +159,13 @@ def bench_train_cmd(
         cfg = run_config(config, set_)
     except ConfluenceError as exc:
         _fail(exc)
-    d = result_dict(bench_train(cfg, config, steps=steps, peak_flops=None if peak_tflops is None else peak_tflops * 1e12))
+    d = result_dict(bench_train(cfg, config, steps=steps, windows=windows, breakdown=breakdown,
+                                peak_flops=None if peak_tflops is None else peak_tflops * 1e12))
     for k, v in d.items():
+        if k == "breakdown":
+            for part, figures in (v or {}).items():
+                typer.echo(f"{part:>22}: " + ", ".join(f"{name} {x:.2f}" for name, x in figures.items()))
+            continue
         typer.echo(f"{k:>22}: {v:.4g}" if isinstance(v, float) else f"{k:>22}: {v}")
     _write_json(json_out, d)
 

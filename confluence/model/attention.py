@@ -66,15 +66,18 @@ def dense_mask(
     if kind == "column":
         m = col_ids[:, :, None] == col_ids[:, None, :]
     else:
-        bidx = jnp.arange(row_ids.shape[0])[:, None, None]
-        ri = row_ids[:, :, None]
-        rj = row_ids[:, None, :]
+        # A[row[i], row[j]] for the kind's row adjacency A, as one-hot(row) A one-hot(row)^T: two small batched
+        # matmuls of exact 0 / 1 counts instead of a gather per (i, j) pair
+        r = fk_adj.shape[1]
         if kind == "outbound":
-            m = (ri == rj) | fk_adj[bidx, ri, rj]
+            adj = fk_adj | jnp.eye(r, dtype=bool)[None]
         elif kind == "inbound":
-            m = fk_adj[bidx, rj, ri]
+            adj = jnp.swapaxes(fk_adj, 1, 2)
         else:
             raise ValueError(f"unknown attention kind {kind!r}; expected one of {MASK_KINDS}")
+        onehot = jax.nn.one_hot(row_ids, r, dtype=jnp.bfloat16)  # a row id outside [0, R) sees nothing
+        reach = jnp.einsum("bir,brs->bis", onehot, adj.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
+        m = jnp.einsum("bis,bjs->bij", reach.astype(jnp.bfloat16), onehot, preferred_element_type=jnp.float32) > 0.5
     valid = ~is_padding
     return m & valid[:, :, None] & valid[:, None, :]
 

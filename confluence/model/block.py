@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from confluence.model.attention import Attention, MaskKind
 from confluence.model.config import ModelConfig
-from confluence.toolkit.layers import RMSNorm, SwiGLU, matmul, split_last, xavier_uniform
+from confluence.toolkit.layers import RMSNorm, SwiGLU, matmul, split, split_last, xavier_uniform
 
 PERM_FIELD: dict[str, str] = {"outbound": "out_perm", "inbound": "in_perm", "column": "col_perm"}
 
@@ -24,6 +24,35 @@ PERM_FIELD: dict[str, str] = {"outbound": "out_perm", "inbound": "in_perm", "col
 def _l2norm(x: jax.Array, eps: float = 1e-6) -> jax.Array:
     x32 = x.astype(jnp.float32)
     return x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) + eps)
+
+
+@jax.custom_vjp
+def scaled_l2norm(x: jax.Array, scale: jax.Array) -> jax.Array:
+    """`scale[h] * x / |x|` over the last axis of `x` [..., H, dh] (FP32 inside, result in x's dtype): the QK norm
+    with the learned temperatures, queries and keys together. The gradient is written out; the scale's is a
+    matrix-vector product over the positions (autodiff's reduction over all cells runs windowed and slow on XLA's
+    CPU backend)."""
+    return (_l2norm(x) * scale.astype(jnp.float32)[:, None]).astype(x.dtype)
+
+
+def _scaled_l2norm_fwd(x, scale):
+    return scaled_l2norm(x, scale), (x, scale)
+
+
+def _scaled_l2norm_bwd(res, g):
+    x, scale = res
+    x32 = x.astype(jnp.float32)
+    r = jax.lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) + 1e-6)
+    xh = x32 * r
+    g32 = g.astype(jnp.float32)
+    gs = g32 * scale.astype(jnp.float32)[:, None]
+    dx = r * (gs - xh * jnp.sum(gs * xh, axis=-1, keepdims=True))
+    per_head = jnp.sum(g32 * xh, axis=-1).reshape(-1, x.shape[-2])  # [cells, H]
+    dscale = jnp.matmul(jnp.ones((1, per_head.shape[0]), jnp.float32), per_head)[0]
+    return dx.astype(x.dtype), dscale.astype(scale.dtype)
+
+
+scaled_l2norm.defvjp(_scaled_l2norm_fwd, _scaled_l2norm_bwd)
 
 
 def inverse_permutation(perm: jax.Array) -> jax.Array:
@@ -125,9 +154,11 @@ class GatedAttention(eqx.Module):
         qkv, gate = split_last(matmul(x_norm, w), (3 * d, d))
         if ks.perm is not None:
             qkv = permute(qkv, ks.perm, ks.inv)
-        q, k, v = (x.reshape(b, s, h, d // h) for x in split_last(qkv, (d, d, d)))
-        q = (_l2norm(q) * self.temperature.astype(jnp.float32)[:, None]).astype(x_norm.dtype)
-        k = _l2norm(k).astype(x_norm.dtype)
+        qk, v = split_last(qkv, (2 * d, d))
+        # QK norm of queries (times the temperatures) and keys at once: heads 0..H-1 are queries, H..2H-1 keys
+        scale = jnp.concatenate([self.temperature, jnp.ones_like(self.temperature)])
+        q, k = split(scaled_l2norm(qk.reshape(b, s, 2 * h, d // h), scale), (h, h), axis=2)
+        v = v.reshape(b, s, h, d // h)
         o = attention.attend(q, k, v, self.kind, ks.prepared)
         o = o.reshape(b, s, d).astype(x_norm.dtype)
         if ks.perm is not None:

@@ -117,7 +117,7 @@ def target_loss(
     logits = categorical_logits(out.cat_preds, encoder, category_table, start, count, cfg.max_k)
     target_idx = jnp.clip(inputs["target_category"].astype(jnp.int32) - start, 0, cfg.max_k - 1)
     lse = jax.nn.logsumexp(logits, axis=-1)
-    ce = lse - jnp.take_along_axis(logits, target_idx[:, None], axis=-1)[:, 0]
+    ce = lse - jnp.sum(logits * jax.nn.one_hot(target_idx, cfg.max_k, dtype=logits.dtype), axis=-1)  # no scatter
     cat_loss = ce + cfg.z_loss * lse**2
 
     type_losses = jnp.stack([num_loss, bool_loss, ts_loss, cat_loss])  # [4, B]

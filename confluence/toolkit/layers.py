@@ -61,35 +61,40 @@ def _matmul_bwd(res, g):
 matmul.defvjp(_matmul_fwd, _matmul_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def split_last(x: jax.Array, sizes: tuple[int, ...]) -> tuple[jax.Array, ...]:
-    """`x` cut along its last axis into consecutive parts of `sizes` (summing to its width).
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def split(x: jax.Array, sizes: tuple[int, ...], axis: int = -1) -> tuple[jax.Array, ...]:
+    """`x` cut along `axis` into consecutive parts of `sizes` (summing to that axis's length).
 
     Its gradient is one concatenation of the parts' gradients. Autodiff of the slices would pad each part's
-    gradient to the full width and add the pads, which XLA's CPU backend runs as separate passes (measured: 28 ms
+    gradient to the full length and add the pads, which XLA's CPU backend runs as separate passes (measured: 28 ms
     of a 160 ms `small` training step; docs/decisions.md, "Training speed")."""
-    return _split(x, sizes)
+    return _split(x, sizes, axis)
 
 
-def _split(x: jax.Array, sizes: tuple[int, ...]) -> tuple[jax.Array, ...]:
-    if sum(sizes) != x.shape[-1]:
-        raise ValueError(f"split_last: sizes {sizes} do not add up to the last axis {x.shape[-1]}")
+def split_last(x: jax.Array, sizes: tuple[int, ...]) -> tuple[jax.Array, ...]:
+    """`split` along the last axis."""
+    return split(x, sizes, -1)
+
+
+def _split(x: jax.Array, sizes: tuple[int, ...], axis: int) -> tuple[jax.Array, ...]:
+    if sum(sizes) != x.shape[axis]:
+        raise ValueError(f"split: sizes {sizes} do not add up to axis {axis}'s length {x.shape[axis]}")
     out, lo = [], 0
     for n in sizes:
-        out.append(x[..., lo: lo + n])
+        out.append(jax.lax.slice_in_dim(x, lo, lo + n, axis=axis))
         lo += n
     return tuple(out)
 
 
-def _split_fwd(x, sizes):
-    return _split(x, sizes), None
+def _split_fwd(x, sizes, axis):
+    return _split(x, sizes, axis), None
 
 
-def _split_bwd(sizes, _, g):
-    return (jnp.concatenate(g, axis=-1),)
+def _split_bwd(sizes, axis, _, g):
+    return (jnp.concatenate(g, axis=axis),)
 
 
-split_last.defvjp(_split_fwd, _split_bwd)
+split.defvjp(_split_fwd, _split_bwd)
 
 
 class Linear(eqx.Module):
