@@ -71,7 +71,7 @@ def main() -> None:
                                    capture_output=True)
     med = {side: statistics.median(x["steps_per_s"] for x in v) for side, v in rounds.items()}
     # each round's old and new ran next to each other: the median of their ratios is the least noisy figure
-    paired = statistics.median(n["steps_per_s"] / o["steps_per_s"] for o, n in zip(rounds["old"], rounds["new"]))
+    paired = statistics.median(n["steps_per_s"] / o["steps_per_s"] for o, n in zip(rounds["old"], rounds["new"], strict=True))
     comp = {side: statistics.median(x["compile_s"] for x in v) for side, v in rounds.items()}
     summary = {"old": args.old, "new": args.new or "working tree", "config": args.config, "steps": args.steps,
                "median_steps_per_s": med, "median_compile_s": comp, "ratio": med["new"] / med["old"], "paired_ratio": paired,

@@ -45,7 +45,7 @@ def test_split(axis):
 
     def plain(x):
         cuts = np.cumsum((0, *sizes))
-        return tuple(jax.lax.slice_in_dim(x, int(a), int(b), axis=axis) for a, b in zip(cuts[:-1], cuts[1:]))
+        return tuple(jax.lax.slice_in_dim(x, int(a), int(b), axis=axis) for a, b in zip(cuts[:-1], cuts[1:], strict=True))
 
     _check(lambda x: split(x, sizes, axis), plain, (x,))
     with pytest.raises(ValueError, match="do not add up"):
