@@ -7,6 +7,7 @@ multiplied by sigmoid(x_norm @ W_gate). No biases in any core layer.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -16,7 +17,7 @@ import jax.numpy as jnp
 
 from confluence.model.attention import Attention, MaskKind
 from confluence.model.config import ModelConfig
-from confluence.toolkit.layers import RMSNorm, SwiGLU, matmul, split, split_last, xavier_uniform
+from confluence.toolkit.layers import HIGHEST, RMSNorm, SwiGLU, matmul, split_last, xavier_uniform
 
 PERM_FIELD: dict[str, str] = {"outbound": "out_perm", "inbound": "in_perm", "column": "col_perm"}
 
@@ -26,29 +27,47 @@ def _l2norm(x: jax.Array, eps: float = 1e-6) -> jax.Array:
     return x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) + eps)
 
 
-@jax.custom_vjp
-def scaled_l2norm(x: jax.Array, scale: jax.Array) -> jax.Array:
-    """`scale[h] * x / |x|` over the last axis of `x` [..., H, dh] (FP32 inside, result in x's dtype): the QK norm
-    with the learned temperatures, queries and keys together. The gradient is written out; the scale's is a
-    matrix-vector product over the positions (autodiff's reduction over all cells runs windowed and slow on XLA's
-    CPU backend)."""
-    return (_l2norm(x) * scale.astype(jnp.float32)[:, None]).astype(x.dtype)
+def _head_sums(x: jax.Array, heads: int) -> jax.Array:
+    """[..., H * dh] -> [..., H]: the sum over each head's dh channels, as a product with a 0 / 1 matrix (XLA's CPU
+    backend runs a reduction over a short last axis several times slower than this small matmul)."""
+    return jnp.matmul(x, _head_matrix(heads, x.shape[-1] // heads).T, precision=HIGHEST)
 
 
-def _scaled_l2norm_fwd(x, scale):
-    return scaled_l2norm(x, scale), (x, scale)
+def _per_channel(x: jax.Array, dh: int) -> jax.Array:
+    """[..., H] -> [..., H * dh]: each head's value repeated over its channels, as a product too."""
+    return jnp.matmul(x, _head_matrix(x.shape[-1], dh), precision=HIGHEST)
 
 
-def _scaled_l2norm_bwd(res, g):
-    x, scale = res
+def _head_matrix(heads: int, dh: int) -> jax.Array:
+    return jnp.repeat(jnp.eye(heads, dtype=jnp.float32), dh, axis=1)  # [H, H * dh]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def scaled_l2norm(x: jax.Array, scale: jax.Array, eps: float = 1e-6) -> jax.Array:
+    """`scale[h] * x_h / |x_h|` for each head h of `x` [..., H * dh] (`scale` [H]), FP32 inside, in x's dtype: the
+    QK norm with the learned temperatures, for queries and keys at once. Sums over a head's channels are small
+    matmuls and the gradient is written out (the scale's a matrix-vector product over the positions, where
+    autodiff's reduction over all cells runs windowed and slow on XLA's CPU backend)."""
     x32 = x.astype(jnp.float32)
-    r = jax.lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) + 1e-6)
-    xh = x32 * r
-    g32 = g.astype(jnp.float32)
-    gs = g32 * scale.astype(jnp.float32)[:, None]
-    dx = r * (gs - xh * jnp.sum(gs * xh, axis=-1, keepdims=True))
-    per_head = jnp.sum(g32 * xh, axis=-1).reshape(-1, x.shape[-2])  # [cells, H]
-    dscale = jnp.matmul(jnp.ones((1, per_head.shape[0]), jnp.float32), per_head)[0]
+    r = jax.lax.rsqrt(_head_sums(x32 * x32, scale.shape[0]) + eps)
+    return (x32 * _per_channel(r * scale.astype(jnp.float32), x.shape[-1] // scale.shape[0])).astype(x.dtype)
+
+
+def _scaled_l2norm_fwd(x, scale, eps):
+    return scaled_l2norm(x, scale, eps), (x, scale)
+
+
+def _scaled_l2norm_bwd(eps, res, g):
+    x, scale = res
+    h = scale.shape[0]
+    dh = x.shape[-1] // h
+    x32, g32, s32 = x.astype(jnp.float32), g.astype(jnp.float32), scale.astype(jnp.float32)
+    r = jax.lax.rsqrt(_head_sums(x32 * x32, h) + eps)  # [..., H]
+    gx = _head_sums(g32 * x32, h)  # [..., H]
+    # y = s r x  =>  dx = s r g - s r^3 (g . x) x;  ds = sum over positions of r (g . x)
+    dx = _per_channel(s32 * r, dh) * g32 - _per_channel(s32 * r**3 * gx, dh) * x32
+    rgx = (r * gx).reshape(-1, h)
+    dscale = jnp.matmul(jnp.ones((1, rgx.shape[0]), jnp.float32), rgx, precision=HIGHEST)[0]
     return dx.astype(x.dtype), dscale.astype(scale.dtype)
 
 
@@ -157,8 +176,7 @@ class GatedAttention(eqx.Module):
         qk, v = split_last(qkv, (2 * d, d))
         # QK norm of queries (times the temperatures) and keys at once: heads 0..H-1 are queries, H..2H-1 keys
         scale = jnp.concatenate([self.temperature, jnp.ones_like(self.temperature)])
-        q, k = split(scaled_l2norm(qk.reshape(b, s, 2 * h, d // h), scale), (h, h), axis=2)
-        v = v.reshape(b, s, h, d // h)
+        q, k, v = (x.reshape(b, s, h, d // h) for x in (*split_last(scaled_l2norm(qk, scale), (d, d)), v))
         o = attention.attend(q, k, v, self.kind, ks.prepared)
         o = o.reshape(b, s, d).astype(x_norm.dtype)
         if ks.perm is not None:

