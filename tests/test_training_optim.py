@@ -16,6 +16,7 @@ from confluence.toolkit.optim import (
     lr_multiplier,
     make_optimizer,
     newton_schulz5,
+    newton_schulz5_batched,
     scale_by_muon,
     trainable,
 )
@@ -145,3 +146,26 @@ def test_muon_weight_decay_is_decoupled_and_off_by_default():
 def test_an_unresolved_schedule_is_refused():
     with pytest.raises(ValueError, match="for_run"):
         make_optimizer({"w": MUON}, OptimConfig())
+
+
+def test_batched_newton_schulz_equals_the_per_matrix_update():
+    # same-shaped matrices (and their transposes) are stacked and iterated together; a lone shape on its own
+    rng = np.random.default_rng(7)
+    shapes = [(16, 48), (16, 48), (48, 16), (32, 32), (8, 24), (16, 48)]
+    mats = [jnp.asarray(rng.normal(size=s), jnp.float32) for s in shapes]
+    batched = newton_schulz5_batched(mats)
+    for m, got in zip(mats, batched, strict=True):
+        want = np.asarray(newton_schulz5(m))
+        assert got.shape == m.shape
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+
+
+def test_muon_update_is_the_per_matrix_newton_schulz_of_the_momentum():
+    rng = np.random.default_rng(3)
+    params = {"a": jnp.zeros((16, 48)), "b": jnp.zeros((48, 16)), "c": jnp.zeros((16, 48))}
+    grads = {k: jnp.asarray(rng.normal(size=v.shape), jnp.float32) for k, v in params.items()}
+    tx = scale_by_muon(beta=0.95)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    for k, g in grads.items():
+        want = np.asarray(newton_schulz5(0.05 * g))
+        np.testing.assert_allclose(np.asarray(updates[k]), want, rtol=1e-5, atol=1e-6)
