@@ -302,10 +302,45 @@ def bench_attention_cmd(
     _write_json(json_path, as_numpy_report(report))
 
 
+def bench_learnability_cmd(
+    out: Path = typer.Option(..., "--out", "-o", help="Working directory (db/, store/, run/, learnability.json); "
+                                                      "must not hold an earlier run."),
+    config: str = typer.Option("small", "--config", help="Training recipe (small, demo, base, ...) or a file."),
+    steps: int = typer.Option(3000, "--steps", min=1, help="Training steps (the budget)."),
+    set_: list[str] = typer.Option([], "--set", help="Override a training setting."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the planted database."),
+    customers: int = typer.Option(1500, "--customers", min=10, help="Customers of the planted database."),
+    noise: float = typer.Option(0.1, "--noise", min=0.0, max=0.99, help="Share of targets redrawn at random."),
+    max_seeds: int = typer.Option(2000, "--max-seeds", min=1, help="Test rows per task (the same for every scorer)."),
+    gbdt: bool = typer.Option(True, "--gbdt/--no-gbdt", help="Also fit LightGBM on the same rows."),
+    json_out: Path | None = typer.Option(None, "--json", help="Also write the report to this JSON file."),
+) -> None:
+    """Train on a planted-signal database and report each signal's metric against its ceiling, LightGBM and the
+    trivial baseline on the same test rows."""
+    from confluence.bench.learnability import format_table, run_learnability
+    from confluence.synth.planted import PlantedSpec
+    from confluence.toolkit.config import parse_sets
+
+    if out.exists() and any(out.iterdir()):
+        _fail(ConfluenceError(f"{out}: not empty; choose a new --out (a finished benchmark is never overwritten)"))
+    try:
+        report = run_learnability(out, spec=PlantedSpec(seed=seed, customers=customers, noise=noise), config=config,
+                                  sets=parse_sets(set_), steps=steps, max_seeds=max_seeds, gbdt=gbdt)
+    except ConfluenceError as exc:
+        _fail(exc)
+    typer.echo(format_table(report["tasks"]))
+    typer.echo(f"timings: {report['timings']}; report: {out / 'learnability.json'}")
+    if json_out is not None:
+        from confluence.evaluation.evaluate import write_json
+
+        write_json(report, json_out)
+
+
 def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) -> None:
     """Add every `confluence bench ...` command."""
     del app, text_app
     for name, fn in (("sources", bench_sources_cmd), ("preprocess", bench_preprocess_cmd),
                      ("text-encoder", bench_text_encoder_cmd), ("sampler", bench_sampler_cmd),
-                     ("train", bench_train_cmd), ("attention", bench_attention_cmd)):
+                     ("train", bench_train_cmd), ("attention", bench_attention_cmd),
+                     ("learnability", bench_learnability_cmd)):
         bench_app.command(name)(fn)

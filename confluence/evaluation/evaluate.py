@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,12 +70,15 @@ def evaluate(
     gbdt: bool = False,
     gbdt_max_train: int = 50_000,
     progress: Any = None,
+    reference: Callable[[str, np.ndarray, Any], dict[str, Any]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Evaluate a checkpoint on `split` of the store at `db`.
 
     Returns `{task: {"model": {...}, "baseline": {...best trivial...}, "<trivial name>": {...}, ["gbdt": {...},
     "model_vs_gbdt": {diff, ci_low, ci_high, n_boot, a_not_worse}], "info": {...}}}` — the JSON layout of
     `confluence evaluate --json` (`model_vs_gbdt`: the headline metric's paired-bootstrap difference).
+    `reference(task, eval_ids, store) -> {name: metrics}` adds other scores of exactly the evaluated rows (task seed
+    ids of the store), e.g. a planted database's Bayes predictor (`confluence bench learnability`).
     """
     loaded = checkpoint if isinstance(checkpoint, LoadedModel) else load_model(checkpoint)
     predictor = Predictor(loaded, db, batch_size=batch_size, threads=threads)
@@ -116,6 +119,8 @@ def evaluate(
                 entry["gbdt"] = g.metrics
                 # paired bootstrap of model minus GBDT on the same rows: is a gap more than row-sampling noise?
                 entry["model_vs_gbdt"] = M.paired_bootstrap(stype, truth.values[keep], pred, g.predictions)
+            if reference is not None:
+                entry.update(reference(task, eval_ids, store))
             entry["info"] = {"stype": stype.label, "split": split, "n_eval": int(len(eval_ids)),
                              "n_eval_non_null": int((~truth.is_null).sum()), "n_train": int(len(train_ids)),
                              "checkpoint_step": loaded.step}

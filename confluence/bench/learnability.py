@@ -1,0 +1,125 @@
+"""`confluence bench learnability`: does the model learn what a planted-signal database plants?
+
+One run: write a planted database (`confluence.synth.planted`), preprocess it, train a recipe on all its tasks for a
+fixed number of steps, evaluate the test split, and score on exactly the evaluated rows the trivial baselines,
+LightGBM and the Bayes predictor (the ceiling). Per task it reports the model's headline metric, the share of the
+ceiling it reaches (`of_ceiling`: metric / ceiling for AUROC and accuracy, where higher is better) and the share of
+the way from the best trivial baseline to the ceiling (`gap_closed`: 0 = trivial, 1 = ceiling, for every metric,
+MAE included, whose ceiling may be 0).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from confluence.evaluation import metrics as M
+from confluence.synth.planted import SIGNALS, PlantedSpec, write_planted
+
+
+def bayes_reference(db_dir: Path):
+    """An `evaluate(reference=...)` hook scoring the planted database's Bayes predictor on the evaluated rows."""
+    tables = {p.stem: pq.read_table(p) for p in sorted((db_dir / "bayes").glob("*.parquet"))}
+
+    def score(task: str, eval_ids: np.ndarray, store: Any) -> dict[str, Any]:
+        if task not in tables:
+            return {}
+        t = tables[task]
+        key_col = t.column_names[0]
+        arrays = store.task_arrays(task)
+        info = store.table(store.task(task).anchor_table)
+        keys = np.asarray(store.keys(info.name).to_numpy(zero_copy_only=False))
+        row_keys = keys[arrays.anchor_row[eval_ids] - info.row_offset]
+        own = {k: i for i, k in enumerate(t.column(key_col).to_pylist())} if "obs_time" not in t.column_names else {
+            (k, o): i for i, (k, o) in enumerate(zip(t.column(key_col).to_pylist(),
+                                                     t.column("obs_time").cast("int64").to_pylist(), strict=True))}
+        if "obs_time" in t.column_names:
+            idx = [own[(k, int(o))] for k, o in zip(row_keys.tolist(), arrays.obs_time[eval_ids].tolist(), strict=True)]
+        else:
+            idx = [own[k] for k in row_keys.tolist()]
+        rows = t.take(np.asarray(idx, dtype=np.int64))
+        _, stype = SIGNALS[task]
+        if stype == "boolean":
+            m = M.binary_metrics(np.asarray(rows.column("target"), bool), np.asarray(rows.column("bayes")))
+        elif stype == "categorical":
+            classes = [c[2:] for c in rows.column_names if c.startswith("p_")]
+            post = np.stack([np.asarray(rows.column(f"p_{c}")) for c in classes], axis=1)
+            index = {c: i for i, c in enumerate(classes)}
+            m = M.categorical_metrics(np.array([index[v] for v in rows.column("target").to_pylist()]), post)
+        else:
+            m = M.regression_metrics(np.asarray(rows.column("target")), np.asarray(rows.column("bayes")))
+        return {"ceiling": m}
+
+    return score
+
+
+def summarize(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per task: signal, metric, model, best trivial, GBDT, ceiling, of_ceiling, gap_closed."""
+    rows = []
+    for task, r in results.items():
+        if "model" not in r or "ceiling" not in r:
+            continue
+        metric, higher = _HEADLINE_BY_LABEL[r["info"]["stype"]]
+        model, trivial, ceil = r["model"][metric], r["baseline"][metric], r["ceiling"][metric]
+        gbdt = r.get("gbdt", {}).get(metric, math.nan)
+        gap = ceil - trivial
+        rows.append({
+            "task": task, "signal": SIGNALS[task][0], "metric": metric, "model": model, "trivial": trivial,
+            "trivial_name": r["baseline"].get("name"), "gbdt": gbdt, "ceiling": ceil,
+            "of_ceiling": model / ceil if higher and ceil else math.nan,
+            "gap_closed": (model - trivial) / gap if gap else math.nan,
+            "gbdt_gap_closed": (gbdt - trivial) / gap if gap else math.nan,
+            "n": r["info"]["n_eval"],
+        })
+    return rows
+
+
+_HEADLINE_BY_LABEL = {stype.label: value for stype, value in M.HEADLINE.items()}
+
+
+def run_learnability(out: str | Path, *, spec: PlantedSpec = PlantedSpec(), config: str = "small",
+                     sets: dict[str, Any] | None = None, steps: int = 3000, max_seeds: int = 2000,
+                     gbdt: bool = True, text_encoder: str | None = None, progress: bool = True) -> dict[str, Any]:
+    """The whole benchmark under `out` (db/, store/, run/, learnability.json); returns the report."""
+    from confluence.evaluation.evaluate import evaluate, write_json
+    from confluence.preprocess.pipeline import preprocess
+    from confluence.training.config import load_config
+    from confluence.training.loop import open_stream, train
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    db = write_planted(out / "db", spec)
+    store = preprocess(db / "raw", db / "planted.metadata.json", out / "store", text_encoder=text_encoder,
+                       progress=progress)
+    timings["data_s"] = time.perf_counter() - t0
+    cfg = load_config(config, sets or {}).with_max_steps(steps)
+    t0 = time.perf_counter()
+    train(cfg, open_stream([store], cfg), out / "run", progress=progress)
+    timings["train_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    results = evaluate(out / "run", store, split="test", max_seeds=max_seeds, gbdt=gbdt,
+                       reference=bayes_reference(db))
+    timings["evaluate_s"] = time.perf_counter() - t0
+    report = {"spec": asdict(spec), "config": config, "sets": sets or {}, "steps": steps, "max_seeds": max_seeds,
+              "timings": timings, "tasks": summarize(results), "results": results}
+    write_json(report, out / "learnability.json")
+    return report
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """A Markdown table of `summarize` rows."""
+    lines = ["| task | signal | metric | model | trivial | GBDT | ceiling | of ceiling | gap closed (model / GBDT) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['task']} | {r['signal']} | {r['metric']} | {r['model']:.4g} | {r['trivial']:.4g} | "
+                     f"{r['gbdt']:.4g} | {r['ceiling']:.4g} | {r['of_ceiling']:.3f} | "
+                     f"{r['gap_closed']:.3f} / {r['gbdt_gap_closed']:.3f} |")
+    return "\n".join(lines)

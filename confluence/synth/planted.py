@@ -1,0 +1,443 @@
+"""Planted-signal databases: small relational databases where each task's target depends on exactly one known kind
+of relational signal, with the best any predictor can do on it (its ceiling) computed from the generating process.
+
+One database holds every signal, each behind its own task, so one preprocessing and one training run cover them all:
+
+    regions (static) <- stores (static) <- customers (static) <- orders (temporal)
+
+| task | signal | target | Bayes predictor |
+|---|---|---|---|
+| `customers.tier` | same-row categorical -> categorical | tier = map(segment), else a uniform class | map(segment) |
+| `customers.flag` | same-row numbers -> boolean | flag ~ Bernoulli(sigmoid(a x1 - b x2 + c)) | sigmoid(a x1 - b x2 + c) |
+| `customers.pref` | a parent's attribute | pref = map(store.kind), else uniform | map(store.kind) |
+| `customers.zone` | a two-hop ancestor's attribute | zone ~ Bernoulli(p(region.climate)) | p(region.climate) |
+| `customers.interest` | a text column's content | interest = topic of bio, else uniform | topic(bio) |
+| `orders.late` | a periodic time effect (hour of day, weekday) | late ~ Bernoulli(p(hour, weekday)) | p(hour, weekday) |
+| `customer_orders_30d` | count of children in a time window | orders in (t - 30 days, t] | the count itself |
+| `customer_mean_amount` | mean of children's values | mean amount of orders at or before t | the mean itself |
+| `customer_last_channel` | the most recent child's value | channel of the latest order at or before t | that channel |
+
+`noise` is the share of rows whose categorical target is redrawn uniformly (and it sets the flip rate of the
+booleans' generating probabilities); the derived (windowed) targets are exact functions of the visible past, so their
+ceiling is perfect. Class imbalance (segment shares 0.6 / 0.3 / 0.1, a negative intercept for `flag`), NULLs in
+nuisance columns and in order amounts, and dangling foreign keys (orders of customers that do not exist) are planted
+too. Everything is drawn from one `numpy` generator seeded by `seed`: the same seed gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from confluence.errors import ConfluenceError
+from confluence.evaluation.metrics import binary_metrics, categorical_metrics, regression_metrics
+from confluence.fsutil import fsync_path
+
+CLIMATES = ("arid", "humid", "polar", "temperate")
+ZONE_P = {"arid": 0.9, "humid": 0.1, "polar": 0.9, "temperate": 0.1}  # P(zone | climate)
+STORE_KINDS = ("K1", "K2", "K3", "K4")
+PREFS = ("P1", "P2", "P3", "P4")
+SEGMENTS = ("A", "B", "C")  # one-letter codes on purpose: they embed almost alike as text (../shared/findings.md)
+SEGMENT_SHARES = (0.6, 0.3, 0.1)
+TIERS = ("X", "Y", "Z")
+CHANNELS = ("web", "app", "shop")
+TOPICS = {
+    "sports": ("football", "tennis", "running", "cycling", "swimming", "marathon", "goalkeeper", "stadium"),
+    "cooking": ("recipes", "baking", "pasta", "spices", "bread", "kitchen", "soup", "dessert"),
+    "travel": ("flights", "hotels", "beaches", "mountains", "passport", "islands", "museums", "trains"),
+}
+FILLER = ("i", "really", "like", "enjoy", "and", "often", "about", "weekends", "with", "friends", "new", "my")
+FLAG_COEF = (3.0, -2.0, -1.0)  # flag logit = a x1 + b x2 + c (c < 0: about 30 % positives)
+START = dt.datetime(2022, 1, 1)
+DAYS = 730  # two years of orders
+OBS_EVERY_DAYS = 61  # observation times of the derived tasks: every other month after the first 60 days
+
+
+@dataclass(frozen=True)
+class PlantedSpec:
+    """Sizes and noise of a planted database."""
+
+    seed: int = 0
+    customers: int = 1500
+    stores: int = 30
+    regions: int = 6
+    orders_per_customer: float = 12.0  # mean; per-customer rates are gamma-distributed (heavy-tailed fan-out)
+    noise: float = 0.1  # share of categorical targets redrawn uniformly; boolean probabilities pulled toward 0.5
+    dangling: float = 0.01  # share of orders whose customer does not exist
+    null_rate: float = 0.05  # NULLs in nuisance columns and in order amounts
+
+    def __post_init__(self) -> None:
+        if min(self.customers, self.stores, self.regions) < 1:
+            raise ConfluenceError(f"planted database: sizes must be >= 1 (got {self})")
+        for name in ("noise", "dangling", "null_rate"):
+            v = getattr(self, name)
+            if not 0.0 <= v < 1.0:
+                raise ConfluenceError(f"planted database: {name} must be in [0, 1), got {v}")
+
+
+@dataclass
+class PlantedDatabase:
+    """The tables, their reviewed metadata, and per task its signal and Bayes predictions."""
+
+    tables: dict[str, pa.Table]
+    metadata: dict[str, Any]
+    bayes: dict[str, pa.Table]  # task -> anchor key [, obs_time], target, bayes prediction(s)
+    ceilings: dict[str, dict[str, Any]]  # task -> {signal, stype, metric, ceiling, n, ...}
+
+
+def _pull(p: np.ndarray, noise: float) -> np.ndarray:
+    """A boolean probability with label noise: with rate `noise` the label is a fair coin."""
+    return (1.0 - noise) * p + noise * 0.5
+
+
+def _noisy_map(rng: np.random.Generator, mapped: np.ndarray, k: int, noise: float) -> np.ndarray:
+    """Class indices: `mapped`, except a `noise` share redrawn uniformly over the k classes (maybe the same)."""
+    redraw = rng.random(mapped.size) < noise
+    return np.where(redraw, rng.integers(0, k, mapped.size), mapped)
+
+
+def _map_posterior(mapped: np.ndarray, k: int, noise: float) -> np.ndarray:
+    """P(class | signal) of `_noisy_map`: 1 - noise + noise / k on the mapped class, noise / k elsewhere."""
+    post = np.full((mapped.size, k), noise / k)
+    post[np.arange(mapped.size), mapped] += 1.0 - noise
+    return post
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def late_probability(hour: np.ndarray, weekday: np.ndarray) -> np.ndarray:
+    """P(late) of an order from its time alone: evening hours (17-21) and weekends are late."""
+    evening = (hour >= 17) & (hour <= 21)
+    weekend = weekday >= 5
+    return np.where(evening, 0.7, 0.1) + np.where(weekend, 0.2, 0.0)
+
+
+def text_topic(bio: str) -> str | None:
+    """The topic whose words a biography uses (the Bayes predictor of `customers.interest`)."""
+    words = set(bio.split())
+    for topic, vocab in TOPICS.items():
+        if words & set(vocab):
+            return topic
+    return None
+
+
+def generate(spec: PlantedSpec = PlantedSpec()) -> PlantedDatabase:
+    """Draw a planted database (module docstring) from `spec`; deterministic in `spec`."""
+    rng = np.random.default_rng(spec.seed)
+    noise = spec.noise
+    # regions and stores: the ancestors
+    climate = rng.integers(0, len(CLIMATES), spec.regions)
+    regions = pa.table({
+        "region_id": pa.array(np.arange(1, spec.regions + 1), pa.int64()),
+        "climate": [CLIMATES[i] for i in climate],
+        "population": pa.array(np.round(rng.lognormal(12, 1, spec.regions)), pa.float64()),
+    })
+    store_region = rng.integers(0, spec.regions, spec.stores)
+    kind = rng.integers(0, len(STORE_KINDS), spec.stores)
+    stores = pa.table({
+        "store_id": pa.array(np.arange(1, spec.stores + 1), pa.int64()),
+        "region_id": pa.array(store_region + 1, pa.int64()),
+        "kind": [STORE_KINDS[i] for i in kind],
+        "size_m2": pa.array(np.round(rng.uniform(50, 500, spec.stores), 1), pa.float64()),
+    })
+    # customers: same-row, parent, two-hop and text signals
+    n = spec.customers
+    cust_store = rng.integers(0, spec.stores, n)
+    segment = rng.choice(len(SEGMENTS), n, p=SEGMENT_SHARES)
+    tier_map = np.array([2, 0, 1])  # A -> Z, B -> X, C -> Y: not the identity of the codes' order
+    tier = _noisy_map(rng, tier_map[segment], len(TIERS), noise)
+    x1, x2 = np.round(rng.standard_normal(n), 4), np.round(rng.standard_normal(n), 4)  # as stored
+    p_flag = _pull(_sigmoid(FLAG_COEF[0] * x1 + FLAG_COEF[1] * x2 + FLAG_COEF[2]), noise)
+    flag = rng.random(n) < p_flag
+    pref_map = np.array([1, 3, 0, 2])  # store kind -> preference
+    pref = _noisy_map(rng, pref_map[kind[cust_store]], len(PREFS), noise)
+    p_zone = _pull(np.array([ZONE_P[c] for c in CLIMATES])[climate[store_region[cust_store]]], noise)
+    zone = rng.random(n) < p_zone
+    topic_names = list(TOPICS)
+    topic = rng.integers(0, len(topic_names), n)
+    bios = []
+    for t in topic:
+        words = list(rng.choice(TOPICS[topic_names[t]], size=2, replace=False))
+        words += list(rng.choice(FILLER, size=int(rng.integers(3, 7))))
+        bios.append(" ".join(rng.permutation(words)))
+    interest = _noisy_map(rng, topic, len(topic_names), noise)
+    nuisance = rng.standard_normal(n)
+    customers = pa.table({
+        "customer_id": pa.array(np.arange(1, n + 1), pa.int64()),
+        "store_id": pa.array(cust_store + 1, pa.int64()),
+        "segment": [SEGMENTS[i] for i in segment],
+        "tier": [TIERS[i] for i in tier],
+        "x1": pa.array(x1, pa.float64()),
+        "x2": pa.array(x2, pa.float64()),
+        "x3": pa.array([None if rng.random() < spec.null_rate else round(float(v), 4) for v in nuisance],
+                       pa.float64()),
+        "flag": pa.array(flag),
+        "pref": [PREFS[i] for i in pref],
+        "zone": pa.array(zone),
+        "bio": bios,
+        "interest": [topic_names[i] for i in interest],
+    })
+    # orders: a heavy-tailed number per customer, times over two years, per-customer mean amounts
+    rate = rng.gamma(0.8, spec.orders_per_customer / 0.8, n)
+    counts = rng.poisson(rate)
+    owner = np.repeat(np.arange(n), counts)
+    m = owner.size
+    seconds = np.sort(rng.integers(0, DAYS * 86400, m))
+    owner = rng.permutation(owner)  # times sorted, owners shuffled: each customer's orders spread over the period
+    ordered_at = [START + dt.timedelta(seconds=int(s)) for s in seconds]
+    hour = np.array([t.hour for t in ordered_at])
+    weekday = np.array([t.weekday() for t in ordered_at])
+    p_late = _pull(late_probability(hour, weekday), noise)
+    late = rng.random(m) < p_late
+    mu = np.round(rng.lognormal(3.5, 0.6, n), 2)
+    amount = np.round(mu[owner] * rng.lognormal(0, 0.25, m), 2)
+    amount_null = rng.random(m) < spec.null_rate
+    channel = rng.integers(0, len(CHANNELS), m)
+    cust_id = owner + 1
+    dangling = rng.random(m) < spec.dangling
+    cust_id = np.where(dangling, n + 1 + rng.integers(0, n, m), cust_id)
+    orders = pa.table({
+        "order_id": pa.array(np.arange(1, m + 1), pa.int64()),
+        "customer_id": pa.array(cust_id, pa.int64()),
+        "ordered_at": pa.array(ordered_at, pa.timestamp("us")),
+        "amount": pa.array([None if z else float(a) for a, z in zip(amount, amount_null, strict=True)], pa.float64()),
+        "channel": [CHANNELS[i] for i in channel],
+        "late": pa.array(late),
+    })
+    tables = {"regions": regions, "stores": stores, "customers": customers, "orders": orders}
+
+    ids = np.arange(1, n + 1)
+    bayes: dict[str, pa.Table] = {
+        "customers.tier": _cat_table("customer_id", ids, tier, _map_posterior(tier_map[segment], 3, noise), TIERS),
+        "customers.flag": pa.table({"customer_id": ids, "target": flag, "bayes": p_flag}),
+        "customers.pref": _cat_table("customer_id", ids, pref,
+                                     _map_posterior(pref_map[kind[cust_store]], 4, noise), PREFS),
+        "customers.zone": pa.table({"customer_id": ids, "target": zone, "bayes": p_zone}),
+        "customers.interest": _cat_table("customer_id", ids, interest, _map_posterior(topic, 3, noise),
+                                         tuple(topic_names)),
+        "orders.late": pa.table({"order_id": np.arange(1, m + 1), "target": late, "bayes": p_late}),
+    }
+    bayes |= _derived_bayes(tables)
+    metadata = planted_metadata(spec)
+    return PlantedDatabase(tables, metadata, bayes, {t: ceiling(t, b) for t, b in bayes.items()})
+
+
+def _cat_table(key: str, ids: np.ndarray, target: np.ndarray, post: np.ndarray, classes: tuple[str, ...]) -> pa.Table:
+    cols: dict[str, Any] = {key: ids, "target": [classes[i] for i in target]}
+    for j, c in enumerate(classes):
+        cols[f"p_{c}"] = post[:, j]
+    return pa.table(cols)
+
+
+def _obs_times() -> list[dt.datetime]:
+    return [START + dt.timedelta(days=d) for d in range(60, DAYS + 1, OBS_EVERY_DAYS)]
+
+
+def _obs_sql() -> str:
+    times = ", ".join(f"TIMESTAMP '{t:%Y-%m-%d %H:%M:%S}'" for t in _obs_times())
+    return f"SELECT unnest([{times}]) AS obs_time"
+
+
+# the derived tasks' queries: the targets are exact functions of what is visible at the observation time
+# (rows whose time is at or before it: the sampler's rule)
+DERIVED_QUERIES = {
+    "customer_orders_30d": (
+        "WITH obs AS ({obs}) SELECT c.customer_id, o.obs_time, count(x.order_id)::DOUBLE AS n_orders_30d "
+        "FROM customers c CROSS JOIN obs o LEFT JOIN orders x ON x.customer_id = c.customer_id "
+        "AND x.ordered_at > o.obs_time - INTERVAL 30 DAY AND x.ordered_at <= o.obs_time "
+        "GROUP BY c.customer_id, o.obs_time ORDER BY c.customer_id, o.obs_time",
+        "n_orders_30d", "numerical", "count of children in a time window",
+        "orders of the customer in the 30 days up to the observation time"),
+    "customer_mean_amount": (
+        "WITH obs AS ({obs}) SELECT c.customer_id, o.obs_time, avg(x.amount) AS mean_amount "
+        "FROM customers c CROSS JOIN obs o JOIN orders x ON x.customer_id = c.customer_id "
+        "AND x.ordered_at <= o.obs_time AND x.amount IS NOT NULL "
+        "GROUP BY c.customer_id, o.obs_time ORDER BY c.customer_id, o.obs_time",
+        "mean_amount", "numerical", "mean of children's values",
+        "mean amount of the customer's orders up to the observation time"),
+    "customer_last_channel": (
+        "WITH obs AS ({obs}) SELECT c.customer_id, o.obs_time, arg_max(x.channel, x.ordered_at) AS last_channel "
+        "FROM customers c CROSS JOIN obs o JOIN orders x ON x.customer_id = c.customer_id "
+        "AND x.ordered_at <= o.obs_time "
+        "GROUP BY c.customer_id, o.obs_time ORDER BY c.customer_id, o.obs_time",
+        "last_channel", "categorical", "the most recent child's value",
+        "channel of the customer's latest order up to the observation time"),
+}
+
+SIGNALS = {
+    "customers.tier": ("same-row categorical -> categorical", "categorical"),
+    "customers.flag": ("same-row numbers -> boolean", "boolean"),
+    "customers.pref": ("a parent's attribute", "categorical"),
+    "customers.zone": ("a two-hop ancestor's attribute", "boolean"),
+    "customers.interest": ("a text column's content", "categorical"),
+    "orders.late": ("a periodic time effect (hour of day, weekday)", "boolean"),
+} | {k: (v[3], v[2]) for k, v in DERIVED_QUERIES.items()}
+
+
+def derived_query(task: str) -> str:
+    return DERIVED_QUERIES[task][0].format(obs=_obs_sql())
+
+
+def _derived_bayes(tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
+    """Targets of the derived tasks (DuckDB over the tables) with their Bayes prediction: the target itself."""
+    con = duckdb.connect()
+    try:
+        con.execute("SET threads = 1")
+        for name, t in tables.items():
+            con.register(name, t)
+        out = {}
+        for task, (_, col, stype, _, _) in DERIVED_QUERIES.items():
+            t = con.sql(derived_query(task)).to_arrow_table()
+            target = t.column(col)
+            t = t.drop([col]).append_column("target", target)
+            if stype == "categorical":
+                for c in CHANNELS:
+                    t = t.append_column(f"p_{c}", pa.compute.cast(pa.compute.equal(target, c), pa.float64()))
+            else:
+                t = t.append_column("bayes", target)
+            out[task] = t
+        return out
+    finally:
+        con.close()
+
+
+def ceiling(task: str, bayes: pa.Table) -> dict[str, Any]:
+    """The headline metric of the Bayes predictor on all rows of `task` (`bayes` as `PlantedDatabase.bayes`)."""
+    signal, stype = SIGNALS[task]
+    cols = bayes.column_names
+    if stype == "boolean":
+        y = np.asarray(bayes.column("target"), bool)
+        m = binary_metrics(y, np.asarray(bayes.column("bayes")))
+        metric, value = "auroc", m["auroc"]
+    elif stype == "categorical":
+        classes = [c[2:] for c in cols if c.startswith("p_")]
+        post = np.stack([np.asarray(bayes.column(f"p_{c}")) for c in classes], axis=1)
+        index = {c: i for i, c in enumerate(classes)}
+        y = np.array([index[v] for v in bayes.column("target").to_pylist()])
+        m = categorical_metrics(y, post)
+        metric, value = "accuracy", m["accuracy"]
+    else:
+        m = regression_metrics(np.asarray(bayes.column("target")), np.asarray(bayes.column("bayes")))
+        metric, value = "mae", m["mae"]
+    return {"signal": signal, "stype": stype, "metric": metric, "ceiling": value, "n": bayes.num_rows}
+
+
+def planted_metadata(spec: PlantedSpec) -> dict[str, Any]:
+    """The reviewed metadata of a planted database: tables, semantic types, keys and the nine tasks."""
+    cell = {
+        "customers.tier": ("tier", "categorical", "tier, planted as a map of the same row's segment", []),
+        "customers.flag": ("flag", "boolean", "flag, planted from the same row's x1 and x2", []),
+        "customers.pref": ("pref", "categorical", "preference, planted as a map of the store's kind", []),
+        "customers.zone": ("zone", "boolean", "zone, planted from the store's region's climate", []),
+        "customers.interest": ("interest", "categorical", "interest, planted as the topic of the bio", []),
+        "orders.late": ("late", "boolean", "late, planted from the order's hour of day and weekday", []),
+    }
+    tasks: dict[str, Any] = {}
+    for task, (col, stype, desc, excl) in cell.items():
+        table = task.split(".")[0]
+        key = "customer_id" if table == "customers" else "order_id"
+        tasks[task] = {"query": f'SELECT "{key}", "{col}" FROM "{table}"', "anchor_table": table, "anchor_key": key,
+                       "target_column": col, "target_stype": stype, "description": desc}
+        if excl:
+            tasks[task]["exclude_columns"] = excl
+    for task, (_, col, stype, _, desc) in DERIVED_QUERIES.items():
+        tasks[task] = {"query": derived_query(task), "anchor_table": "customers", "anchor_key": "customer_id",
+                       "target_column": col, "target_stype": stype, "observation_time_column": "obs_time",
+                       "description": desc}
+    return {
+        "name": f"planted{spec.seed}",
+        "description": f"planted-signal database (confluence synth planted, {spec})",
+        "tables": {
+            "regions": {"primary_key": "region_id", "columns": {
+                "region_id": {"stype": "identifier"}, "climate": {"stype": "categorical"},
+                "population": {"stype": "numerical"}}},
+            "stores": {"primary_key": "store_id", "columns": {
+                "store_id": {"stype": "identifier"},
+                "region_id": {"stype": "identifier", "foreign_key": "regions.region_id"},
+                "kind": {"stype": "categorical"}, "size_m2": {"stype": "numerical"}}},
+            "customers": {"primary_key": "customer_id", "columns": {
+                "customer_id": {"stype": "identifier"},
+                "store_id": {"stype": "identifier", "foreign_key": "stores.store_id"},
+                "segment": {"stype": "categorical"}, "tier": {"stype": "categorical"},
+                "x1": {"stype": "numerical"}, "x2": {"stype": "numerical"}, "x3": {"stype": "numerical"},
+                "flag": {"stype": "boolean"}, "pref": {"stype": "categorical"}, "zone": {"stype": "boolean"},
+                "bio": {"stype": "text", "description": "free-form biography"},
+                "interest": {"stype": "categorical"}}},
+            "orders": {"primary_key": "order_id", "temporal_column": "ordered_at", "columns": {
+                "order_id": {"stype": "identifier"},
+                "customer_id": {"stype": "identifier", "foreign_key": "customers.customer_id"},
+                "ordered_at": {"stype": "timestamp"}, "amount": {"stype": "numerical"},
+                "channel": {"stype": "categorical"}, "late": {"stype": "boolean"}}},
+        },
+        "tasks": tasks,
+    }
+
+
+def write_planted(out: str | Path, spec: PlantedSpec = PlantedSpec(), *, overwrite: bool = False) -> Path:
+    """Generate and write a planted database under `out` (appearing atomically):
+
+    * `raw/<table>.parquet`: the raw database;
+    * `planted.metadata.json`: its reviewed metadata with the nine tasks;
+    * `ceilings.json`: per task its signal, headline metric and the Bayes predictor's value on all its rows;
+    * `bayes/<task>.parquet`: per task row (anchor key [, obs_time]) the target and the Bayes prediction, to score
+      the ceiling on exactly the rows a benchmark evaluates.
+
+    Refuses an existing `out` unless `overwrite`."""
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise ConfluenceError(f"{out}: already exists; choose a new --out or pass --overwrite")
+    db = generate(spec)
+    with atomic_dir(out, overwrite=overwrite) as tmp:
+        (tmp / "raw").mkdir()
+        (tmp / "bayes").mkdir()
+        for name, t in db.tables.items():
+            pq.write_table(t, tmp / "raw" / f"{name}.parquet")
+        for task, t in db.bayes.items():
+            pq.write_table(t, tmp / "bayes" / f"{task}.parquet")
+        (tmp / "planted.metadata.json").write_text(json.dumps(db.metadata, indent=2) + "\n", encoding="utf-8")
+        clean = {t: {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in c.items()}
+                 for t, c in db.ceilings.items()}
+        (tmp / "ceilings.json").write_text(json.dumps({"spec": spec.__dict__, "tasks": clean}, indent=2) + "\n",
+                                           encoding="utf-8")
+    return out
+
+
+
+
+@contextmanager
+def atomic_dir(out: Path, *, overwrite: bool) -> Iterator[Path]:
+    """Yield a temporary directory beside `out`; on success it replaces `out` by a rename, on failure it is removed,
+    so `out` never holds a half-written database."""
+    tmp = out.parent / f".tmp-{out.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        for f in tmp.rglob("*"):
+            if f.is_file():
+                fsync_path(f)
+        if out.exists() and overwrite:
+            old = out.parent / f".old-{out.name}-{os.getpid()}"
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

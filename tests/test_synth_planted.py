@@ -1,0 +1,174 @@
+"""Planted-signal databases: deterministic bytes, valid and preprocessable, and every stored ceiling equal to the
+Bayes predictor recomputed here directly from the raw tables."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from sklearn.metrics import roc_auc_score
+from typer.testing import CliRunner
+
+from confluence.cli.main import app
+from confluence.errors import ConfluenceError
+from confluence.store import Store
+from confluence.synth.planted import PlantedSpec, write_planted
+from tests.fixtures.bookstore import HashEncoder
+
+SPEC = PlantedSpec(seed=3, customers=400, stores=12, regions=5, orders_per_customer=6.0)
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory) -> Path:
+    return write_planted(tmp_path_factory.mktemp("planted") / "db", SPEC)
+
+
+def _digests(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _ceilings(root: Path) -> dict:
+    return json.loads((root / "ceilings.json").read_text())["tasks"]
+
+
+def _raw(root: Path, table: str):
+    return pq.read_table(root / "raw" / f"{table}.parquet").to_pydict()
+
+
+def test_same_seed_same_bytes_other_seed_other_data(planted, tmp_path):
+    again = write_planted(tmp_path / "again", SPEC)
+    assert _digests(again) == _digests(planted)
+    other = write_planted(tmp_path / "other", PlantedSpec(seed=4, customers=400, stores=12, regions=5,
+                                                          orders_per_customer=6.0))
+    assert _digests(other)["raw/customers.parquet"] != _digests(planted)["raw/customers.parquet"]
+
+
+def test_existing_output_is_never_overwritten_unless_asked(planted, tmp_path):
+    before = _digests(planted)
+    with pytest.raises(ConfluenceError, match="already exists"):
+        write_planted(planted, SPEC)
+    assert _digests(planted) == before
+    result = CliRunner().invoke(app, ["synth", "planted", "--out", str(planted), "--customers", "50"])
+    assert result.exit_code == 1 and "already exists" in result.output
+    assert _digests(planted) == before
+
+
+def test_validates_and_preprocesses_with_every_task(planted, tmp_path):
+    from confluence.preprocess.pipeline import preprocess
+
+    store = Store.open(preprocess(planted / "raw", planted / "planted.metadata.json", tmp_path / "store",
+                                  encoder=HashEncoder(16), progress=False))
+    meta = json.loads((planted / "planted.metadata.json").read_text())
+    assert {t.name for t in store.tasks} == set(meta["tasks"]) == set(_ceilings(planted))
+    assert len(meta["tasks"]) == 9
+    for name, c in _ceilings(planted).items():  # every task's rows reached the store
+        assert len(store.task_arrays(name).anchor_row) == c["n"], name
+
+
+def test_same_row_parent_two_hop_and_text_ceilings_match_a_direct_computation(planted):
+    cust, stores, regions = _raw(planted, "customers"), _raw(planted, "stores"), _raw(planted, "regions")
+    c = _ceilings(planted)
+    # same-row categorical: A -> Z, B -> X, C -> Y
+    pred = [{"A": "Z", "B": "X", "C": "Y"}[s] for s in cust["segment"]]
+    assert c["customers.tier"]["ceiling"] == pytest.approx(np.mean(np.array(pred) == np.array(cust["tier"])))
+    assert c["customers.tier"]["ceiling"] > max(np.mean(np.array(cust["tier"]) == t) for t in "XYZ") + 0.2
+    # same-row numbers: the logit 3 x1 - 2 x2 - 1 orders the rows as the Bayes probability does
+    logit = 3 * np.array(cust["x1"]) - 2 * np.array(cust["x2"]) - 1
+    assert c["customers.flag"]["ceiling"] == pytest.approx(roc_auc_score(cust["flag"], logit))
+    # a parent's attribute: the store's kind K1 -> P2, K2 -> P4, K3 -> P1, K4 -> P3
+    kind = dict(zip(stores["store_id"], stores["kind"], strict=True))
+    pred = [{"K1": "P2", "K2": "P4", "K3": "P1", "K4": "P3"}[kind[s]] for s in cust["store_id"]]
+    assert c["customers.pref"]["ceiling"] == pytest.approx(np.mean(np.array(pred) == np.array(cust["pref"])))
+    # a two-hop ancestor's attribute: arid / polar regions are zone = true with probability 0.9
+    region = dict(zip(stores["store_id"], stores["region_id"], strict=True))
+    climate = dict(zip(regions["region_id"], regions["climate"], strict=True))
+    score = [climate[region[s]] in ("arid", "polar") for s in cust["store_id"]]
+    assert c["customers.zone"]["ceiling"] == pytest.approx(roc_auc_score(cust["zone"], score))
+    # a text column's content: the topic whose words the bio uses (the vocabulary written out, not imported)
+    vocab = {"sports": "football tennis running cycling swimming marathon goalkeeper stadium",
+             "cooking": "recipes baking pasta spices bread kitchen soup dessert",
+             "travel": "flights hotels beaches mountains passport islands museums trains"}
+    topic = [next(t for t, v in vocab.items() if set(b.split()) & set(v.split())) for b in cust["bio"]]
+    assert c["customers.interest"]["ceiling"] == pytest.approx(
+        np.mean(np.array(topic) == np.array(cust["interest"])))
+
+
+def test_periodic_ceiling_matches_a_direct_computation(planted):
+    orders = _raw(planted, "orders")
+    hour = np.array([t.hour for t in orders["ordered_at"]])
+    weekday = np.array([t.weekday() for t in orders["ordered_at"]])
+    score = np.where((hour >= 17) & (hour <= 21), 0.7, 0.1) + np.where(weekday >= 5, 0.2, 0.0)
+    assert _ceilings(planted)["orders.late"]["ceiling"] == pytest.approx(roc_auc_score(orders["late"], score))
+
+
+def test_derived_targets_are_exact_functions_of_the_visible_past(planted):
+    """Each derived task's target, recomputed here from the raw orders with numpy, using only orders at or before
+    the observation time (the sampler's visibility rule): the task query agrees, and the ceiling is perfect."""
+    meta = json.loads((planted / "planted.metadata.json").read_text())
+    orders = _raw(planted, "orders")
+    con = duckdb.connect()
+    for name in ("regions", "stores", "customers", "orders"):
+        con.register(name, pq.read_table(planted / "raw" / f"{name}.parquet"))
+    cid = np.array(orders["customer_id"])
+    at = np.array(orders["ordered_at"], dtype="datetime64[us]")
+    amount = np.array([np.nan if a is None else a for a in orders["amount"]])
+    channel = np.array(orders["channel"])
+    c = _ceilings(planted)
+    for task, check in (("customer_orders_30d", "count"), ("customer_mean_amount", "mean"),
+                        ("customer_last_channel", "last")):
+        spec = meta["tasks"][task]
+        rows = con.sql(spec["query"]).fetchall()
+        assert rows, task
+        for customer, obs, target in rows[:: max(1, len(rows) // 300)]:
+            obs = np.datetime64(obs, "us")
+            mine = (cid == customer) & (at <= obs)
+            if check == "count":
+                want = float(np.sum(mine & (at > obs - np.timedelta64(30, "D"))))
+                assert target == want
+            elif check == "mean":
+                assert target == pytest.approx(np.nanmean(amount[mine]))
+            else:
+                assert target == channel[mine][np.argmax(at[mine])]
+        assert c[task]["ceiling"] == (1.0 if check == "last" else 0.0)
+        assert c[task]["n"] == len(rows)
+
+
+def test_bayes_reference_scores_the_rows_it_is_given(planted, tmp_path):
+    """The benchmark's hook finds each evaluated row's Bayes prediction by (anchor key [, observation time]): over
+    all of a task's rows it gives exactly the stored ceiling (a wrong match could not, for the derived tasks least
+    of all, whose Bayes prediction is the target itself)."""
+    from confluence.bench.learnability import bayes_reference
+    from confluence.preprocess.pipeline import preprocess
+
+    store = Store.open(preprocess(planted / "raw", planted / "planted.metadata.json", tmp_path / "store",
+                                  encoder=HashEncoder(16), progress=False))
+    score = bayes_reference(planted)
+    for task, c in _ceilings(planted).items():
+        n = len(store.task_arrays(task).anchor_row)
+        got = score(task, np.arange(n), store)["ceiling"]
+        assert got[c["metric"]] == pytest.approx(c["ceiling"]), task
+        half = score(task, np.arange(0, n, 2), store)["ceiling"]
+        assert half["n"] == len(range(0, n, 2))
+
+
+def test_bench_learnability_end_to_end(tmp_path):
+    out = tmp_path / "bench"
+    args = ["bench", "learnability", "--out", str(out), "--steps", "2", "--customers", "60", "--max-seeds", "50",
+            "--no-gbdt", "--set", "sampler.batch_size=4", "--set", "sampler.seq_len=64"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "learnability.json").read_text())
+    assert {r["task"] for r in report["tasks"]} == set(_ceilings(out / "db"))
+    for r in report["tasks"]:
+        if r["task"] in ("customer_orders_30d", "customer_mean_amount", "customer_last_channel"):
+            assert r["ceiling"] == (1.0 if r["metric"] == "accuracy" else 0.0)
+        assert r["metric"] in ("accuracy", "auroc", "mae") and r["n"] > 0
+    assert "| customers.tier |" in result.output
+    again = CliRunner().invoke(app, args)  # a finished benchmark is never overwritten
+    assert again.exit_code != 0 and "not empty" in again.output
