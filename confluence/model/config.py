@@ -30,12 +30,17 @@ class ModelConfig:
     compute_dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"  # activations / matmuls; params FP32
     attention_impl: str = "reference"  # "reference" | "block_sparse" | "auto" (confluence.model.attention)
     remat: bool = False  # recompute each block's activations in the backward pass (less memory, ~1/3 more FLOPs)
+    # > 0: add this multiple of a fixed per-category identity code to each category's text embedding (model.inputs.
+    # identity_codes); 0 is seed 002's text embedding alone. The recipes set it (docs/decisions.md).
+    category_codes: float = 0.0
 
     def __post_init__(self) -> None:
         positive(self, "d_model", "n_layers", "n_heads", "d_t", "d_time", "ffn_multiple", "norm_eps")
         if self.d_model % self.n_heads:
             raise ConfigError("d_model", f"{self.d_model} is not divisible by n_heads={self.n_heads}")
         one_of("compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
+        if self.category_codes < 0:
+            raise ConfigError("category_codes", f"must be >= 0, got {self.category_codes}")
 
     @property
     def d_head(self) -> int:

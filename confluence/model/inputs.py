@@ -85,8 +85,9 @@ class DbTables:
 
     @classmethod
     def build(cls, name: str, column_embeddings: np.ndarray, categorical_embeddings: np.ndarray, max_k: int,
-              model_max_k: int) -> DbTables:
-        """Pad the tables; raises ValueError naming the database if its max_K exceeds the step's static max_K."""
+              model_max_k: int, category_codes: float = 0.0) -> DbTables:
+        """Pad the tables; raises ValueError naming the database if its max_K exceeds the step's static max_K.
+        `category_codes` > 0 adds that multiple of each category's identity code (`category_codes`)."""
         if column_embeddings.ndim != 2 or categorical_embeddings.ndim != 2:
             raise ValueError(f"database {name!r}: embedding tables must be 2-D [rows, D_t]")
         if column_embeddings.shape[1] != categorical_embeddings.shape[1] and categorical_embeddings.shape[0]:
@@ -102,13 +103,35 @@ class DbTables:
         col[:c] = column_embeddings
         cat = np.zeros((pow2_at_least(vc + model_max_k), d_t), np.float16)
         cat[:vc] = categorical_embeddings
+        if category_codes and vc:
+            cat[:vc] = (categorical_embeddings.astype(np.float32)
+                        + np.float32(category_codes) * identity_codes(vc, d_t)).astype(np.float16)
         return cls(name, col, cat, c, vc, max_k)
 
     @classmethod
-    def from_store(cls, store: Any, model_max_k: int) -> DbTables:
+    def from_store(cls, store: Any, model_max_k: int, category_codes: float = 0.0) -> DbTables:
         """The padded tables of a processed store (`confluence.store.Store`, or anything with its reader API)."""
         return cls.build(store.name, np.asarray(store.column_embeddings), np.asarray(store.categorical_embeddings),
-                         target_max_k(store), model_max_k)
+                         target_max_k(store), model_max_k, category_codes)
+
+
+IDENTITY_SEED = 20261123
+
+
+def identity_codes(n: int, d: int) -> np.ndarray:
+    """[n, d] fixed pseudo-random unit vectors, row i the code of category-table row i (the same for every database:
+    row i of a longer draw equals row i of a shorter one).
+
+    Why: a category enters the model only as the frozen text embedding of "<column> is <value>", and short codes
+    ("A" / "B", "Y" / "N", one-letter flags) embed almost alike (cosine 0.999, ../shared/findings.md), so their
+    classes cannot be told apart on input or at the categorical head. Adding a code that differs per category keeps
+    every category of a column distinct (random vectors in d dimensions are nearly orthogonal) while the text part
+    still carries what the value means. The codes carry no meaning of their own and are not learned."""
+    return _unit_rows(np.random.default_rng(IDENTITY_SEED).standard_normal((n, d), dtype=np.float32))
+
+
+def _unit_rows(x: np.ndarray) -> np.ndarray:
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
 def target_max_k(store: Any) -> int:

@@ -99,7 +99,7 @@ def train(
         (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
 
     params, opt_state = replicate(params, mesh), replicate(opt_state, mesh)
-    tables = [DbTables.from_store(s, cfg.loss.max_k) for s in stream.stores]
+    tables = [DbTables.from_store(s, cfg.loss.max_k, cfg.model.category_codes) for s in stream.stores]
     dev_tables = [replicate((t.column_embeddings, t.categorical_embeddings), mesh) for t in tables]
     log = ScalarLog(out_dir / "scalars.csv" if main else None, truncate_after_step=step if resume else None)
 

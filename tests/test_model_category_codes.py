@@ -1,0 +1,44 @@
+"""Category identity codes: fixed, the same for every database, and what makes short codes separable."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from confluence.errors import ConfigError
+from confluence.model.config import ModelConfig
+from confluence.model.inputs import DbTables, identity_codes
+
+
+def test_codes_are_fixed_unit_rows_and_prefix_stable():
+    a, b = identity_codes(10, 32), identity_codes(50, 32)
+    np.testing.assert_array_equal(a, b[:10])  # row i does not depend on the table's size
+    np.testing.assert_allclose(np.linalg.norm(b, axis=1), 1.0, rtol=1e-5)
+    gram = b @ b.T - np.eye(50)
+    assert np.abs(gram).max() < 0.75  # nearly orthogonal in 32 dimensions
+
+
+def test_codes_make_near_identical_category_embeddings_distinct():
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal(256).astype(np.float32)
+    # three categories whose text embeddings have cosine ~0.999 ("throws is R" / "throws is L" / ...)
+    cats = np.stack([base + 0.03 * rng.standard_normal(256) for _ in range(3)]).astype(np.float32)
+    cats /= np.linalg.norm(cats, axis=1, keepdims=True)
+    cols = np.eye(4, 256, dtype=np.float32)
+
+    def min_distance(codes: float) -> float:
+        t = DbTables.build("db", cols, cats, 3, 8, category_codes=codes).categorical_embeddings[:3].astype(np.float32)
+        return min(np.linalg.norm(t[i] - t[j]) for i in range(3) for j in range(i + 1, 3))
+
+    assert min_distance(0.0) < 0.1
+    assert min_distance(1.0) > 1.0
+    plain = DbTables.build("db", cols, cats, 3, 8).categorical_embeddings
+    coded = DbTables.build("db", cols, cats, 3, 8, category_codes=0.5).categorical_embeddings
+    np.testing.assert_allclose(coded[:3].astype(np.float32), plain[:3].astype(np.float32)
+                               + 0.5 * identity_codes(3, 256), atol=2e-3)
+    assert not coded[3:].any()  # the padding stays zero
+
+
+def test_negative_scale_is_a_config_error():
+    with pytest.raises(ConfigError, match="category_codes"):
+        ModelConfig(category_codes=-1.0)
