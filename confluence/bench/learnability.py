@@ -85,9 +85,11 @@ _HEADLINE_BY_LABEL = {stype.label: value for stype, value in M.HEADLINE.items()}
 
 def run_learnability(out: str | Path, *, spec: PlantedSpec = PlantedSpec(), config: str = "small",
                      sets: dict[str, Any] | None = None, steps: int = 3000, max_seeds: int = 2000,
-                     gbdt: bool = True, text_encoder: str | None = None, progress: bool = True) -> dict[str, Any]:
-    """The whole benchmark under `out` (db/, store/, run/, learnability.json); returns the report."""
-    from confluence.evaluation.evaluate import evaluate, write_json
+                     gbdt: bool = True, split: str = "val", text_encoder: str | None = None,
+                     progress: bool = True) -> dict[str, Any]:
+    """The whole benchmark under `out` (db/, store/, run/, learnability.json); returns the report. `split` is the
+    one scored: "val" to choose settings, "test" once for the figure that is reported."""
+    from confluence.evaluation.evaluate import write_json
     from confluence.preprocess.pipeline import preprocess
     from confluence.training.config import load_config
     from confluence.training.loop import open_stream, train
@@ -105,13 +107,21 @@ def run_learnability(out: str | Path, *, spec: PlantedSpec = PlantedSpec(), conf
     train(cfg, open_stream([store], cfg), out / "run", progress=progress)
     timings["train_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    results = evaluate(out / "run", store, split="test", max_seeds=max_seeds, gbdt=gbdt,
-                       reference=bayes_reference(db))
+    results = score_run(out / "run", store, db, split=split, max_seeds=max_seeds, gbdt=gbdt)
     timings["evaluate_s"] = time.perf_counter() - t0
-    report = {"spec": asdict(spec), "config": config, "sets": sets or {}, "steps": steps, "max_seeds": max_seeds,
+    report = {"spec": asdict(spec), "config": config, "sets": sets or {}, "steps": steps, "split": split,
+              "max_seeds": max_seeds,
               "timings": timings, "tasks": summarize(results), "results": results}
     write_json(report, out / "learnability.json")
     return report
+
+
+def score_run(run: str | Path, store: str | Path, db: str | Path, *, split: str = "val", max_seeds: int = 2000,
+              gbdt: bool = True) -> dict[str, dict[str, Any]]:
+    """Evaluate a trained run on `split` of a planted store, with the Bayes ceiling on the same rows."""
+    from confluence.evaluation.evaluate import evaluate
+
+    return evaluate(run, store, split=split, max_seeds=max_seeds, gbdt=gbdt, reference=bayes_reference(Path(db)))
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:

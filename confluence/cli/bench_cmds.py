@@ -313,6 +313,7 @@ def bench_learnability_cmd(
     noise: float = typer.Option(0.1, "--noise", min=0.0, max=0.99, help="Share of targets redrawn at random."),
     max_seeds: int = typer.Option(2000, "--max-seeds", min=1, help="Test rows per task (the same for every scorer)."),
     gbdt: bool = typer.Option(True, "--gbdt/--no-gbdt", help="Also fit LightGBM on the same rows."),
+    split: str = typer.Option("val", "--split", help="Split scored: val to choose settings, test once to report."),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the report to this JSON file."),
 ) -> None:
     """Train on a planted-signal database and report each signal's metric against its ceiling, LightGBM and the
@@ -325,7 +326,7 @@ def bench_learnability_cmd(
         _fail(ConfluenceError(f"{out}: not empty; choose a new --out (a finished benchmark is never overwritten)"))
     try:
         report = run_learnability(out, spec=PlantedSpec(seed=seed, customers=customers, noise=noise), config=config,
-                                  sets=parse_sets(set_), steps=steps, max_seeds=max_seeds, gbdt=gbdt)
+                                  sets=parse_sets(set_), steps=steps, max_seeds=max_seeds, gbdt=gbdt, split=split)
     except ConfluenceError as exc:
         _fail(exc)
     typer.echo(format_table(report["tasks"]))
