@@ -33,12 +33,18 @@ class ModelConfig:
     # > 0: add this multiple of a fixed per-category identity code to each category's text embedding (model.inputs.
     # identity_codes); 0 is seed 002's text embedding alone. The recipes set it (docs/decisions.md).
     category_codes: float = 0.0
+    # > 0: numbers also enter through F learned periodic features (sin / cos of 2 pi c x, Gorishniy et al. 2022)
+    # added to the seed's linear z-score encoder; 0 is seed 002's linear encoder alone
+    numeric_frequencies: int = 0
+    numeric_frequency_scale: float = 1.0  # std of the frequencies' initialisation (z-units^-1)
 
     def __post_init__(self) -> None:
         positive(self, "d_model", "n_layers", "n_heads", "d_t", "d_time", "ffn_multiple", "norm_eps")
         if self.d_model % self.n_heads:
             raise ConfigError("d_model", f"{self.d_model} is not divisible by n_heads={self.n_heads}")
         one_of("compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
+        if self.numeric_frequencies < 0:
+            raise ConfigError("numeric_frequencies", f"must be >= 0, got {self.numeric_frequencies}")
         if self.category_codes < 0:
             raise ConfigError("category_codes", f"must be >= 0, got {self.category_codes}")
 

@@ -49,9 +49,11 @@ class ValueEncoder(eqx.Module):
     identifier_emb: jax.Array
     null_emb: jax.Array
     mask_emb: jax.Array
+    numeric_frequencies: jax.Array | None  # [F] learned frequencies of the periodic number embedding (F = 0: None)
+    numeric_periodic: jax.Array | None  # [2F, D]: sin / cos features -> D
 
     def __init__(self, cfg: ModelConfig, *, key: jax.Array):
-        k = jax.random.split(key, 9)
+        k = jax.random.split(key, 11)
         d = cfg.d_model
         self.column_name_encoder = Linear(cfg.d_t, d, key=k[0])
         self.numerical_encoder = Linear(1, d, key=k[1])
@@ -62,6 +64,11 @@ class ValueEncoder(eqx.Module):
         self.identifier_emb = normal_init(k[6], (d,))
         self.null_emb = normal_init(k[7], (d,))
         self.mask_emb = normal_init(k[8], (d,))
+        f = cfg.numeric_frequencies
+        # Gorishniy et al. 2022 ("periodic" embeddings): sin / cos of 2 pi c x for learned c ~ N(0, sigma), then a
+        # linear map; added to the seed's linear z-score encoder, which stays
+        self.numeric_frequencies = cfg.numeric_frequency_scale * jax.random.normal(k[9], (f,)) if f else None
+        self.numeric_periodic = normal_init(k[10], (2 * f, d)) if f else None
 
     def __call__(self, inputs: dict[str, jax.Array], column_table: jax.Array, category_table: jax.Array) -> jax.Array:
         dt = self.identifier_emb.dtype
@@ -105,5 +112,11 @@ class ValueEncoder(eqx.Module):
             self.categorical_encoder.bias[None], self.text_encoder.bias[None], self.column_name_encoder.bias[None],
             self.null_emb[None], self.mask_emb[None],
         ], axis=0)
-        return (col * m(keep) + cat * m(of(SemanticType.CATEGORICAL)) + txt * m(of(SemanticType.TEXT))
-                + matmul(coef, rows))
+        h = (col * m(keep) + cat * m(of(SemanticType.CATEGORICAL)) + txt * m(of(SemanticType.TEXT))
+             + matmul(coef, rows))
+        if self.numeric_frequencies is not None:
+            x = inputs["numeric_values"].astype(jnp.float32)[..., None] * self.numeric_frequencies.astype(jnp.float32)
+            angle = 2.0 * jnp.pi * x
+            feats = jnp.concatenate([jnp.sin(angle), jnp.cos(angle)], axis=-1).astype(dt)
+            h = h + matmul(feats * m(of(SemanticType.NUMERICAL)), self.numeric_periodic)
+        return h
