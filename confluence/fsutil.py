@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow as pa
@@ -30,3 +33,29 @@ def sqlite_type(t: pa.DataType) -> str:
     if pa.types.is_floating(t):
         return "REAL"
     return "TEXT"
+
+
+@contextmanager
+def atomic_dir(out: Path, *, overwrite: bool) -> Iterator[Path]:
+    """Yield a temporary directory beside `out`; on success its files are fsync'ed and it replaces `out` by a
+    rename (an existing `out` only with `overwrite`), on failure it is removed: `out` never holds a half-written
+    result."""
+    tmp = out.parent / f".tmp-{out.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        for f in tmp.rglob("*"):
+            if f.is_file():
+                fsync_path(f)
+        if out.exists() and overwrite:
+            old = out.parent / f".old-{out.name}-{os.getpid()}"
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(out)
+        fsync_path(out.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

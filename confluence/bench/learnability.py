@@ -20,41 +20,29 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from confluence.evaluation import metrics as M
-from confluence.synth.planted import SIGNALS, PlantedSpec, write_planted
+from confluence.synth.planted import SIGNALS, PlantedSpec, bayes_metrics, write_planted
 
 
 def bayes_reference(db_dir: Path):
-    """An `evaluate(reference=...)` hook scoring the planted database's Bayes predictor on the evaluated rows."""
+    """An `evaluate(reference=...)` hook scoring the planted database's Bayes predictor on the evaluated rows,
+    found by anchor key (and observation time, for the derived tasks)."""
     tables = {p.stem: pq.read_table(p) for p in sorted((db_dir / "bayes").glob("*.parquet"))}
 
     def score(task: str, eval_ids: np.ndarray, store: Any) -> dict[str, Any]:
         if task not in tables:
             return {}
         t = tables[task]
-        key_col = t.column_names[0]
         arrays = store.task_arrays(task)
         info = store.table(store.task(task).anchor_table)
         keys = np.asarray(store.keys(info.name).to_numpy(zero_copy_only=False))
-        row_keys = keys[arrays.anchor_row[eval_ids] - info.row_offset]
-        own = {k: i for i, k in enumerate(t.column(key_col).to_pylist())} if "obs_time" not in t.column_names else {
-            (k, o): i for i, (k, o) in enumerate(zip(t.column(key_col).to_pylist(),
-                                                     t.column("obs_time").cast("int64").to_pylist(), strict=True))}
-        if "obs_time" in t.column_names:
-            idx = [own[(k, int(o))] for k, o in zip(row_keys.tolist(), arrays.obs_time[eval_ids].tolist(), strict=True)]
-        else:
-            idx = [own[k] for k in row_keys.tolist()]
-        rows = t.take(np.asarray(idx, dtype=np.int64))
-        _, stype = SIGNALS[task]
-        if stype == "boolean":
-            m = M.binary_metrics(np.asarray(rows.column("target"), bool), np.asarray(rows.column("bayes")))
-        elif stype == "categorical":
-            classes = [c[2:] for c in rows.column_names if c.startswith("p_")]
-            post = np.stack([np.asarray(rows.column(f"p_{c}")) for c in classes], axis=1)
-            index = {c: i for i, c in enumerate(classes)}
-            m = M.categorical_metrics(np.array([index[v] for v in rows.column("target").to_pylist()]), post)
-        else:
-            m = M.regression_metrics(np.asarray(rows.column("target")), np.asarray(rows.column("bayes")))
-        return {"ceiling": m}
+        wanted = keys[arrays.anchor_row[eval_ids] - info.row_offset].tolist()
+        have = t.column(0).to_pylist()
+        if "obs_time" in t.column_names:  # derived tasks: one row per (anchor, observation time)
+            wanted = list(zip(wanted, arrays.obs_time[eval_ids].tolist(), strict=True))
+            have = list(zip(have, t.column("obs_time").cast("int64").to_pylist(), strict=True))
+        row_of = {k: i for i, k in enumerate(have)}
+        rows = t.take(np.asarray([row_of[k] for k in wanted], dtype=np.int64))
+        return {"ceiling": bayes_metrics(task, rows)}
 
     return score
 

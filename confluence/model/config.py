@@ -8,7 +8,7 @@ from typing import Literal
 
 from confluence.errors import ConfigError
 from confluence.stypes import D_TIME
-from confluence.toolkit.config import COMPUTE_DTYPES, one_of, positive
+from confluence.toolkit.config import COMPUTE_DTYPES, non_negative, one_of, positive
 
 
 def ffn_hidden_dim(d_model: int, multiple: int = 256) -> int:
@@ -31,7 +31,7 @@ class ModelConfig:
     attention_impl: str = "reference"  # "reference" | "block_sparse" | "auto" (confluence.model.attention)
     remat: bool = False  # recompute each block's activations in the backward pass (less memory, ~1/3 more FLOPs)
     # > 0: add this multiple of a fixed per-category identity code to each category's text embedding (model.inputs.
-    # identity_codes); 0 is seed 002's text embedding alone. The recipes set it (docs/decisions.md).
+    # identity_codes); 0 is seed 002's text embedding alone, the default (docs/decisions.md says why).
     category_codes: float = 0.0
     # > 0: numbers also enter through F learned periodic features (sin / cos of 2 pi c x, Gorishniy et al. 2022)
     # added to the seed's linear z-score encoder; 0 is seed 002's linear encoder alone
@@ -43,10 +43,7 @@ class ModelConfig:
         if self.d_model % self.n_heads:
             raise ConfigError("d_model", f"{self.d_model} is not divisible by n_heads={self.n_heads}")
         one_of("compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
-        if self.numeric_frequencies < 0:
-            raise ConfigError("numeric_frequencies", f"must be >= 0, got {self.numeric_frequencies}")
-        if self.category_codes < 0:
-            raise ConfigError("category_codes", f"must be >= 0, got {self.category_codes}")
+        non_negative(self, "category_codes", "numeric_frequencies")
 
     @property
     def d_head(self) -> int:
@@ -71,5 +68,4 @@ class LossConfig:
     def __post_init__(self) -> None:
         positive(self, "huber_delta", "median_delta", "max_k")
         one_of("numeric_loss", self.numeric_loss, ("huber", "median"))
-        if self.ts_scalar_weight < 0 or self.z_loss < 0:
-            raise ConfigError("ts_scalar_weight" if self.ts_scalar_weight < 0 else "z_loss", "must be >= 0")
+        non_negative(self, "ts_scalar_weight", "z_loss")

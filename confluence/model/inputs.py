@@ -127,10 +127,7 @@ def identity_codes(n: int, d: int) -> np.ndarray:
     classes cannot be told apart on input or at the categorical head. Adding a code that differs per category keeps
     every category of a column distinct (random vectors in d dimensions are nearly orthogonal) while the text part
     still carries what the value means. The codes carry no meaning of their own and are not learned."""
-    return _unit_rows(np.random.default_rng(IDENTITY_SEED).standard_normal((n, d), dtype=np.float32))
-
-
-def _unit_rows(x: np.ndarray) -> np.ndarray:
+    x = np.random.default_rng(IDENTITY_SEED).standard_normal((n, d), dtype=np.float32)
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 

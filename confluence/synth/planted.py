@@ -29,10 +29,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-import os
-import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,9 +38,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from confluence.errors import ConfluenceError
-from confluence.evaluation.metrics import binary_metrics, categorical_metrics, regression_metrics
-from confluence.fsutil import fsync_path
+from confluence.errors import ConfigError, ConfluenceError
+from confluence.evaluation.metrics import (
+    binary_metrics,
+    categorical_metrics,
+    headline_metric,
+    regression_metrics,
+)
+from confluence.fsutil import atomic_dir
+from confluence.stypes import SemanticType
+from confluence.toolkit.config import non_negative, positive
 
 CLIMATES = ("arid", "humid", "polar", "temperate")
 ZONE_P = {"arid": 0.9, "humid": 0.1, "polar": 0.9, "temperate": 0.1}  # P(zone | climate)
@@ -80,12 +83,11 @@ class PlantedSpec:
     null_rate: float = 0.05  # NULLs in nuisance columns and in order amounts
 
     def __post_init__(self) -> None:
-        if min(self.customers, self.stores, self.regions) < 1:
-            raise ConfluenceError(f"planted database: sizes must be >= 1 (got {self})")
+        positive(self, "customers", "stores", "regions")
+        non_negative(self, "orders_per_customer")
         for name in ("noise", "dangling", "null_rate"):
-            v = getattr(self, name)
-            if not 0.0 <= v < 1.0:
-                raise ConfluenceError(f"planted database: {name} must be in [0, 1), got {v}")
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(name, f"must be in [0, 1), got {getattr(self, name)}")
 
 
 @dataclass
@@ -316,45 +318,44 @@ def _derived_bayes(tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
         con.close()
 
 
+def bayes_metrics(task: str, rows: pa.Table) -> dict[str, float]:
+    """The metrics (`confluence.evaluation.metrics`) of the Bayes predictor on `rows` of `task`'s Bayes table
+    (`PlantedDatabase.bayes`, or `bayes/<task>.parquet`, any subset of its rows)."""
+    stype = SIGNALS[task][1]
+    if stype == "boolean":
+        return binary_metrics(np.asarray(rows.column("target"), bool), np.asarray(rows.column("bayes")))
+    if stype == "categorical":
+        classes = [c[2:] for c in rows.column_names if c.startswith("p_")]
+        post = np.stack([np.asarray(rows.column(f"p_{c}")) for c in classes], axis=1)
+        index = {c: i for i, c in enumerate(classes)}
+        return categorical_metrics(np.array([index[v] for v in rows.column("target").to_pylist()]), post)
+    return regression_metrics(np.asarray(rows.column("target")), np.asarray(rows.column("bayes")))
+
+
 def ceiling(task: str, bayes: pa.Table) -> dict[str, Any]:
     """The headline metric of the Bayes predictor on all rows of `task` (`bayes` as `PlantedDatabase.bayes`)."""
     signal, stype = SIGNALS[task]
-    cols = bayes.column_names
-    if stype == "boolean":
-        y = np.asarray(bayes.column("target"), bool)
-        m = binary_metrics(y, np.asarray(bayes.column("bayes")))
-        metric, value = "auroc", m["auroc"]
-    elif stype == "categorical":
-        classes = [c[2:] for c in cols if c.startswith("p_")]
-        post = np.stack([np.asarray(bayes.column(f"p_{c}")) for c in classes], axis=1)
-        index = {c: i for i, c in enumerate(classes)}
-        y = np.array([index[v] for v in bayes.column("target").to_pylist()])
-        m = categorical_metrics(y, post)
-        metric, value = "accuracy", m["accuracy"]
-    else:
-        m = regression_metrics(np.asarray(bayes.column("target")), np.asarray(bayes.column("bayes")))
-        metric, value = "mae", m["mae"]
-    return {"signal": signal, "stype": stype, "metric": metric, "ceiling": value, "n": bayes.num_rows}
+    metric = headline_metric(SemanticType.parse(stype))[0]
+    return {"signal": signal, "stype": stype, "metric": metric, "ceiling": bayes_metrics(task, bayes)[metric],
+            "n": bayes.num_rows}
 
 
 def planted_metadata(spec: PlantedSpec) -> dict[str, Any]:
     """The reviewed metadata of a planted database: tables, semantic types, keys and the nine tasks."""
     cell = {
-        "customers.tier": ("tier", "categorical", "tier, planted as a map of the same row's segment", []),
-        "customers.flag": ("flag", "boolean", "flag, planted from the same row's x1 and x2", []),
-        "customers.pref": ("pref", "categorical", "preference, planted as a map of the store's kind", []),
-        "customers.zone": ("zone", "boolean", "zone, planted from the store's region's climate", []),
-        "customers.interest": ("interest", "categorical", "interest, planted as the topic of the bio", []),
-        "orders.late": ("late", "boolean", "late, planted from the order's hour of day and weekday", []),
+        "customers.tier": ("tier", "categorical", "tier, planted as a map of the same row's segment"),
+        "customers.flag": ("flag", "boolean", "flag, planted from the same row's x1 and x2"),
+        "customers.pref": ("pref", "categorical", "preference, planted as a map of the store's kind"),
+        "customers.zone": ("zone", "boolean", "zone, planted from the store's region's climate"),
+        "customers.interest": ("interest", "categorical", "interest, planted as the topic of the bio"),
+        "orders.late": ("late", "boolean", "late, planted from the order's hour of day and weekday"),
     }
     tasks: dict[str, Any] = {}
-    for task, (col, stype, desc, excl) in cell.items():
+    for task, (col, stype, desc) in cell.items():
         table = task.split(".")[0]
         key = "customer_id" if table == "customers" else "order_id"
         tasks[task] = {"query": f'SELECT "{key}", "{col}" FROM "{table}"', "anchor_table": table, "anchor_key": key,
                        "target_column": col, "target_stype": stype, "description": desc}
-        if excl:
-            tasks[task]["exclude_columns"] = excl
     for task, (_, col, stype, _, desc) in DERIVED_QUERIES.items():
         tasks[task] = {"query": derived_query(task), "anchor_table": "customers", "anchor_key": "customer_id",
                        "target_column": col, "target_stype": stype, "observation_time_column": "obs_time",
@@ -415,29 +416,3 @@ def write_planted(out: str | Path, spec: PlantedSpec = PlantedSpec(), *, overwri
         (tmp / "ceilings.json").write_text(json.dumps({"spec": spec.__dict__, "tasks": clean}, indent=2) + "\n",
                                            encoding="utf-8")
     return out
-
-
-
-
-@contextmanager
-def atomic_dir(out: Path, *, overwrite: bool) -> Iterator[Path]:
-    """Yield a temporary directory beside `out`; on success it replaces `out` by a rename, on failure it is removed,
-    so `out` never holds a half-written database."""
-    tmp = out.parent / f".tmp-{out.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        yield tmp
-        for f in tmp.rglob("*"):
-            if f.is_file():
-                fsync_path(f)
-        if out.exists() and overwrite:
-            old = out.parent / f".old-{out.name}-{os.getpid()}"
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise

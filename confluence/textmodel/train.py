@@ -154,8 +154,7 @@ def load_params(ckpt: Path, cfg: TextRunConfig) -> tuple[Any, Any]:
     return params, static
 
 
-_STEP_CACHE: dict[tuple, Callable[..., Any]] = {}
-_COMPILED: dict[tuple, Any] = {}  # the step compiled for the first batch's shapes, memory checked
+_COMPILED: dict[tuple, Any] = {}  # one compiled, memory-checked step per configuration and process
 
 
 @dataclass
@@ -224,9 +223,6 @@ def train_text(data_dir: str | Path, run_dir: str | Path, cfg: TextRunConfig, *,
     params, opt_state = jax.device_put((params, opt_state), rep)
     ids = SpecialIds(meta.pad_id, meta.mask_id, meta.bos_id, meta.eos_id)
     cache_key = (cfg.replace(max_train_steps=None), total_steps, astuple(ids), tuple(mesh.devices.flat))
-    if cache_key not in _STEP_CACHE:  # one compiled step per configuration and process
-        _STEP_CACHE[cache_key] = build_train_step(cfg, static, opt, ids, mesh)
-    step_fn = _STEP_CACHE[cache_key]
     bsh = NamedSharding(mesh, P(None, "data"))
     names = metric_names(cfg) + ["grad_norm"]
 
@@ -252,6 +248,7 @@ def train_text(data_dir: str | Path, run_dir: str | Path, cfg: TextRunConfig, *,
             for step_idx, batch in prepared:
                 step_arg = jnp.asarray(step_idx, jnp.int32)
                 if cache_key not in _COMPILED:  # compile once, and say so if the step cannot fit the device
+                    step_fn = build_train_step(cfg, static, opt, ids, mesh)
                     compiled = step_fn.lower(params, opt_state, batch, step_arg).compile()
                     check_fits(compiled, f"a text step of batch_size {cfg.batch_size}",
                                f"lower batch_size and raise grad_accum by the same factor (--set batch_size=..., "

@@ -33,6 +33,13 @@ def positive(cfg: object, *names: str) -> None:
             raise ConfigError(name, f"must be positive, got {getattr(cfg, name)!r}")
 
 
+def non_negative(cfg: object, *names: str) -> None:
+    """Raise ConfigError naming the first of `names` that is negative."""
+    for name in names:
+        if getattr(cfg, name) < 0:
+            raise ConfigError(name, f"must be >= 0, got {getattr(cfg, name)!r}")
+
+
 def one_of(name: str, value: object, choices: tuple[object, ...]) -> None:
     """Raise ConfigError unless `value` is one of `choices`."""
     if value not in choices:

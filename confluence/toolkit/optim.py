@@ -93,9 +93,7 @@ def make_schedule(peak: float, cfg: OptimConfig) -> optax.Schedule:
 
 def newton_schulz5(g: jax.Array, steps: int = 5, eps: float = 1e-7) -> jax.Array:
     """Approximate orthogonalisation U V^T of a 2-D matrix by quintic Newton-Schulz iterations (FP32)."""
-    transposed = g.shape[0] > g.shape[1]
-    x = _ns5_wide(g.astype(jnp.float32).T if transposed else g.astype(jnp.float32), steps, eps)
-    return x.T if transposed else x
+    return newton_schulz5_batched([g], steps, eps)[0]
 
 
 def _ns5_wide(x: jax.Array, steps: int, eps: float) -> jax.Array:
