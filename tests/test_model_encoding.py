@@ -123,3 +123,26 @@ def test_periodic_number_embedding_adds_sin_cos_features_of_numbers_only():
     np.testing.assert_allclose(out[2], want_cat, rtol=2e-2, atol=2e-2)
     with pytest.raises(ConfigError, match="numeric_frequencies"):
         ModelConfig(numeric_frequencies=-1)
+
+
+def test_row_age_adds_its_features_to_every_cell_of_a_row_with_an_age_and_nothing_otherwise():
+    import dataclasses
+
+    from confluence.model.encoding import age_features
+
+    plain = tiny_model().encoder
+    enc = tiny_model(dataclasses.replace(TINY, row_age=True)).encoder
+    assert plain.row_age_emb is None and enc.row_age_emb.shape[1] == TINY.d_model
+    stypes = [ST.NUMERICAL, ST.CATEGORICAL, ST.NUMERICAL]
+    ages = np.array([[3.0, 45.0, -1.0]], np.float32)
+    base = _inputs(stypes)
+    out = np.asarray(enc({**base, "row_age": ages}, jnp.asarray(COL), jnp.asarray(CAT)))[0]
+    none = np.asarray(enc({**base, "row_age": np.full_like(ages, -1.0)}, jnp.asarray(COL), jnp.asarray(CAT)))[0]
+    feats = np.asarray(age_features(jnp.asarray(ages[0])))
+    for i in range(3):
+        np.testing.assert_allclose(out[i] - none[i], feats[i] @ np.asarray(enc.row_age_emb), rtol=3e-2, atol=3e-2)
+    np.testing.assert_array_equal(out[2], none[2])  # unknown age: exactly the seed's encoding
+    # off (the default), the ages are not read at all
+    a = np.asarray(plain({**base, "row_age": ages}, jnp.asarray(COL), jnp.asarray(CAT)))
+    b = np.asarray(plain(base, jnp.asarray(COL), jnp.asarray(CAT)))
+    np.testing.assert_array_equal(a, b)

@@ -37,6 +37,10 @@ class ModelConfig:
     # added to the seed's linear z-score encoder; 0 is seed 002's linear encoder alone
     numeric_frequencies: int = 0
     numeric_frequency_scale: float = 1.0  # std of the frequencies' initialisation (z-units^-1)
+    # True: every cell also carries its row's age at the observation time (the batch's `row_age`, days) through
+    # a piecewise-linear encoding (model.encoding.age_features), so "within the last 30 days" is one threshold
+    # away; False is seed 002 (absolute timestamps only)
+    row_age: bool = False
 
     def __post_init__(self) -> None:
         positive(self, "d_model", "n_layers", "n_heads", "d_t", "d_time", "ffn_multiple", "norm_eps")

@@ -37,6 +37,26 @@ def project_rows(weight: jax.Array, table: jax.Array, ids: jax.Array, dtype) -> 
     return matmul(table[ids], weight)
 
 
+# Knots (days) of the piecewise-linear row-age encoding: an hour, a day, a week, a month, a quarter, a year, ...
+AGE_KNOTS_DAYS = (0.0, 1 / 24, 1.0, 2.0, 7.0, 14.0, 30.0, 60.0, 90.0, 180.0, 365.0, 730.0, 3650.0)
+N_AGE_FEATURES = len(AGE_KNOTS_DAYS) + 1  # a ramp per interval, log1p(age) / 8 and "has an age"
+
+
+def age_features(row_age: jax.Array) -> jax.Array:
+    """[..] row ages in days (< 0: unknown) -> [.., N_AGE_FEATURES] FP32 features, all 0 where unknown.
+
+    Piecewise-linear encoding (Gorishniy et al. 2022, "PLE"): feature i ramps from 0 to 1 across
+    [knot_i, knot_i+1], so a window such as "the last 30 days" is a linear threshold of the features, which one
+    z-scored timestamp is not; plus log1p(age) / 8 (beyond the last knot) and an indicator that the age is known."""
+    a = row_age.astype(jnp.float32)
+    known = a >= 0
+    a = jnp.where(known, a, 0.0)
+    knots = jnp.asarray(AGE_KNOTS_DAYS, jnp.float32)
+    ramps = jnp.clip((a[..., None] - knots[:-1]) / (knots[1:] - knots[:-1]), 0.0, 1.0)
+    feats = jnp.concatenate([ramps, (jnp.log1p(a) / 8.0)[..., None], jnp.ones_like(a)[..., None]], axis=-1)
+    return feats * known[..., None].astype(jnp.float32)
+
+
 class ValueEncoder(eqx.Module):
     """Produces the pre-norm h0 [B, S, D] from a batch's cell tensors and the GPU-resident embedding tables."""
 
@@ -51,6 +71,7 @@ class ValueEncoder(eqx.Module):
     mask_emb: jax.Array
     numeric_frequencies: jax.Array | None  # [F] learned frequencies of the periodic number embedding (F = 0: None)
     numeric_periodic: jax.Array | None  # [2F, D]: sin / cos features -> D
+    row_age_emb: jax.Array | None  # [A, D]: the row-age features (`age_features`) -> D (row_age off: None)
 
     def __init__(self, cfg: ModelConfig, *, key: jax.Array):
         k = jax.random.split(key, 11)
@@ -69,6 +90,7 @@ class ValueEncoder(eqx.Module):
         # linear map; added to the seed's linear z-score encoder, which stays
         self.numeric_frequencies = cfg.numeric_frequency_scale * jax.random.normal(k[9], (f,)) if f else None
         self.numeric_periodic = normal_init(k[10], (2 * f, d)) if f else None
+        self.row_age_emb = normal_init(jax.random.fold_in(key, 11), (N_AGE_FEATURES, d)) if cfg.row_age else None
 
     def __call__(self, inputs: dict[str, jax.Array], column_table: jax.Array, category_table: jax.Array) -> jax.Array:
         dt = self.identifier_emb.dtype
@@ -119,4 +141,6 @@ class ValueEncoder(eqx.Module):
             angle = 2.0 * jnp.pi * x
             feats = jnp.concatenate([jnp.sin(angle), jnp.cos(angle)], axis=-1).astype(dt)
             h = h + matmul(feats * m(of(SemanticType.NUMERICAL)), self.numeric_periodic)
+        if self.row_age_emb is not None:
+            h = h + matmul((age_features(inputs["row_age"]) * m(keep)).astype(dt), self.row_age_emb)
         return h

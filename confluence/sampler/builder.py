@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from confluence.batch import TrainingBatch
+from confluence.batch import ROW_AGE_UNKNOWN, TrainingBatch
 from confluence.errors import ConfluenceError
 from confluence.sampler.config import SamplerConfig, bucket_size, recent_for
 from confluence.sampler.data import SamplerData, TaskData, readonly
@@ -26,7 +26,7 @@ from confluence.sampler.perms import perms_chunk
 from confluence.sampler.rng import sequence_states, stream_key
 from confluence.sampler.textgather import dedup_text, gather_rows
 from confluence.sampler.walk import anchor_cells_chunk, walk_chunk
-from confluence.stypes import D_TIME
+from confluence.stypes import D_TIME, SemanticType
 
 PHASES = ("walk", "linearize", "permutations", "text", "collation")
 _PARALLEL_GATHER_MIN = 512  # distinct texts in a batch from which the gather is split over the workers
@@ -175,6 +175,7 @@ class BatchBuilder:
             "text_embed_ids": np.zeros((bsz, s_len), np.uint32),
             "is_target": np.zeros((bsz, s_len), np.bool_),
             "is_padding": np.zeros((bsz, s_len), np.bool_),
+            "row_age": np.full((bsz, s_len), ROW_AGE_UNKNOWN, np.float32),
             "col_perm": np.empty((bsz, s_len), np.uint16),
             "out_perm": np.empty((bsz, s_len), np.uint16),
             "in_perm": np.empty((bsz, s_len), np.uint16),
@@ -184,6 +185,9 @@ class BatchBuilder:
         n_edges = np.zeros(bsz, dtype=np.int32)
         cnt = self._counts
         cnt_shown, tab_shown = self._shown_counts(task.cut_cols)
+        # no row ages for a timestamp cell task: its observation time is the anchor's own time, which may be the
+        # target itself (a row's age would then give the target away beside the row's visible time)
+        ages_on = bool(task.is_derived or int(task.target_stype) != int(SemanticType.TIMESTAMP))
         anchor_extra = tab_shown[np.searchsorted(d.tab_row_off, anchors, side="right") - 1]
         # the walk budgets the other rows' count cells only when they get them
         tab_extra = tab_shown if cfg.child_counts == "all" else np.zeros(0, np.int32)
@@ -211,11 +215,11 @@ class BatchBuilder:
                 task.obs_col, task.obs_ts,
                 d.tab_row_off, d.tab_col_ptr, d.tab_cols, d.col_stype, d.col_off, d.col_voff, d.num_pool, d.ts_pool,
                 d.u32_pool, d.bool_bits, d.valid_bits, d.parent_indptr, d.parent_indices, d.parent_column,
-                task.cut_cols, obs, cfg.child_counts == "all", cnt.tab_ptr, cnt.col, cnt.fk, cnt_shown, cnt.mean,
+                task.cut_cols, obs, d.row_time, ages_on, cfg.child_counts == "all", cnt.tab_ptr, cnt.col, cnt.fk, cnt_shown, cnt.mean,
                 cnt.std, self._cnt_segs.seg_ptr, self._cnt_segs.seg_off, self._cnt_segs.seg_col, self._cnt_segs.c_time,
                 out["semantic_types"], out["column_ids"], out["seq_row_ids"], out["is_null"], out["numeric_values"],
                 out["timestamp_values"], out["bool_values"], out["categorical_embed_ids"], out["text_embed_ids"],
-                out["is_target"], out["is_padding"], n_real, edges, n_edges,
+                out["is_target"], out["is_padding"], out["row_age"], n_real, edges, n_edges,
             )
             c3 = time.thread_time()
             perms_chunk(

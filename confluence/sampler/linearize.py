@@ -2,7 +2,8 @@
 
 Order: the target cell first (so it always fits in S), then the observation-time cell of a task that has one,
 then the anchor row's other cells (excluded columns hidden), then every other row in visit order, each row's
-cells in column order followed by its child-count cells (`SamplerConfig.child_counts`). The last row may be cut
+cells in column order followed by its child-count cells (`SamplerConfig.child_counts`). Every cell of a row
+carries the row's age at the observation time (`row_age`, days). The last row may be cut
 at S.
 Text cells hold GLOBAL text indices here; `textgather` rewrites them batch-locally.
 """
@@ -12,7 +13,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from confluence.batch import ROW_AGE_UNKNOWN
 from confluence.sampler.walk import bit, is_cut
+from confluence.store.format import NO_CUTOFF, NULL_TIME, STATIC_TIME
 from confluence.stypes import D_TIME, SemanticType
 
 _IDENT = int(SemanticType.IDENTIFIER)
@@ -21,6 +24,11 @@ _TS = int(SemanticType.TIMESTAMP)
 _BOOL = int(SemanticType.BOOLEAN)
 _CAT = int(SemanticType.CATEGORICAL)
 _TEXT = int(SemanticType.TEXT)
+_UNKNOWN = np.float32(ROW_AGE_UNKNOWN)
+_NO_CUTOFF = NO_CUTOFF
+_STATIC = STATIC_TIME
+_NULL_TIME = NULL_TIME
+_US_PER_DAY = 86_400_000_000.0
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -66,6 +74,8 @@ def linearize_chunk(
     cut_cols: np.ndarray,
     # child-count cells (`ChildCounts`; no counts: cnt_tab_ptr all zero) and the per-FK child segments they read
     obs_times: np.ndarray,  # i64[B]
+    row_time: np.ndarray,  # i64[N]: each row's time (STATIC_TIME / NULL_TIME: none)
+    ages_on: bool,  # fill `row_age` (False: every cell ROW_AGE_UNKNOWN, e.g. a timestamp cell task)
     cnt_all_rows: bool,  # counts on every row, else on the anchor row only
     cnt_tab_ptr: np.ndarray,
     cnt_col: np.ndarray,
@@ -89,6 +99,7 @@ def linearize_chunk(
     text_embed_ids: np.ndarray,
     is_target: np.ndarray,
     is_padding: np.ndarray,
+    row_age: np.ndarray,  # f32[B, S], pre-filled with ROW_AGE_UNKNOWN
     n_real: np.ndarray,  # i32[B]
     edges: np.ndarray,  # i32[B, E]: the fk_adj edges as (r1 << 16) | r2 (see `fill_adjacency`)
     n_edges: np.ndarray,  # i32[B]
@@ -139,6 +150,10 @@ def linearize_chunk(
             r = rows[b, i]
             t = np.searchsorted(tab_row_off, r, side="right") - 1
             lr = r - tab_row_off[t]
+            age = _UNKNOWN
+            rt = row_time[r]
+            if ages_on and obs_times[b] != _NO_CUTOFF and rt != _STATIC and rt != _NULL_TIME:
+                age = np.float32((obs_times[b] - rt) / _US_PER_DAY)
             for kk in range(tab_col_ptr[t], tab_col_ptr[t + 1]):
                 if pos >= seq_len:
                     break
@@ -159,6 +174,7 @@ def linearize_chunk(
                 semantic_types[b, pos] = s
                 column_ids[b, pos] = c
                 seq_row_ids[b, pos] = i
+                row_age[b, pos] = age
                 if not valid:
                     is_null[b, pos] = True
                 elif s == _NUM:
@@ -188,6 +204,7 @@ def linearize_chunk(
                 semantic_types[b, pos] = _NUM
                 column_ids[b, pos] = cnt_col[k]
                 seq_row_ids[b, pos] = i
+                row_age[b, pos] = age
                 numeric_values[b, pos] = (np.log1p(np.float64(cnt)) - cnt_mean[k]) / cnt_std[k]
                 pos += 1
             # F->P edges between rows that are both in the sequence (each distinct pair once)
