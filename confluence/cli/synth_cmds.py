@@ -1,13 +1,17 @@
-"""CLI commands of the synthetic databases: `confluence synth planted`."""
+"""CLI commands of the synthetic databases: `confluence synth planted` and `confluence synth random`."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from confluence.errors import ConfluenceError
+
+if TYPE_CHECKING:
+    from confluence.synth.random_db import RandomSpec
 
 
 def planted_cmd(
@@ -40,8 +44,100 @@ def planted_cmd(
     typer.echo(f"next: confluence preprocess {path / 'raw'} -m {path / 'planted.metadata.json'} -o STORE")
 
 
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code=1)
+
+
+def random_cmd(
+    out: Path = typer.Option(..., "--out", "-o", help="Directory to write (raw/, random.metadata.json, spec.json); "
+                                                      "with --count, the folder of db_00000, db_00001, ..."),
+    seed: int = typer.Option(0, "--seed", help="Seed of every draw (with --count, of the first database): the same "
+                                               "seed writes the same bytes."),
+    count: int | None = typer.Option(None, "--count", help="Write this many databases, seeds seed .. seed+N-1, as "
+                                                           "OUT/db_00000 ...; complete ones are skipped (resumable)."),
+    tables: int | None = typer.Option(None, "--tables", help="Number of tables (default: drawn in 2..15)."),
+    topology: str | None = typer.Option(None, "--topology", help="star, chain, snowflake or random (default: drawn)."),
+    rows: float = typer.Option(1.0, "--rows", help="Scale of every table's row count (1.0: about 30-3,000 rows)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing output (with --count: every one)."),
+) -> None:
+    """Write random relational databases for pretraining: random schemas, values from a random causal model that
+    flows along foreign keys and through time, cell-masking and derived tasks."""
+    from confluence.synth.random_db import RandomSpec, write_random
+
+    try:
+        spec = RandomSpec(seed=seed, tables=tables, topology=topology, rows=rows)
+        if count is not None and count < 1:
+            raise ConfluenceError(f"--count must be at least 1, got {count}")
+        if count is None:
+            path = write_random(out, spec, overwrite=overwrite)
+        else:
+            written, skipped = _write_many(out, spec, count, overwrite)
+    except ConfluenceError as exc:
+        raise _fail(str(exc)) from None
+    if count is not None:
+        typer.echo(f"wrote {written} random database(s) under {out} ({skipped} already complete, skipped)")
+        typer.echo(f"next: confluence preprocess {out / 'db_00000' / 'raw'} -m "
+                   f"{out / 'db_00000' / 'random.metadata.json'} -o STORE")
+        return
+    drawn = json.loads((path / "spec.json").read_text(encoding="utf-8"))
+    tasks = drawn["tasks"]
+    typer.echo(f"wrote {path}: raw/ (Parquet), random.metadata.json, spec.json")
+    typer.echo(f"  {drawn['topology']}, {len(drawn['tables'])} tables, {len(drawn['foreign_keys'])} foreign keys, "
+               f"{sum(t['rows'] for t in drawn['tables'].values())} rows; tasks: "
+               f"{sum(v == 'cell' for v in tasks.values())} cell masking, {sum(v == 'derived' for v in tasks.values())} "
+               "derived")
+    typer.echo(f"next: confluence preprocess {path / 'raw'} -m {path / 'random.metadata.json'} -o STORE")
+
+
+def _write_many(out: Path, spec: RandomSpec, count: int, overwrite: bool) -> tuple[int, int]:
+    """OUT/db_00000 .. of seeds spec.seed ..; a complete one (atomic_dir: present means complete) is skipped when
+    its spec.json records the same spec, and refused when it records another."""
+    import dataclasses
+
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from confluence.synth.random_db import SPEC_FILE, write_random
+
+    if out.exists() and not out.is_dir():
+        raise ConfluenceError(f"{out}: exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    written = skipped = 0
+    progress = Progress(TextColumn("random databases"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TimeRemainingColumn(), console=Console(stderr=True))
+    with progress:
+        bar = progress.add_task("random databases", total=count)
+        for i in range(count):
+            one = dataclasses.replace(spec, seed=spec.seed + i)
+            path = out / f"db_{i:05d}"
+            if path.exists() and not overwrite:
+                try:
+                    have = json.loads((path / SPEC_FILE).read_text(encoding="utf-8"))["spec"]
+                except (OSError, ValueError, KeyError):
+                    raise ConfluenceError(f"{path}: exists but holds no {SPEC_FILE} of a random database; remove it "
+                                          "or pass --overwrite") from None
+                if have != dataclasses.asdict(one):
+                    raise ConfluenceError(f"{path}: holds a database of another spec (seed {have.get('seed')}); "
+                                          "choose another --out, the same settings, or pass --overwrite")
+                skipped += 1
+            else:
+                write_random(path, one, overwrite=overwrite)
+                written += 1
+            progress.advance(bar)
+    return written, skipped
+
+
 def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) -> None:
     """Add this area's commands to the `confluence` CLI."""
     synth_app = typer.Typer(help="Synthetic databases with known answers.", no_args_is_help=True)
     synth_app.command("planted")(planted_cmd)
+    synth_app.command("random")(random_cmd)
     app.add_typer(synth_app, name="synth")
