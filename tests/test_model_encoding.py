@@ -146,3 +146,22 @@ def test_row_age_adds_its_features_to_every_cell_of_a_row_with_an_age_and_nothin
     a = np.asarray(plain({**base, "row_age": ages}, jnp.asarray(COL), jnp.asarray(CAT)))
     b = np.asarray(plain(base, jnp.asarray(COL), jnp.asarray(CAT)))
     np.testing.assert_array_equal(a, b)
+
+
+def test_numeric_by_column_moves_each_number_along_its_own_columns_direction():
+    import dataclasses
+
+    plain = tiny_model().encoder
+    enc = tiny_model(dataclasses.replace(TINY, numeric_by_column=True)).encoder
+    assert plain.numeric_column_weight is None and enc.numeric_column_weight.shape == (D_T, TINY.d_model)
+    stypes = [ST.NUMERICAL, ST.NUMERICAL, ST.CATEGORICAL]
+    x = np.array([[1.5, -0.5, 9.0]], np.float32)
+    base = _inputs(stypes)
+    out = np.asarray(enc({**base, "numeric_values": x}, jnp.asarray(COL), jnp.asarray(CAT)))[0]
+    zero = np.asarray(enc(base, jnp.asarray(COL), jnp.asarray(CAT)))[0]
+    w = np.asarray(enc.numeric_column_weight)
+    seed_dir = np.asarray(enc.numerical_encoder.weight)[0]
+    for i in range(2):  # column i's own direction beside the shared one
+        want = x[0, i] * (COL[i].astype(np.float32) @ w + seed_dir)
+        np.testing.assert_allclose(out[i] - zero[i], want, rtol=3e-2, atol=3e-2)
+    np.testing.assert_array_equal(out[2], zero[2])  # a categorical cell's numeric slot reaches nothing

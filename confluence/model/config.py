@@ -41,6 +41,9 @@ class ModelConfig:
     # a piecewise-linear encoding (model.encoding.age_features), so "within the last 30 days" is one threshold
     # away; False is seed 002 (absolute timestamps only)
     row_age: bool = False
+    # True: a number also moves its cell along a direction of its own column (x times a learned projection of the
+    # column-name embedding), beside the seed's direction shared by every numerical column; False is seed 002
+    numeric_by_column: bool = False
 
     def __post_init__(self) -> None:
         positive(self, "d_model", "n_layers", "n_heads", "d_t", "d_time", "ffn_multiple", "norm_eps")

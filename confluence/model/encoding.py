@@ -71,6 +71,7 @@ class ValueEncoder(eqx.Module):
     mask_emb: jax.Array
     numeric_frequencies: jax.Array | None  # [F] learned frequencies of the periodic number embedding (F = 0: None)
     numeric_periodic: jax.Array | None  # [2F, D]: sin / cos features -> D
+    numeric_column_weight: jax.Array | None  # [D_t, D]: column-name embedding -> the column's number direction
     row_age_emb: jax.Array | None  # [A, D]: the row-age features (`age_features`) -> D (row_age off: None)
 
     def __init__(self, cfg: ModelConfig, *, key: jax.Array):
@@ -91,6 +92,8 @@ class ValueEncoder(eqx.Module):
         self.numeric_frequencies = cfg.numeric_frequency_scale * jax.random.normal(k[9], (f,)) if f else None
         self.numeric_periodic = normal_init(k[10], (2 * f, d)) if f else None
         self.row_age_emb = normal_init(jax.random.fold_in(key, 11), (N_AGE_FEATURES, d)) if cfg.row_age else None
+        self.numeric_column_weight = (Linear(cfg.d_t, d, key=jax.random.fold_in(key, 12)).weight
+                                      if cfg.numeric_by_column else None)
 
     def __call__(self, inputs: dict[str, jax.Array], column_table: jax.Array, category_table: jax.Array) -> jax.Array:
         dt = self.identifier_emb.dtype
@@ -141,6 +144,11 @@ class ValueEncoder(eqx.Module):
             angle = 2.0 * jnp.pi * x
             feats = jnp.concatenate([jnp.sin(angle), jnp.cos(angle)], axis=-1).astype(dt)
             h = h + matmul(feats * m(of(SemanticType.NUMERICAL)), self.numeric_periodic)
+        if self.numeric_column_weight is not None:
+            # x * (the column's own direction): numbers of different columns stay apart even when attention
+            # averages the cells of a row, as categories (embedded with their column's name) already do
+            xs = inputs["numeric_values"].astype(dt) * of(SemanticType.NUMERICAL).astype(dt)
+            h = h + project_rows(self.numeric_column_weight, column_table, inputs["column_ids"], dt) * xs[..., None]
         if self.row_age_emb is not None:
             h = h + matmul((age_features(inputs["row_age"]) * m(keep)).astype(dt), self.row_age_emb)
         return h
