@@ -664,7 +664,8 @@ def _derived_query(pattern: str, target: str, child: _Table, fk: _FK, parent: _T
         return (o + head + f"count(x.{ck})::DOUBLE AS {_q(target)}" + frm + f"LEFT JOIN {_q(child.name)} x ON "
                 f"{link} AND x.{tc} > o.obs_time - INTERVAL {window} DAY AND x.{tc} <= o.obs_time" + alive + tail)
     col = _q(target.split("_", 1)[1])
-    agg = f"avg(x.{col})::DOUBLE" if pattern == "mean" else f"arg_max(x.{col}, x.{tc})"
+    # the latest row's value, ties in time broken by the child's key, so the result never depends on DuckDB's threads
+    agg = f"avg(x.{col})::DOUBLE" if pattern == "mean" else f"first(x.{col} ORDER BY x.{tc} DESC, x.{ck} DESC)"
     return (o + head + f"{agg} AS {_q(target)}" + frm + f"JOIN {_q(child.name)} x ON {link} "
             f"AND x.{tc} <= o.obs_time AND x.{col} IS NOT NULL" + alive + tail)
 
