@@ -165,3 +165,22 @@ def test_numeric_by_column_moves_each_number_along_its_own_columns_direction():
         want = x[0, i] * (COL[i].astype(np.float32) @ w + seed_dir)
         np.testing.assert_allclose(out[i] - zero[i], want, rtol=3e-2, atol=3e-2)
     np.testing.assert_array_equal(out[2], zero[2])  # a categorical cell's numeric slot reaches nothing
+
+
+def test_numeric_by_column_init_scales_the_projection_and_zero_starts_as_the_seed():
+    import dataclasses
+
+    import pytest
+
+    from confluence.errors import ConfigError
+    from confluence.model.config import ModelConfig
+
+    one = tiny_model(dataclasses.replace(TINY, numeric_by_column=True)).encoder
+    half = tiny_model(dataclasses.replace(TINY, numeric_by_column=True, numeric_by_column_init=0.5)).encoder
+    zero = tiny_model(dataclasses.replace(TINY, numeric_by_column=True, numeric_by_column_init=0.0)).encoder
+    np.testing.assert_allclose(np.asarray(half.numeric_column_weight), 0.5 * np.asarray(one.numeric_column_weight))
+    inp = _inputs([ST.NUMERICAL, ST.CATEGORICAL], numeric_values=np.array([[2.0, 0.0]], np.float32))
+    seed = tiny_model().encoder(inp, jnp.asarray(COL), jnp.asarray(CAT))
+    np.testing.assert_array_equal(np.asarray(zero(inp, jnp.asarray(COL), jnp.asarray(CAT))), np.asarray(seed))
+    with pytest.raises(ConfigError, match="numeric_by_column_init"):
+        ModelConfig(numeric_by_column_init=-1.0)

@@ -44,13 +44,14 @@ class ModelConfig:
     # True: a number also moves its cell along a direction of its own column (x times a learned projection of the
     # column-name embedding), beside the seed's direction shared by every numerical column; False is seed 002
     numeric_by_column: bool = False
+    numeric_by_column_init: float = 1.0  # scale of that projection's initialisation (0: starts as the seed's encoder)
 
     def __post_init__(self) -> None:
         positive(self, "d_model", "n_layers", "n_heads", "d_t", "d_time", "ffn_multiple", "norm_eps")
         if self.d_model % self.n_heads:
             raise ConfigError("d_model", f"{self.d_model} is not divisible by n_heads={self.n_heads}")
         one_of("compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
-        non_negative(self, "category_codes", "numeric_frequencies")
+        non_negative(self, "category_codes", "numeric_frequencies", "numeric_by_column_init")
 
     @property
     def d_head(self) -> int:
