@@ -38,3 +38,5 @@ TARGET_STYPES = frozenset(
 
 # Number of floats in a timestamp encoding: 7 (sin, cos) pairs + the z-scored epoch value.
 D_TIME = 15
+US_PER_SECOND = 1_000_000  # times are epoch microseconds everywhere (store, batches, tasks)
+US_PER_DAY = 86_400 * US_PER_SECOND

@@ -30,8 +30,8 @@ def store(tmp_path_factory) -> Store:
                                  encoder=HashEncoder(16), progress=False))
 
 
-def _expected(store: Store, res, b: int) -> np.ndarray:
-    """Each real cell's expected age, recomputed from the store's row times and the sequence's observation time."""
+def _expected(store: Store, res, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each cell's expected age (from the store's row times and the observation time) and which cells to check."""
     batch = res.batch
     rows = res.rows[b, batch.seq_row_ids[b]]
     rt = np.asarray(store.row_time)[rows]

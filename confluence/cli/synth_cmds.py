@@ -95,26 +95,15 @@ def _write_many(out: Path, spec: RandomSpec, count: int, overwrite: bool) -> tup
     its spec.json records the same spec, and refused when it records another."""
     import dataclasses
 
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
+    from confluence.preprocess.progress import Reporter
     from confluence.synth.random_db import SPEC_FILE, write_random
 
     if out.exists() and not out.is_dir():
         raise ConfluenceError(f"{out}: exists and is not a directory")
     out.mkdir(parents=True, exist_ok=True)
     written = skipped = 0
-    progress = Progress(TextColumn("random databases"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        TimeRemainingColumn(), console=Console(stderr=True))
-    with progress:
-        bar = progress.add_task("random databases", total=count)
+    with Reporter(enabled=True) as progress:
+        progress.step("random databases", count)
         for i in range(count):
             one = dataclasses.replace(spec, seed=spec.seed + i)
             path = out / f"db_{i:05d}"
@@ -131,7 +120,7 @@ def _write_many(out: Path, spec: RandomSpec, count: int, overwrite: bool) -> tup
             else:
                 write_random(path, one, overwrite=overwrite)
                 written += 1
-            progress.advance(bar)
+            progress.advance(1)
     return written, skipped
 
 

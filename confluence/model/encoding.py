@@ -92,8 +92,8 @@ class ValueEncoder(eqx.Module):
         self.numeric_frequencies = cfg.numeric_frequency_scale * jax.random.normal(k[9], (f,)) if f else None
         self.numeric_periodic = normal_init(k[10], (2 * f, d)) if f else None
         self.row_age_emb = normal_init(jax.random.fold_in(key, 11), (N_AGE_FEATURES, d)) if cfg.row_age else None
-        self.numeric_column_weight = (cfg.numeric_by_column_init * Linear(cfg.d_t, d, key=jax.random.fold_in(key, 12)).weight
-                                      if cfg.numeric_by_column else None)
+        ncol = Linear(cfg.d_t, d, key=jax.random.fold_in(key, 12)).weight if cfg.numeric_by_column else None
+        self.numeric_column_weight = None if ncol is None else cfg.numeric_by_column_init * ncol
 
     def __call__(self, inputs: dict[str, jax.Array], column_table: jax.Array, category_table: jax.Array) -> jax.Array:
         dt = self.identifier_emb.dtype

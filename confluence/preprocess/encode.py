@@ -11,10 +11,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from confluence.errors import DataError
-from confluence.stypes import D_TIME
+from confluence.stypes import D_TIME, US_PER_DAY, US_PER_SECOND
 
-US_PER_SECOND = 1_000_000
-US_PER_DAY = 86_400 * US_PER_SECOND
 # Accepted timestamp range: years 1 .. 9999 (what every SQL engine and numpy can represent).
 MIN_EPOCH_US = -62_135_596_800 * US_PER_SECOND
 MAX_EPOCH_US = 253_402_300_800 * US_PER_SECOND - 1

@@ -16,7 +16,7 @@ from numba import njit
 from confluence.batch import ROW_AGE_UNKNOWN
 from confluence.sampler.walk import bit, is_cut
 from confluence.store.format import NO_CUTOFF, NULL_TIME, STATIC_TIME
-from confluence.stypes import D_TIME, SemanticType
+from confluence.stypes import D_TIME, US_PER_DAY, SemanticType
 
 _IDENT = int(SemanticType.IDENTIFIER)
 _NUM = int(SemanticType.NUMERICAL)
@@ -25,10 +25,6 @@ _BOOL = int(SemanticType.BOOLEAN)
 _CAT = int(SemanticType.CATEGORICAL)
 _TEXT = int(SemanticType.TEXT)
 _UNKNOWN = np.float32(ROW_AGE_UNKNOWN)
-_NO_CUTOFF = NO_CUTOFF
-_STATIC = STATIC_TIME
-_NULL_TIME = NULL_TIME
-_US_PER_DAY = 86_400_000_000.0
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -152,8 +148,8 @@ def linearize_chunk(
             lr = r - tab_row_off[t]
             age = _UNKNOWN
             rt = row_time[r]
-            if ages_on and obs_times[b] != _NO_CUTOFF and rt != _STATIC and rt != _NULL_TIME:
-                age = np.float32((obs_times[b] - rt) / _US_PER_DAY)
+            if ages_on and obs_times[b] != NO_CUTOFF and rt != STATIC_TIME and rt != NULL_TIME:
+                age = np.float32((obs_times[b] - rt) / US_PER_DAY)
             for kk in range(tab_col_ptr[t], tab_col_ptr[t + 1]):
                 if pos >= seq_len:
                     break

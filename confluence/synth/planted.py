@@ -27,7 +27,6 @@ too. Everything is drawn from one `numpy` generator seeded by `seed`: the same s
 from __future__ import annotations
 
 import datetime as dt
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,17 +35,16 @@ from typing import Any
 import duckdb
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from confluence.errors import ConfigError, ConfluenceError
+from confluence.errors import ConfigError
 from confluence.evaluation.metrics import (
     binary_metrics,
     categorical_metrics,
     headline_metric,
     regression_metrics,
 )
-from confluence.fsutil import atomic_dir
 from confluence.stypes import SemanticType
+from confluence.synth.output import Contents, write_generated
 from confluence.toolkit.config import non_negative, positive
 
 CLIMATES = ("arid", "humid", "polar", "temperate")
@@ -399,20 +397,12 @@ def write_planted(out: str | Path, spec: PlantedSpec = PlantedSpec(), *, overwri
       the ceiling on exactly the rows a benchmark evaluates.
 
     Refuses an existing `out` unless `overwrite`."""
-    out = Path(out)
-    if out.exists() and not overwrite:
-        raise ConfluenceError(f"{out}: already exists; choose a new --out or pass --overwrite")
-    db = generate(spec)
-    with atomic_dir(out, overwrite=overwrite) as tmp:
-        (tmp / "raw").mkdir()
-        (tmp / "bayes").mkdir()
-        for name, t in db.tables.items():
-            pq.write_table(t, tmp / "raw" / f"{name}.parquet")
-        for task, t in db.bayes.items():
-            pq.write_table(t, tmp / "bayes" / f"{task}.parquet")
-        (tmp / "planted.metadata.json").write_text(json.dumps(db.metadata, indent=2) + "\n", encoding="utf-8")
+
+    def build() -> Contents:
+        db = generate(spec)
         clean = {t: {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in c.items()}
                  for t, c in db.ceilings.items()}
-        (tmp / "ceilings.json").write_text(json.dumps({"spec": spec.__dict__, "tasks": clean}, indent=2) + "\n",
-                                           encoding="utf-8")
-    return out
+        return ({"raw": db.tables, "bayes": db.bayes},
+                {"planted.metadata.json": db.metadata, "ceilings.json": {"spec": spec.__dict__, "tasks": clean}})
+
+    return write_generated(out, build, overwrite=overwrite)

@@ -31,7 +31,6 @@ Everything is drawn from one `numpy` generator seeded by `RandomSpec.seed` (the 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,10 +40,10 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from confluence.errors import ConfigError, ConfluenceError
-from confluence.fsutil import atomic_dir
+from confluence.errors import ConfigError
+from confluence.stypes import US_PER_DAY
+from confluence.synth.output import Contents, write_generated
 from confluence.toolkit.config import non_negative, one_of, positive
 
 TOPOLOGIES = ("star", "chain", "snowflake", "random")
@@ -55,7 +54,6 @@ STYPES = ("identifier", "numerical", "categorical", "boolean", "timestamp", "tex
 
 START = dt.datetime(2020, 1, 1)
 SPANS = (90, 180, 365, 730, 1095)  # days over which a database's temporal rows spread: one drawn per database
-US_PER_DAY = 86_400_000_000
 START_US = int((START - dt.datetime(1970, 1, 1)).total_seconds()) * 1_000_000
 MIN_ROWS = 8
 MAX_ROWS = 3000  # per table at rows = 1.0
@@ -790,14 +788,9 @@ def write_random(out: str | Path, spec: RandomSpec = RandomSpec(), *, overwrite:
     `random.metadata.json` (its reviewed metadata with the tasks) and `spec.json` (the spec and what was drawn:
     topology, tables, foreign keys with their fan-out, NULL and dangling counts, tasks). Refuses an existing `out`
     unless `overwrite`."""
-    out = Path(out)
-    if out.exists() and not overwrite:
-        raise ConfluenceError(f"{out}: already exists; choose a new --out or pass --overwrite")
-    db = generate_random(spec)
-    with atomic_dir(out, overwrite=overwrite) as tmp:
-        (tmp / "raw").mkdir()
-        for name, t in db.tables.items():
-            pq.write_table(t, tmp / "raw" / f"{name}.parquet")
-        (tmp / METADATA_FILE).write_text(json.dumps(db.metadata, indent=2) + "\n", encoding="utf-8")
-        (tmp / SPEC_FILE).write_text(json.dumps(db.drawn, indent=2) + "\n", encoding="utf-8")
-    return out
+
+    def build() -> Contents:
+        db = generate_random(spec)
+        return {"raw": db.tables}, {METADATA_FILE: db.metadata, SPEC_FILE: db.drawn}
+
+    return write_generated(out, build, overwrite=overwrite)
