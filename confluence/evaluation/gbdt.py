@@ -31,9 +31,9 @@ import pyarrow as pa
 
 from confluence.evaluation import metrics as M
 from confluence.evaluation.targets import DecodedTargets, decode_targets
-from confluence.preprocess.encode import US_PER_DAY, calendar_fields
+from confluence.preprocess.encode import calendar_fields
 from confluence.store.format import unpack_bits
-from confluence.stypes import SemanticType
+from confluence.stypes import US_PER_DAY, SemanticType
 
 FEATURE_STYPES = (SemanticType.NUMERICAL, SemanticType.CATEGORICAL, SemanticType.BOOLEAN, SemanticType.TIMESTAMP)
 

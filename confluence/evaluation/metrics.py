@@ -15,8 +15,7 @@ import math
 import numpy as np
 from sklearn import metrics as skm
 
-from confluence.preprocess.encode import US_PER_DAY
-from confluence.stypes import SemanticType
+from confluence.stypes import US_PER_DAY, SemanticType
 
 US_PER_HOUR = 3_600e6
 _EPS = 1e-7
