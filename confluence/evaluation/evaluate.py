@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,18 @@ from confluence.evaluation import metrics as M
 from confluence.evaluation.inference import HeadOutputs, LoadedModel, Predictor, load_model, sigmoid, softmax
 from confluence.evaluation.targets import decode_targets
 from confluence.stypes import SemanticType
+
+
+@dataclass(frozen=True)
+class EvalRows:
+    """The scored rows of one task (`evaluate(keep_rows=True)`), for plots: `truth` the non-null targets and `pred`
+    the model's predictions on them, in the units of `model_point_predictions`; `gbdt` LightGBM's on the same rows
+    (None without it); `categories` the class names of a categorical target. Never written to JSON."""
+
+    truth: np.ndarray
+    pred: np.ndarray
+    gbdt: np.ndarray | None = None
+    categories: list[str] | None = None
 
 
 def subsample(ids: np.ndarray, cap: int | None, seed: int = 0) -> np.ndarray:
@@ -71,6 +84,7 @@ def evaluate(
     gbdt_max_train: int = 50_000,
     progress: Any = None,
     reference: Callable[[str, np.ndarray, Any], dict[str, Any]] | None = None,
+    keep_rows: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Evaluate a checkpoint on `split` of the store at `db`.
 
@@ -79,6 +93,7 @@ def evaluate(
     `confluence evaluate --json` (`model_vs_gbdt`: the headline metric's paired-bootstrap difference).
     `reference(task, eval_ids, store) -> {name: metrics}` adds other scores of exactly the evaluated rows (task seed
     ids of the store), e.g. a planted database's Bayes predictor (`confluence bench learnability`).
+    `keep_rows` adds `"rows"`: an `EvalRows` per task (truth and predictions, for the report's plots; not JSON).
     """
     loaded = checkpoint if isinstance(checkpoint, LoadedModel) else load_model(checkpoint)
     predictor = Predictor(loaded, db, batch_size=batch_size, threads=threads)
@@ -124,6 +139,9 @@ def evaluate(
             entry["info"] = {"stype": stype.label, "split": split, "n_eval": int(len(eval_ids)),
                              "n_eval_non_null": int((~truth.is_null).sum()), "n_train": int(len(train_ids)),
                              "checkpoint_step": loaded.step}
+            if keep_rows:
+                entry["rows"] = EvalRows(truth=truth.values[keep], pred=pred, gbdt=g.predictions if gbdt else None,
+                                         categories=truth.categories)
             results[task] = entry
     finally:
         predictor.close()
@@ -142,9 +160,9 @@ def write_json(results: Any, path: str | Path) -> Path:
 
 
 def clean_json(obj: Any) -> Any:
-    """NaN / inf -> None so the result is valid JSON."""
+    """NaN / inf -> None so the result is valid JSON; `EvalRows` entries (per-row arrays) are dropped."""
     if isinstance(obj, dict):
-        return {k: clean_json(v) for k, v in obj.items()}
+        return {k: clean_json(v) for k, v in obj.items() if not isinstance(v, EvalRows)}
     if isinstance(obj, list | tuple):
         return [clean_json(v) for v in obj]
     if isinstance(obj, float) and not math.isfinite(obj):
