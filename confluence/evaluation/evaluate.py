@@ -20,7 +20,7 @@ import numpy as np
 from confluence.errors import ConfluenceError
 from confluence.evaluation import metrics as M
 from confluence.evaluation.inference import HeadOutputs, LoadedModel, Predictor, load_model, sigmoid, softmax
-from confluence.evaluation.targets import decode_targets
+from confluence.evaluation.targets import decode_targets, numerical_predictions
 from confluence.stypes import SemanticType
 
 
@@ -45,14 +45,14 @@ def subsample(ids: np.ndarray, cap: int | None, seed: int = 0) -> np.ndarray:
 
 
 def model_point_predictions(predictor: Predictor, task: str, out: HeadOutputs, keep: np.ndarray) -> np.ndarray:
-    """The model's predictions on the rows `keep` in the units of the metrics: denormalized values (numerical),
-    P(true) (boolean), [n, K] probabilities (categorical), epoch microseconds (timestamp)."""
+    """The model's predictions on the rows `keep` in the units of the metrics: denormalized values (numerical,
+    rounded and clipped as the train targets imply, exactly as `predict` reports them), P(true) (boolean), [n, K]
+    probabilities (categorical), epoch microseconds (timestamp)."""
     store = predictor.store
     info = store.task(task)
     stype = SemanticType(int(info.target_stype))
     if stype == SemanticType.NUMERICAL:
-        mean, std = float(info.stats["mean"]), float(info.stats["std"]) or 1.0
-        return out.num_pred[keep] * std + mean
+        return numerical_predictions(store, task, out.num_pred[keep], predictor.seed_ids("train", task))
     if stype == SemanticType.BOOLEAN:
         return sigmoid(out.bool_logit[keep])
     if stype == SemanticType.CATEGORICAL:
