@@ -96,7 +96,7 @@ def test_predict_split_and_anchor_file(shop):
     assert t2.column("customer_id").to_pylist() == [1, 2, 3]
     assert all(0.0 <= c <= 1.0 for c in t2.column("confidence").to_pylist())
     pacsv.write_csv(pa.table({"customer_id": [1, 999]}), tmp / "bad.csv")
-    with pytest.raises(ConfluenceError, match="row 1: key 999"):
+    with pytest.raises(ConfluenceError, match="bad.csv: line 3: key 999"):  # header line 1, data lines 2..
         predict(run, store_path, "buys_next_30d", anchors=tmp / "bad.csv")
 
 
@@ -138,7 +138,7 @@ def test_postprocess_matches_direct_computation(shop):
     assert got["prediction"].type == pa.float64()
     from confluence.evaluation.predict import cyclic_fields
 
-    assert cyclic_fields(ts)["pred_hour"][0] == 5
+    assert cyclic_fields(ts)["est_hour_of_day"][0] == 5
     decoded = (ts[:, 14].astype(np.float64) * std + mean)
     assert np.all(np.abs(decoded - us) < std * 1e-6 + 1e6)  # float32 z-score: within a second
 

@@ -88,23 +88,39 @@ def evaluate_cmd(
 
 
 def predict_cmd(
-    checkpoint: Path = typer.Option(..., "--checkpoint"),
-    db: Path = typer.Option(..., "--db"),
-    task: str = typer.Option(..., "--task"),
-    split: str = typer.Option("test", "--split", help="Predict every seed of this split (ignored with --anchors)."),
-    anchors: Path = typer.Option(None, "--anchors", help="Parquet / CSV with anchor keys [+ observation_time]."),
-    out: Path = typer.Option(..., "-o", "--out", help="Output table (.parquet or .csv)."),
-    batch_size: int = typer.Option(None, "--batch-size"),
-    threads: int = typer.Option(1, "--threads"),
+    checkpoint: Path = typer.Option(..., "--checkpoint", help="Trained run directory, its checkpoints/ folder, or one "
+                                    "step_* checkpoint directory."),
+    db: Path = typer.Option(..., "--db", help="Processed store to predict on (any store preprocessed with the "
+                            "checkpoint's text encoder, not only the one it was trained on)."),
+    task: str = typer.Option(..., "--task", help="Task of the store to predict (`confluence inspect STORE` lists "
+                             "them)."),
+    split: str = typer.Option("test", "--split", help="Predict every seed of this split: train | val | test "
+                              "(ignored with --anchors)."),
+    anchors: Path = typer.Option(None, "--anchors", help="Predict for these anchors instead: a .parquet or .csv file "
+                                 "with the anchor table's primary-key column (or 'key') and an optional "
+                                 "'observation_time' column."),
+    out: Path = typer.Option(..., "-o", "--out", help="Output table: a .parquet or .csv file (written atomically)."),
+    top_k: int = typer.Option(3, "--top-k", help="Categorical tasks: also list the K most probable classes "
+                              "(class_1, prob_1, ...); 0: none."),
+    max_seeds: int = typer.Option(0, "--max-seeds", help="Predict at most this many seeds of the split, chosen "
+                                  "deterministically (0: all)."),
+    batch_size: int = typer.Option(None, "--batch-size", help="Sequences per forward pass (default: the run's "
+                                   "training batch size)."),
+    threads: int = typer.Option(1, "--threads", help="Sampler threads building the input sequences."),
+    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar / progress lines on stderr."),
 ) -> None:
-    """Write a table of anchor key, observation time, prediction and confidence."""
+    """Write a table of anchor key, observation time, prediction, p_null and the target type's extra columns
+    (docs/evaluation.md)."""
     from confluence.errors import ConfluenceError
-    from confluence.evaluation.predict import predict
+    from confluence.evaluation.predict import predict, table_format
+    from confluence.preprocess.progress import Reporter
 
     try:
-        table = predict(checkpoint, db, task, split=split, anchors=anchors, out=out, batch_size=batch_size,
-                        threads=threads)
-    except ConfluenceError as exc:
+        table_format(out)  # refuse an unknown output suffix before anything is loaded
+        with Reporter(enabled=not no_progress) as rep:
+            table = predict(checkpoint, db, task, split=split, anchors=anchors, out=out, batch_size=batch_size,
+                            threads=threads, max_seeds=max_seeds or None, top_k=top_k, progress=rep)
+    except (ConfluenceError, OSError) as exc:
         raise _fail(exc) from None
     typer.echo(f"wrote {table.num_rows} predictions to {out}")
 

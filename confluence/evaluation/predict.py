@@ -1,15 +1,21 @@
 """`predict`: a table of predictions for a task's anchor rows, post-processed as seed 004 says.
 
-For every requested (anchor, observation time): the null head first (`p_null`; the prediction is NULL when
-p_null > 0.5), then the type-specific head: de-normalized numbers, booleans with the probability of `true`,
-the category string with its probability, timestamps decoded to datetimes (the epoch component de-normalized
-with the database-wide statistics; calendar fields decoded from the cyclic components are reported beside it).
-`confidence` is the probability of the reported value (for numbers and timestamps: 1 - p_null).
+For every requested (anchor, observation time): the anchor's primary key, `observation_time`, `prediction` and the
+null head's `p_null` (the prediction is NULL when p_null > 0.5), plus per target type:
+
+- numerical: the de-normalized value, rounded and clipped as the train split's targets imply
+  (`targets.numerical_predictions`: a count is never negative or fractional); no confidence column, since the
+  model gives no uncertainty for a number (1 - p_null would read as certainty);
+- boolean: `p_true` and `confidence` (the probability of the reported value, times 1 - p_null);
+- categorical: `confidence` (the top class's probability) and the `top_k` most probable classes as flat columns
+  `class_1, prob_1, ..., class_k, prob_k` (probabilities times 1 - p_null);
+- timestamp: the datetime of the de-normalized epoch component; `pred_hour`, `pred_weekday` (Monday = 0),
+  `pred_day_of_month`, `pred_month` are that datetime's own calendar fields, and `est_hour_of_day`, `est_weekday`,
+  `est_day_of_month`, `est_month` the cyclic heads' separate estimates (they can disagree with the datetime).
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 import os
 from pathlib import Path
@@ -22,12 +28,32 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from confluence.errors import ConfluenceError
+from confluence.evaluation.evaluate import subsample
 from confluence.evaluation.inference import HeadOutputs, LoadedModel, Predictor, load_model, sigmoid, softmax
-from confluence.evaluation.targets import task_categories
+from confluence.evaluation.targets import numerical_predictions, task_categories
+from confluence.preprocess.encode import MAX_EPOCH_US, MIN_EPOCH_US, TIMESTAMP_PERIODS, calendar_fields
+from confluence.sampler.splits import split_index
+from confluence.store import Store
 from confluence.store.format import NO_CUTOFF
 from confluence.stypes import SemanticType
 
-_EPOCH = dt.datetime(1970, 1, 1)
+TABLE_SUFFIXES = (".parquet", ".csv")
+
+
+def table_format(path: Path, what: str = "output") -> str:
+    """'parquet' or 'csv' by the file's suffix; a ConfluenceError for any other suffix."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in TABLE_SUFFIXES:
+        raise ConfluenceError(f"{path}: unknown {what} format {suffix or '(no suffix)'!r}; "
+                              f"use a .parquet or .csv file")
+    return suffix[1:]
+
+
+def require_task(store: Store, task: str) -> None:
+    """A ConfluenceError naming the store and its tasks when `task` is not one of them."""
+    names = [t.name for t in store.tasks]
+    if task not in names:
+        raise ConfluenceError(f"no task {task!r} in {store.path}; tasks: {', '.join(names) or 'none'}")
 
 
 def anchor_keys(store: Any, table: str, global_rows: np.ndarray) -> pa.Array:
@@ -46,60 +72,124 @@ def _times(obs: np.ndarray) -> pa.Array:
 
 
 def cyclic_fields(ts15: np.ndarray) -> dict[str, np.ndarray]:
-    """Calendar fields decoded from the cyclic pairs (docs/architecture.md): hour, weekday, day of month, month."""
-    def angle(pair: int, period: float) -> np.ndarray:
+    """The cyclic heads' own calendar estimates (docs/architecture.md: pairs 2..5 are hour, weekday, day of month,
+    month): `est_hour_of_day` 0-23, `est_weekday` 0-6 (Monday = 0), `est_day_of_month` 1-31, `est_month` 1-12."""
+    def position(pair: int) -> np.ndarray:
+        period = TIMESTAMP_PERIODS[pair]
         a = np.arctan2(ts15[:, 2 * pair], ts15[:, 2 * pair + 1]) % (2 * math.pi)
-        return a / (2 * math.pi) * period
+        return np.round(a / (2 * math.pi) * period).astype(np.int64)
 
     return {
-        "pred_hour": np.round(angle(2, 24)) % 24,
-        "pred_weekday": np.round(angle(3, 7)) % 7,
-        "pred_day_of_month": np.round(angle(4, 30.436875)) % 31 + 1,
-        "pred_month": np.round(angle(5, 12)) % 12 + 1,
+        "est_hour_of_day": position(2) % 24,
+        "est_weekday": position(3) % 7,
+        "est_day_of_month": position(4) % 31 + 1,
+        "est_month": position(5) % 12 + 1,
     }
 
 
-def postprocess(store: Any, task: str, out: HeadOutputs) -> dict[str, pa.Array]:
-    """Head outputs -> {prediction, confidence, p_null, ...} columns in the user's units."""
+def timestamp_fields(us: np.ndarray) -> dict[str, np.ndarray]:
+    """Calendar fields of epoch-µs times (UTC), as reported beside a predicted timestamp: `pred_hour` 0-23,
+    `pred_weekday` 0-6 (Monday = 0), `pred_day_of_month` 1-31, `pred_month` 1-12."""
+    cal = calendar_fields(us)
+    return {
+        "pred_hour": np.asarray(cal["hour"], np.int64),
+        "pred_weekday": np.asarray(cal["weekday"], np.int64),
+        "pred_day_of_month": np.asarray(cal["day_of_month0"], np.int64) + 1,
+        "pred_month": np.asarray(cal["month0"], np.int64) + 1,
+    }
+
+
+def _categorical(store: Any, info: Any, out: HeadOutputs, p_null: np.ndarray, is_null: np.ndarray,
+                 top_k: int) -> dict[str, pa.Array]:
+    probs = softmax(out.cat_logits)
+    cats = np.asarray(task_categories(store, info), dtype=object)
+    n, k = len(p_null), probs.shape[1]
+    if k == 0 or len(cats) == 0:
+        return {"prediction": pa.nulls(n, pa.string()), "confidence": pa.array(np.zeros(n))}
+    order = np.argsort(-probs, axis=1, kind="stable")  # most probable first; ties keep block order
+    joint = probs * (1.0 - p_null)[:, None]  # P(value = class) = P(class | not null) * P(not null)
+    rows = np.arange(n)
+    cols: dict[str, pa.Array] = {
+        "prediction": pa.array(cats[order[:, 0]], pa.string(), mask=is_null),
+        "confidence": pa.array(joint[rows, order[:, 0]]),
+    }
+    for j in range(min(top_k, k)):
+        cols[f"class_{j + 1}"] = pa.array(cats[order[:, j]], pa.string())
+        cols[f"prob_{j + 1}"] = pa.array(joint[rows, order[:, j]])
+    return cols
+
+
+def postprocess(store: Any, task: str, out: HeadOutputs, *, train_ids: np.ndarray | None = None,
+                top_k: int = 3) -> dict[str, pa.Array]:
+    """Head outputs -> the prediction columns in the user's units (module docstring). `train_ids`: the task's train
+    seeds, whose targets bound numerical predictions (none when None); `top_k`: classes listed for a categorical
+    target."""
     info = store.task(task)
     stype = SemanticType(int(info.target_stype))
     p_null = sigmoid(out.null_logit)
     is_null = p_null > 0.5
     cols: dict[str, pa.Array] = {}
     if stype == SemanticType.NUMERICAL:
-        mean, std = float(info.stats["mean"]), float(info.stats["std"]) or 1.0
-        cols["prediction"] = pa.array(out.num_pred.astype(np.float64) * std + mean, mask=is_null)
-        conf = 1.0 - p_null
+        cols["prediction"] = pa.array(numerical_predictions(store, task, out.num_pred, train_ids), mask=is_null)
     elif stype == SemanticType.BOOLEAN:
         p = sigmoid(out.bool_logit)
         cols["prediction"] = pa.array(p > 0.5, mask=is_null)
+        cols["confidence"] = pa.array(np.where(p > 0.5, p, 1 - p) * (1 - p_null))
         cols["p_true"] = pa.array(p)
-        conf = np.where(p > 0.5, p, 1 - p) * (1 - p_null)
     elif stype == SemanticType.CATEGORICAL:
-        probs = softmax(out.cat_logits)
-        cats = np.asarray(task_categories(store, info), dtype=object)
-        best = probs.argmax(axis=1) if probs.shape[1] else np.zeros(len(p_null), np.int64)
-        cols["prediction"] = pa.array(cats[best] if len(cats) else [None] * len(best), pa.string(), mask=is_null)
-        conf = (probs[np.arange(len(best)), best] if probs.shape[1] else np.zeros(len(best))) * (1 - p_null)
+        cols.update(_categorical(store, info, out, p_null, is_null, top_k))
     else:
         mean, std = store.timestamp_stats
         us = np.round(out.ts_pred[:, 14].astype(np.float64) * std + mean)
-        lo, hi = -62_135_596_800_000_000, 253_402_300_799_000_000  # years 1..9999
-        cols["prediction"] = pa.array(np.clip(us, lo, hi).astype(np.int64), pa.timestamp("us"), mask=is_null)
-        for name, v in cyclic_fields(out.ts_pred).items():
-            cols[name] = pa.array(v.astype(np.int64))
-        conf = 1.0 - p_null
-    cols["confidence"] = pa.array(np.asarray(conf, dtype=np.float64))
+        us = np.clip(np.clip(us, MIN_EPOCH_US, MAX_EPOCH_US).astype(np.int64), MIN_EPOCH_US, MAX_EPOCH_US)  # 1..9999
+        cols["prediction"] = pa.array(us, pa.timestamp("us"), mask=is_null)
+        for name, v in {**timestamp_fields(us), **cyclic_fields(out.ts_pred)}.items():
+            cols[name] = pa.array(v, pa.int64(), mask=is_null)
     cols["p_null"] = pa.array(p_null)
     return cols
 
 
+def _row_name(path: Path, i: int) -> str:
+    """How errors name data row `i` (from 0) of an anchors file: the line of a CSV (header on line 1), the row of
+    a Parquet file."""
+    return f"{path}: line {i + 2}" if path.suffix.lower() == ".csv" else f"{path}: row {i} (counting from 0)"
+
+
+def _read_table(path: Path) -> pa.Table:
+    fmt = table_format(path, "anchors file")
+    if not path.is_file():
+        raise ConfluenceError(f"{path}: no such anchors file")
+    try:
+        return pq.read_table(path) if fmt == "parquet" else pacsv.read_csv(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise ConfluenceError(f"{path}: unreadable {fmt} file ({exc})") from None
+
+
+def _observation_times(path: Path, col: pa.Array) -> np.ndarray:
+    """The `observation_time` column as epoch µs (NULL -> no cut-off); names the first value that is no time."""
+    if not pa.types.is_timestamp(col.type):
+        try:
+            col = col.cast(pa.timestamp("us"))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            for i, v in enumerate(col):
+                try:
+                    pa.array([v.as_py()], col.type).cast(pa.timestamp("us"))
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    raise ConfluenceError(f"{_row_name(path, i)}: observation_time {v.as_py()!r} is not a "
+                                          f"timestamp") from None
+            raise ConfluenceError(f"{path}: column 'observation_time' of type {col.type} is not a timestamp") \
+                from None
+    return np.asarray(col.cast(pa.timestamp("us")).cast(pa.int64()).fill_null(NO_CUTOFF).to_numpy(), np.int64)
+
+
 def read_anchor_file(path: Path, store: Any, task: str) -> tuple[np.ndarray, np.ndarray, pa.Array]:
     """Anchors named by the user: a Parquet / CSV file with the anchor table's primary-key column (or `key`) and an
-    optional `observation_time` column. Returns (global rows, observation times, keys)."""
+    optional `observation_time` column. Returns (global rows, observation times, keys). Errors name the CSV line
+    (header on line 1) or the Parquet row."""
+    path = Path(path)
     info = store.task(task)
     table = store.table(info.anchor_table)
-    t = pq.read_table(path) if path.suffix == ".parquet" else pacsv.read_csv(path)
+    t = _read_table(path)
     key_col = table.primary_key if table.primary_key in t.column_names else "key"
     if key_col not in t.column_names:
         raise ConfluenceError(f"{path}: needs a column '{table.primary_key}' (or 'key') with anchor keys of "
@@ -116,14 +206,12 @@ def read_anchor_file(path: Path, store: Any, task: str) -> tuple[np.ndarray, np.
     local = np.asarray(pc.fill_null(pc.index_in(keys, value_set=store_keys), -1))
     missing = np.flatnonzero(local < 0)
     if len(missing):
-        raise ConfluenceError(f"{path}: row {int(missing[0])}: key {keys[int(missing[0])].as_py()!r} is not a "
-                              f"'{table.name}' row ({len(missing)} unknown key(s))")
+        i = int(missing[0])
+        what = "has no key" if not keys[i].is_valid else f"key {keys[i].as_py()!r} is not a '{table.name}' row"
+        raise ConfluenceError(f"{_row_name(path, i)}: {what} ({len(missing)} unknown key(s))")
     rows = local.astype(np.int64) + int(table.row_offset)
     if "observation_time" in t.column_names:
-        obs_col = t.column("observation_time").combine_chunks()
-        if not pa.types.is_timestamp(obs_col.type):
-            obs_col = obs_col.cast(pa.timestamp("us"))
-        obs = obs_col.cast(pa.timestamp("us")).cast(pa.int64()).fill_null(NO_CUTOFF).to_numpy()
+        obs = _observation_times(path, t.column("observation_time").combine_chunks())
     elif table.temporal_column:
         obs = np.asarray(store.row_time)[rows]  # the cascade: the anchor row's own time
     else:
@@ -133,7 +221,7 @@ def read_anchor_file(path: Path, store: Any, task: str) -> tuple[np.ndarray, np.
 
 def predict(
     checkpoint: str | Path | LoadedModel,
-    db: str | Path,
+    db: str | Path | Store,
     task: str,
     *,
     split: str | None = "test",
@@ -142,43 +230,61 @@ def predict(
     batch_size: int | None = None,
     threads: int = 1,
     max_seeds: int | None = None,
+    top_k: int = 3,
     progress: Any = None,
 ) -> pa.Table:
     """Predictions for a split of a task's seeds, or for the anchors in a file. Writes `out` (.parquet / .csv)
-    atomically when given; returns the table."""
+    atomically when given; returns the table. `progress`: a `Reporter`-like object (`step(desc, total)`,
+    `advance(n)`). Bad arguments (output suffix, task, split, anchors file) are refused before the model loads."""
+    out_path = None if out is None else Path(out)
+    if out_path is not None:
+        table_format(out_path)
+    for name, value, least in (("top_k", top_k, 0), ("max_seeds", max_seeds, 1), ("batch_size", batch_size, 1),
+                               ("threads", threads, 1)):
+        if value is not None and value < least:
+            raise ConfluenceError(f"{name} (--{name.replace('_', '-')}) must be {least} or more, not {value}")
+    store = db if isinstance(db, Store) else Store.open(db)
+    require_task(store, task)
+    info = store.task(task)
+    if anchors is not None:
+        rows, obs, keys = read_anchor_file(Path(anchors), store, task)
+    else:
+        split_index(split or "test")
     loaded = checkpoint if isinstance(checkpoint, LoadedModel) else load_model(checkpoint)
-    predictor = Predictor(loaded, db, batch_size=batch_size, threads=threads)
-    store = predictor.store
+    predictor = Predictor(loaded, store, batch_size=batch_size, threads=threads)
     try:
-        info = store.task(task)
-        if anchors is not None:
-            rows, obs, keys = read_anchor_file(Path(anchors), store, task)
-            head = predictor.anchor_outputs(task, rows, obs, progress)
-        else:
-            from confluence.evaluation.evaluate import subsample
-
+        if anchors is None:
             ids = subsample(predictor.seed_ids(split or "test", task), max_seeds)
             arrays = store.task_arrays(task)
             rows = np.asarray(arrays.anchor_row)[ids]
             obs = np.asarray(arrays.obs_time)[ids]
             keys = anchor_keys(store, info.anchor_table, rows)
-            head = predictor.task_outputs(task, ids, progress)
+        if progress is not None:
+            progress.step(f"predict {task}", len(rows))
+        advance = None if progress is None else progress.advance
+        if anchors is not None:
+            head = predictor.anchor_outputs(task, rows, obs, advance)
+        else:
+            head = predictor.task_outputs(task, ids, advance)
+        train_ids = predictor.seed_ids("train", task)
     finally:
         predictor.close()
     pk = store.table(info.anchor_table).primary_key or "anchor"
-    cols = {pk: keys, "observation_time": _times(obs), **postprocess(store, task, head)}
+    cols = {pk: keys, "observation_time": _times(obs),
+            **postprocess(store, task, head, train_ids=train_ids, top_k=top_k)}
     table = pa.table(cols)
-    if out is not None:
-        write_table_atomic(table, Path(out))
+    if out_path is not None:
+        write_table_atomic(table, out_path)
     return table
 
 
 def write_table_atomic(table: pa.Table, path: Path) -> None:
-    """Write Parquet (.parquet) or CSV (anything else) into a temporary file and rename it into place."""
+    """Write Parquet (.parquet) or CSV (.csv) into a temporary file and rename it into place."""
+    fmt = table_format(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        if path.suffix == ".parquet":
+        if fmt == "parquet":
             pq.write_table(table, tmp)
         else:
             pacsv.write_csv(table, tmp)
