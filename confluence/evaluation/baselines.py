@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,8 +34,10 @@ def run_baselines(
     max_seeds: int | None = 5000,
     split_config: SplitConfig | None = None,
     gbdt: bool = True,
+    progress: Any = None,
 ) -> dict[str, dict]:
-    """`{task: {"baseline": best trivial, <trivial>: ..., "gbdt": ..., "info": ...}}` on the given split."""
+    """`{task: {"baseline": best trivial, <trivial>: ..., "gbdt": ..., "info": ...}}` on the given split.
+    `progress`: a `confluence.toolkit.progress.Reporter` for LightGBM's stages."""
     from confluence.evaluation.evaluate import subsample
 
     store = db if isinstance(db, Store) else Store.open(db)
@@ -58,7 +61,8 @@ def run_baselines(
         name, best = M.best_baseline(stype, trivial)
         entry: dict = {"baseline": {**best, "name": name}, **trivial}
         if builder is not None:
-            entry["gbdt"] = fit_gbdt(store, task, train_ids, eval_ids, builder=builder, max_train=max_train).metrics
+            entry["gbdt"] = fit_gbdt(store, task, train_ids, eval_ids, builder=builder, max_train=max_train,
+                                     progress=progress).metrics
         entry["info"] = {"stype": stype.label, "split": split, "n_eval": int(len(eval_ids)), "n_train": int(len(train_ids))}
         out[task] = entry
     return out

@@ -22,6 +22,7 @@ from confluence.evaluation import metrics as M
 from confluence.evaluation.inference import HeadOutputs, LoadedModel, Predictor, load_model, sigmoid, softmax
 from confluence.evaluation.targets import decode_targets, numerical_predictions
 from confluence.stypes import SemanticType
+from confluence.toolkit.progress import Reporter
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ def evaluate(
     threads: int = 1,
     gbdt: bool = False,
     gbdt_max_train: int = 50_000,
-    progress: Any = None,
+    progress: Reporter | None = None,
     reference: Callable[[str, np.ndarray, Any], dict[str, Any]] | None = None,
     keep_rows: bool = False,
 ) -> dict[str, dict[str, Any]]:
@@ -94,6 +95,7 @@ def evaluate(
     `reference(task, eval_ids, store) -> {name: metrics}` adds other scores of exactly the evaluated rows (task seed
     ids of the store), e.g. a planted database's Bayes predictor (`confluence bench learnability`).
     `keep_rows` adds `"rows"`: an `EvalRows` per task (truth and predictions, for the report's plots; not JSON).
+    `progress` (a `confluence.toolkit.progress.Reporter`) shows each task's model inference and LightGBM stages.
     """
     loaded = checkpoint if isinstance(checkpoint, LoadedModel) else load_model(checkpoint)
     predictor = Predictor(loaded, db, batch_size=batch_size, threads=threads)
@@ -117,7 +119,9 @@ def evaluate(
             train = decode_targets(store, task, train_ids)
             train_vals = train.values[~train.is_null]
             train_std = float(np.std(train_vals)) if stype == SemanticType.NUMERICAL and train_vals.size else None
-            out = predictor.task_outputs(task, eval_ids, progress)
+            if progress is not None:
+                progress.step(f"{task}: model", len(eval_ids))
+            out = predictor.task_outputs(task, eval_ids, progress.advance if progress is not None else None)
             keep = ~truth.is_null
             pred = model_point_predictions(predictor, task, out, keep)
             model = model_metrics(stype, truth.values, truth.is_null, pred, out.null_logit, train_std)
@@ -130,7 +134,8 @@ def evaluate(
                 from confluence.evaluation.gbdt import FeatureBuilder, fit_gbdt
 
                 builder = builder or FeatureBuilder(store)
-                g = fit_gbdt(store, task, train_ids, eval_ids, builder=builder, max_train=gbdt_max_train)
+                g = fit_gbdt(store, task, train_ids, eval_ids, builder=builder, max_train=gbdt_max_train,
+                             progress=progress)
                 entry["gbdt"] = g.metrics
                 # paired bootstrap of model minus GBDT on the same rows: is a gap more than row-sampling noise?
                 entry["model_vs_gbdt"] = M.paired_bootstrap(stype, truth.values[keep], pred, g.predictions)

@@ -22,6 +22,7 @@ visible, as in the sampler.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -309,6 +310,20 @@ class GBDTResult:
     num_train: int
 
 
+def dense_categories(x_train: np.ndarray, x_eval: np.ndarray, columns: Sequence[int]) -> None:
+    """Renumber each categorical feature column, in place, to 0..k-1 over the values seen in either table (NaN and
+    negatives stay missing). LightGBM wants consecutive codes: category ids of a big table are sparse, and it warns
+    ("Met categorical feature which contains sparse values") and bins them worse otherwise."""
+    for j in columns:
+        col_tr, col_ev = x_train[:, j], x_eval[:, j]
+        both = np.concatenate([col_tr, col_ev])
+        seen = np.unique(both[np.isfinite(both) & (both >= 0)])
+        for col in (col_tr, col_ev):
+            ok = np.isfinite(col) & (col >= 0)
+            col[ok] = np.searchsorted(seen, col[ok])
+            col[~ok] = np.nan
+
+
 def _subsample(ids: np.ndarray, cap: int, seed: int) -> np.ndarray:
     if len(ids) <= cap:
         return ids
@@ -326,10 +341,15 @@ def fit_gbdt(
     max_train: int = 50_000,
     num_boost_round: int = 100,
     seed: int = 0,
+    progress: Any = None,
 ) -> GBDTResult:
-    """Train LightGBM on the train seeds of a task and report `evaluate`'s metrics on the eval seeds."""
+    """Train LightGBM on the train seeds of a task and report `evaluate`'s metrics on the eval seeds.
+
+    `progress` (a `confluence.toolkit.progress.Reporter`) sees one step: the two feature tables, then each round."""
     import lightgbm as lgb
 
+    if progress is not None:
+        progress.step(f"{task_name}: LightGBM", 2 + num_boost_round)
     builder = builder or FeatureBuilder(store)
     train_ids = _subsample(np.asarray(train_ids, dtype=np.int64), max_train, seed)
     eval_ids = np.asarray(eval_ids, dtype=np.int64)
@@ -338,7 +358,12 @@ def fit_gbdt(
     keep_tr = ~y_tr.is_null
     keep_ev = ~y_ev.is_null
     f_tr = builder.build(task_name, train_ids[keep_tr])
+    if progress is not None:
+        progress.advance(1)
     f_ev = builder.build(task_name, eval_ids[keep_ev])
+    if progress is not None:
+        progress.advance(1)
+    dense_categories(f_tr.x, f_ev.x, f_tr.categorical)
     stype = y_tr.stype
     params: dict[str, Any] = {
         "learning_rate": 0.05, "num_leaves": 63, "min_data_in_leaf": 20, "feature_fraction": 0.9,
@@ -365,7 +390,8 @@ def fit_gbdt(
         params["objective"] = "regression_l1"
     ds = lgb.Dataset(f_tr.x, label=target, feature_name=[f"f{i}" for i in range(len(f_tr.names))],
                      categorical_feature=f_tr.categorical or "auto", free_raw_data=False, params={"verbose": -1})
-    booster = lgb.train(params, ds, num_boost_round=num_boost_round)
+    callbacks = [] if progress is None else [lambda env: progress.advance(1)]
+    booster = lgb.train(params, ds, num_boost_round=num_boost_round, callbacks=callbacks)
     raw = booster.predict(f_ev.x)
     truth = y_ev.values[keep_ev]
     if stype == SemanticType.CATEGORICAL:
