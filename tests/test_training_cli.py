@@ -40,9 +40,56 @@ def test_train_and_resume_from_the_cli(tmp_path, tiny_config_file, tiny_store):
 
 def test_cli_reports_bad_arguments_without_traceback(tmp_path, tiny_config_file, tiny_store):
     r = CliRunner().invoke(app, ["train", "--config", "nope", "--out", str(tmp_path / "x"), "--db", str(tiny_store)])
-    assert r.exit_code == 2 and "neither a recipe" in r.output and "Traceback" not in r.output
+    assert r.exit_code == 1 and "neither a recipe" in r.output and "Traceback" not in r.output  # bad input: 1
     r = CliRunner().invoke(app, ["train", "--config", str(tiny_config_file), "--out", str(tmp_path / "x")])
-    assert r.exit_code == 2 and "--db" in r.output
+    assert r.exit_code == 2 and "--db" in r.output  # usage: 2 (typer's own)
     r = CliRunner().invoke(app, ["train", "--db", str(tiny_store), "--out", str(tmp_path / "x"),
                                  "--set", "sampler.widht=3"])
-    assert r.exit_code == 2 and "config setting 'sampler.widht': unknown setting" in r.output
+    assert r.exit_code == 1 and "config setting 'sampler.widht': unknown setting" in r.output
+
+
+def _snapshot(root):
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_a_finished_run_is_never_overwritten_without_force(tmp_path, tiny_config_file, tiny_store):
+    run = tmp_path / "run"
+    base = ["train", "--db", str(tiny_store), "--config", str(tiny_config_file), "--out", str(run), "--no-progress",
+            "--max-steps", "2"]
+    assert CliRunner().invoke(app, base).exit_code == 0
+    before = _snapshot(run)
+    assert "checkpoints/LATEST" in before and "scalars.csv" in before
+    r = CliRunner().invoke(app, base)  # the same command again, without --resume
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert "already holds a training run (checkpoint at step 2); nothing was changed" in r.output
+    assert "--resume" in r.output and "--force" in r.output
+    assert _snapshot(run) == before  # every file byte-identical
+    r = CliRunner().invoke(app, [*base, "--force", "--set", "seed=7"])
+    assert r.exit_code == 0, r.output
+    after = _snapshot(run)
+    assert after["checkpoints/LATEST"] == before["checkpoints/LATEST"]  # a new run of the same length
+    assert json.loads(after["config.json"])["seed"] == 7 and after["scalars.csv"] != before["scalars.csv"]
+
+
+def test_resume_with_nothing_to_resume_is_an_error(tmp_path, tiny_config_file, tiny_store):
+    base = ["train", "--db", str(tiny_store), "--config", str(tiny_config_file), "--no-progress", "--resume"]
+    r = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "nothing")])
+    assert r.exit_code == 1 and "has no checkpoint to resume from; it does not exist" in r.output
+    assert not (tmp_path / "nothing").exists()  # an error leaves nothing behind
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "scalars.csv").write_text("step,wall_time,tag,value\n0,0,val/x,1\n")
+    r = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "half")])
+    assert r.exit_code == 1 and "it holds scalars.csv without a checkpoint" in r.output
+    assert (tmp_path / "half" / "scalars.csv").read_text().count("\n") == 2
+
+
+@pytest.mark.slow
+def test_demo_refuses_to_redo_an_existing_run(tmp_path):
+    from confluence.training.loop import prepare_run_dir
+
+    prepare_run_dir(tmp_path / "demo" / "run", resume=False, force=False)
+    (tmp_path / "demo" / "run" / "config.json").write_text("{}")
+    r = CliRunner().invoke(app, ["demo", "--out", str(tmp_path / "demo")])
+    assert r.exit_code == 1 and "already holds a demo run" in r.output and "--force" in r.output
+    assert sorted(p.name for p in (tmp_path / "demo").iterdir()) == ["run"]  # nothing built before refusing

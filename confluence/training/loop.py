@@ -4,6 +4,7 @@ exact resumption, fine-tuning initialisation, scalar logs and a console progress
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from confluence.model.inputs import DbTables, batch_to_inputs
 from confluence.model.transformer import RelationalTransformer
 from confluence.sampler.stream import BatchStream
 from confluence.stypes import SemanticType
-from confluence.toolkit.checkpoint import load_state, read_checkpoint, save_checkpoint
+from confluence.toolkit.checkpoint import latest_checkpoint, load_state, read_checkpoint, save_checkpoint
 from confluence.toolkit.logs import ScalarLog, plot_scalars
 from confluence.toolkit.mesh import make_mesh, replicate
 from confluence.toolkit.progress import StepBar
@@ -59,6 +60,39 @@ def saved_position(meta: dict[str, Any]) -> dict[str, Any]:
     return {"tasks": meta["rng"]["task_sampler"], "streams": meta["pipeline"]}
 
 
+RUN_FILES = ("checkpoints", "scalars.csv", "config.json")  # what a training run writes into its directory
+
+
+def describe_run(out_dir: Path) -> str | None:
+    """What training run `out_dir` holds ("checkpoint at step N", "a training log"), or None when it holds none."""
+    ck = latest_checkpoint(out_dir)
+    if ck is not None:
+        return f"checkpoint at step {read_checkpoint(out_dir).step}"
+    present = [n for n in RUN_FILES if (out_dir / n).exists()]
+    return f"{', '.join(present)} without a checkpoint" if present else None
+
+
+def prepare_run_dir(out_dir: Path, *, resume: bool, force: bool) -> None:
+    """Check that training may write `out_dir` (see `train`), delete a replaced run when `force`, create it."""
+    existing = describe_run(out_dir) if out_dir.is_dir() else None
+    if resume:
+        if latest_checkpoint(out_dir) is None:
+            has = f"; it holds {existing}" if existing else ("" if out_dir.is_dir() else "; it does not exist")
+            raise ConfluenceError(f"--resume: {out_dir} has no checkpoint to resume from{has}. Start a new run "
+                                  "without --resume (add --force to replace what is there)")
+    elif existing is not None:
+        if not force:
+            raise ConfluenceError(f"{out_dir} already holds a training run ({existing}); nothing was changed. "
+                                  "Continue it with --resume, replace it with --force, or choose another --out")
+        for name in RUN_FILES:
+            target = out_dir / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+
 def train(
     cfg: RunConfig,
     stream: BatchStream,
@@ -69,12 +103,16 @@ def train(
     mesh: jax.sharding.Mesh | None = None,
     progress: bool = True,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
+    force: bool = False,
 ) -> TrainResult:
     """Train until `cfg.loop.max_steps` on `stream`'s training batches. `resume` continues the run's last checkpoint
     exactly (same batches, same schedule position); `init_from` starts from another run's parameters.
-    `on_step(step, scalars)` is called after every step."""
+    `on_step(step, scalars)` is called after every step.
+
+    A directory that already holds a run is never overwritten silently: without `resume` it is an error unless
+    `force` (which deletes that run first); `resume` without a checkpoint to resume is an error too."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    prepare_run_dir(out_dir, resume=resume, force=force)
     _check_stream(cfg, stream)
     mesh = mesh or make_mesh()
     loop = cfg.loop
@@ -84,7 +122,7 @@ def train(
     trainer = get_trainer(cfg.model, cfg.optim.for_run(loop.max_steps), cfg.loss)
     params, opt_state = trainer.init_state(model)
     step = 0
-    if resume and (out_dir / "checkpoints" / "LATEST").is_file():
+    if resume:
         ck = read_checkpoint(out_dir)
         saved = RunConfig.from_dict(ck.meta.get("config", {}))
         if saved.model != cfg.model:
