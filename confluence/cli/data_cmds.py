@@ -27,9 +27,12 @@ def preprocess_cmd(
     threads: int | None = typer.Option(None, "--threads", min=1, help="DuckDB threads (default: all cores)."),
     no_validate: bool = typer.Option(False, "--no-validate", help="Skip checking the metadata against the data."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
+    strict: bool = typer.Option(False, "--strict", help="Make data warnings (NaN/inf read as NULL, dangling foreign"
+                                " keys, empty tables) errors: exit 1, no store written."),
 ) -> None:
-    """Preprocess a raw database into a processed store, then print its summary."""
+    """Preprocess a raw database into a processed store, then print its summary and any data warnings."""
     from confluence.preprocess import preprocess
+    from confluence.sources.data_warnings import recorded
     from confluence.store import Store
     from confluence.store.inspect import print_summary
 
@@ -39,15 +42,24 @@ def preprocess_cmd(
 
         cache = EmbeddingCache(embedding_cache)
     start = time.perf_counter()
+    found: list = []
     try:
-        path = preprocess(source, metadata, out, text_encoder=text_encoder, embedding_cache=cache,
-                          memory_limit_mb=memory_limit_mb, threads=threads, progress=not quiet,
-                          validate=not no_validate)
+        with recorded() as found:
+            path = preprocess(source, metadata, out, text_encoder=text_encoder, embedding_cache=cache,
+                              memory_limit_mb=memory_limit_mb, threads=threads, progress=not quiet,
+                              validate=not no_validate, strict=strict)
         store = Store.open(path)
     except ConfluenceError as exc:
+        _warnings(found)
         _fail(exc)
     typer.echo(f"wrote {path} in {time.perf_counter() - start:.1f} s")
     print_summary(store)
+    _warnings(found)
+
+
+def _warnings(found: list) -> None:
+    for w in found:
+        typer.echo(f"warning: {w}", err=True)
 
 
 def inspect_cmd(store_dir: Path = typer.Argument(..., help="A processed store directory.")) -> None:

@@ -8,10 +8,19 @@ import typer
 
 from confluence.errors import ConfluenceError, MetadataError
 
+STRICT_HELP = "Make data warnings (NaN/inf read as NULL, dangling foreign keys, empty tables, ...) errors: exit 1."
+
 
 def _fail(exc: ConfluenceError) -> None:
     typer.echo(f"error: {exc}", err=True)
     raise typer.Exit(code=1)
+
+
+def _warn(found: list) -> str:
+    """Print the data warnings on stderr; returns a note for the command's last line ("" when none)."""
+    for w in found:
+        typer.echo(f"warning: {w}", err=True)
+    return f" ({len(found)} data warning(s) above)" if found else ""
 
 
 def draft_metadata_cmd(
@@ -20,42 +29,52 @@ def draft_metadata_cmd(
     name: str | None = typer.Option(None, "--name", help="Database name (default: the source's file name)."),
     kind: str | None = typer.Option(None, "--kind", help="parquet, csv, sqlite, duckdb or relbench (default: detect)."),
     sample_rows: int = typer.Option(100_000, "--sample-rows", min=1, help="Rows sampled per large table."),
+    strict: bool = typer.Option(False, "--strict", help=STRICT_HELP + " Nothing is written."),
 ) -> None:
     """Write a deterministic draft metadata file (stypes, keys, temporal columns, cell-masking tasks, reasons)."""
     from confluence.schema.draft import draft_metadata
     from confluence.schema.metadata import save_metadata
     from confluence.sources import open_source
+    from confluence.sources.data_warnings import recorded
 
     try:
-        with open_source(source, kind=kind) as raw:
-            meta = draft_metadata(raw, name=name, sample_rows=sample_rows)
+        with recorded() as found, open_source(source, kind=kind) as raw:
+            meta = draft_metadata(raw, name=name, sample_rows=sample_rows, strict=strict)
     except ConfluenceError as exc:
         _fail(exc)
     save_metadata(meta, out)
+    note = _warn(found)
     n_fk = sum(len(t.foreign_keys()) for t in meta.tables.values())
     n_pk = sum(t.primary_key is not None for t in meta.tables.values())
     typer.echo(f"wrote {out}: {len(meta.tables)} tables, {n_pk} primary keys, {n_fk} foreign keys,"
-               f" {len(meta.tasks)} cell-masking tasks; review it before use")
+               f" {len(meta.tasks)} cell-masking tasks; review it before use{note}")
 
 
 def validate_metadata_cmd(
     source: Path = typer.Argument(..., help="Raw database the metadata describes."),
     metadata: Path = typer.Option(..., "--metadata", "-m", help="Metadata JSON file to check."),
     kind: str | None = typer.Option(None, "--kind", help="parquet, csv, sqlite, duckdb or relbench (default: detect)."),
+    strict: bool = typer.Option(False, "--strict", help=STRICT_HELP),
 ) -> None:
-    """Check a metadata file against the data; print every problem (exit status 1 when there is any)."""
+    """Check a metadata file against the data; print every problem (exit status 1 when there is any) and every
+    data warning."""
     from confluence.schema.validate import load_and_validate
     from confluence.sources import open_source
+    from confluence.sources.data_warnings import recorded
 
+    found: list = []
     try:
-        with open_source(source, kind=kind) as raw:
-            meta = load_and_validate(metadata, raw)
+        with recorded() as found, open_source(source, kind=kind) as raw:
+            meta = load_and_validate(metadata, raw, strict=strict)
     except MetadataError as exc:
+        _warn(found)
         typer.echo(f"{metadata}: {exc}", err=True)
         raise typer.Exit(code=1) from None
     except ConfluenceError as exc:
+        _warn(found)
         _fail(exc)
-    typer.echo(f"{metadata}: OK ({len(meta.tables)} tables, {len(meta.tasks)} tasks)")
+    note = _warn(found)
+    typer.echo(f"{metadata}: OK ({len(meta.tables)} tables, {len(meta.tasks)} tasks){note}")
 
 
 def demo_data_cmd(

@@ -43,6 +43,8 @@ class ColumnPlan:
     text_distinct: int = 0
     parents: np.ndarray | None = None  # FK columns: global parent row per row, -1 = none
     dangling: int = 0
+    nan: int = 0  # numerical / categorical: NaN and ±inf values, read as NULL (a data warning)
+    inf: int = 0
 
     @property
     def stype(self) -> SemanticType:
@@ -158,6 +160,8 @@ def statistics_pass(con: duckdb.DuckDBPyConnection, tables: list[TablePlan], col
         else:
             c.moments = MomentStats()
         for row0, arr in scan(con, c.table, name, batch_rows):
+            nan, inf = enc.non_finite_counts(arr)
+            c.nan, c.inf = c.nan + nan, c.inf + inf
             if c.stype == SemanticType.NUMERICAL:
                 c.moments.add(*enc.to_float(arr, c.table, name, row0))
             elif c.stype == SemanticType.TIMESTAMP:

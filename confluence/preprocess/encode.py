@@ -65,6 +65,15 @@ def to_float(arr: pa.Array, table: str, column: str, row0: int) -> tuple[np.ndar
     return np.where(valid, x, 0.0), valid
 
 
+def non_finite_counts(arr: pa.Array) -> tuple[int, int]:
+    """(NaN, ±inf) counts of a float batch, which `to_float` and `category_keys` read as NULL; (0, 0) else."""
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    if not pa.types.is_floating(arr.type):
+        return 0, 0
+    return int(pc.sum(pc.is_nan(arr)).as_py() or 0), int(pc.sum(pc.is_inf(arr)).as_py() or 0)
+
+
 def _first_unparsable(arr: pa.Array) -> int:
     for i, v in enumerate(arr.to_pylist()):
         if v is None:

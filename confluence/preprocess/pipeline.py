@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 import confluence
+from confluence.errors import MetadataError
 from confluence.preprocess.columns import (
     ColumnPlan,
     TablePlan,
@@ -38,7 +39,8 @@ from confluence.preprocess.stats import MomentStats
 from confluence.preprocess.tasks import materialize
 from confluence.preprocess.writer import StoreWriter
 from confluence.schema.metadata import DatabaseMeta, load_metadata
-from confluence.schema.validate import validate_against_data
+from confluence.schema.validate import check_against_data
+from confluence.sources import data_warnings as dw
 from confluence.store import format as fmt
 from confluence.stypes import SemanticType
 from confluence.textenc.base import TextEncoder
@@ -60,6 +62,7 @@ def preprocess(
     threads: int | None = None,
     progress: bool = True,
     validate: bool = True,
+    strict: bool = False,
 ) -> Path:
     """Preprocess `source` (a path or an opened raw database) with `metadata` into the store directory `out`.
 
@@ -67,12 +70,24 @@ def preprocess(
     column names, categories and text. `validate=False` skips `validate_against_data` (for a database
     validated already); the passes still check what they read. Returns the store path, which appears
     atomically at the end.
+
+    Data warnings (NaN / ±inf read as NULL, foreign-key values that match no key, empty tables; found by the
+    validation and by the passes, each once) are issued with `warnings.warn` at the end
+    (`confluence.sources.data_warnings.DataWarning`). With `strict=True` they are errors instead: a
+    `StrictDataError` (or the validation's `MetadataError`) listing them, and no store is written.
     """
     db = metadata if isinstance(metadata, DatabaseMeta) else load_metadata(metadata)
     raw = open_raw(source)
+    found = dw.WarningList()
     try:
         if validate:
-            validate_against_data(db, raw)
+            problems, warns = check_against_data(db, raw)
+            found.extend(warns)
+            if problems:
+                if strict:
+                    problems += [f"{w} (a warning; strict mode makes it an error)" for w in found.items]
+                raise MetadataError(problems)
+            found.check_strict(strict)
         if encoder is None:
             encoder = load_encoder(text_encoder)
         con = raw.con
@@ -83,7 +98,9 @@ def preprocess(
         writer = StoreWriter(out)
         try:
             with Reporter(progress) as rep:
-                meta = _run(db, con, writer, encoder, embedding_cache, batch_rows_for(memory_limit_mb), rep)
+                meta = _run(db, con, writer, encoder, embedding_cache, batch_rows_for(memory_limit_mb), rep,
+                            found)
+            found.check_strict(strict)
             return writer.commit(meta)
         except BaseException:
             writer.abort()
@@ -91,6 +108,8 @@ def preprocess(
     finally:
         if raw is not source:  # opened here: close it
             raw.close()
+        if not strict:
+            found.emit()
 
 
 def write_primary_keys(writer: StoreWriter, tables: list) -> None:
@@ -108,14 +127,17 @@ def write_primary_keys(writer: StoreWriter, tables: list) -> None:
 
 
 def _run(db: DatabaseMeta, con: duckdb.DuckDBPyConnection, writer: StoreWriter, encoder: TextEncoder,
-         cache: Any, batch_rows: int, rep: Reporter) -> dict[str, Any]:
+         cache: Any, batch_rows: int, rep: Reporter, found: dw.WarningList) -> dict[str, Any]:
     tables, columns = make_plan(db, con)
     by_name = {tp.meta.name: tp for tp in tables}
     num_rows = sum(tp.num_rows for tp in tables)
+    found.extend([dw.empty_table(tp.meta.name) for tp in tables if tp.num_rows == 0])
     load_primary_keys(con, tables, batch_rows, rep)
     write_primary_keys(writer, tables)
     ts_all, cat_texts = statistics_pass(con, tables, columns, batch_rows, rep)
     ts_mean, ts_std = float(ts_all.mean), float(ts_all.std)
+    found.extend([dw.non_finite(c.table, c.meta.name, c.nan, c.inf, by_name[c.table].num_rows)
+                  for c in columns if c.nan or c.inf])
 
     texts = TextInterner()
     row_time = writer.array(fmt.ROW_TIME, np.int64, (num_rows,))
@@ -125,6 +147,9 @@ def _run(db: DatabaseMeta, con: duckdb.DuckDBPyConnection, writer: StoreWriter, 
     rep.step("encoding columns", sum(by_name[c.table].num_rows for c in columns))
     for c in columns:
         encode_column(con, writer, by_name[c.table], c, by_name, texts, row_time, ts_mean, ts_std, batch_rows, rep)
+    found.extend([dw.dangling_foreign_key(c.table, c.meta.name, c.dangling,
+                                          by_name[c.table].num_rows - c.null_count, str(c.meta.foreign_key))
+                  for c in columns if c.dangling])
 
     task_entries, derived_columns = _tasks(db, con, writer, tables, columns, row_time, ts_mean, ts_std,
                                            cat_texts, rep)

@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from confluence.schema.metadata import ColumnMeta, DatabaseMeta, TableMeta, TaskMeta
 from confluence.schema.validate import type_family
+from confluence.sources import data_warnings as dw
 from confluence.sources.raw import RawDatabase, quote_ident
 from confluence.stypes import SemanticType
 
@@ -33,6 +34,7 @@ CATEGORICAL_MAX_RATIO = 0.5  # distinct / non-null at most this for a string to 
 TEXT_MIN_AVG_LEN = 30.0
 NEAR_CONSTANT = 0.99  # a column whose most frequent value covers this share gets no task
 PK_MAX_STRING_LEN = 64
+MOSTLY_NUMBERS = 0.95  # a text column with at least this share (not all) of numbers among its values: a warning
 
 _CREATION = re.compile(
     r"creat|insert|regist|sign(ed)?_?up|join|order|post|publish|open|submit|start|begin|sched|birth|born|issued|placed"
@@ -85,6 +87,7 @@ class _Stats:
     max_len: int = 0
     only_01: bool = False
     has_space: float = 0.0  # share of non-null strings containing whitespace
+    numbers: int = 0  # strings: how many non-null values read as numbers
 
     @property
     def ratio(self) -> float:
@@ -100,6 +103,7 @@ class _Drafter:
         self.rows: dict[str, int] = {}
         self.sampled: dict[str, bool] = {}
         self.stats: dict[str, dict[str, _Stats]] = {}
+        self.found = dw.WarningList()
 
     def q(self, sql: str) -> list[tuple]:
         return self.cur.execute(sql).fetchall()
@@ -139,15 +143,41 @@ class _Drafter:
                 s.top_value, s.top_share = top[0], top[1] / s.non_null
             if s.fam == "string" and s.non_null:
                 # integer sums, so parallel aggregation cannot change the last bits of a ratio
-                total, mx, spaces = self.q(
+                total, mx, spaces, numbers = self.q(
                     f"SELECT sum(length({c})), max(length({c})),"
-                    f" count(*) FILTER (WHERE regexp_matches({c}, '\\s')) FROM {rel}"
+                    f" count(*) FILTER (WHERE regexp_matches({c}, '\\s')), count(TRY_CAST({c} AS DOUBLE)) FROM {rel}"
                 )[0]
                 s.avg_len, s.max_len, s.has_space = total / s.non_null, int(mx), spaces / s.non_null
+                s.numbers = int(numbers)
             if s.fam in ("integer", "float", "decimal") and s.non_null:
                 (bad,) = self.q(f"SELECT count(*) FROM {rel} WHERE {c} NOT IN (0, 1)")[0]
                 s.only_01 = bad == 0 and s.distinct == 2
         self.stats[table] = stats
+        self.warn(table)
+
+    def warn(self, table: str) -> None:
+        """Data warnings of one table: empty, NaN / ±inf in float columns, text columns of numbers but a few."""
+        if self.rows[table] == 0:
+            self.found.add(dw.empty_table(table))
+            return
+        t = quote_ident(table)
+        floats = [s for s in self.stats[table].values() if s.fam == "float"]
+        if floats:  # counted over the whole table, in one pass
+            counts = self.q("SELECT " + ", ".join(
+                f"count(*) FILTER (WHERE isnan({quote_ident(s.name)})),"
+                f" count(*) FILTER (WHERE isinf({quote_ident(s.name)}))" for s in floats) + f" FROM {t}")[0]
+            for i, s in enumerate(floats):
+                nan, inf = int(counts[2 * i]), int(counts[2 * i + 1])
+                if nan or inf:
+                    self.found.add(dw.non_finite(table, s.name, nan, inf, self.rows[table]))
+        for s in self.stats[table].values():
+            if s.fam != "string" or s.numbers == s.non_null or s.numbers < MOSTLY_NUMBERS * s.non_null:
+                continue  # (the sample decides; the counts and the example come from the whole table)
+            c = quote_ident(s.name)
+            non_null, numbers = self.q(f"SELECT count({c}), count(TRY_CAST({c} AS DOUBLE)) FROM {t}")[0]
+            example = self.raw.first_unconvertible(table, s.name, "DOUBLE")
+            if example is not None:
+                self.found.add(dw.mostly_numbers(table, s.name, int(numbers), int(non_null), example))
 
     # -- keys --------------------------------------------------------------------------------------------
     def primary_key(self, table: str) -> tuple[str | None, str]:
@@ -308,6 +338,8 @@ class _Drafter:
                     cols[s.name] = ColumnMeta(s.name, SemanticType.IDENTIFIER, foreign_key=fk, reason=fk_why)
                     continue
                 stype, why = self.stype(s)
+                if self.rows[table] == 0 and stype == SemanticType.IGNORED:
+                    why = "the table has no rows"
                 cols[s.name] = ColumnMeta(s.name, stype, reason=why)
             tcol, t_why = self.temporal(table, cols)
             sample = (f"; statistics from a systematic sample of {self.sample_rows} of {self.rows[table]} rows"
@@ -335,20 +367,26 @@ class _Drafter:
         return out
 
 
-def draft_metadata(raw: RawDatabase, name: str | None = None, sample_rows: int = 100_000) -> DatabaseMeta:
+def draft_metadata(raw: RawDatabase, name: str | None = None, sample_rows: int = 100_000, *,
+                   strict: bool = False) -> DatabaseMeta:
     """Draft metadata for a raw database: stypes, keys, foreign keys, temporal columns, cell-masking tasks.
 
     Deterministic for the same data; every choice carries its reason. Tables with more than `sample_rows` rows
-    are read through a systematic sample of about `sample_rows` rows.
+    are read through a systematic sample of about `sample_rows` rows. Data warnings (an empty table, NaN / ±inf
+    in a float column, a text column of numbers but a few values) are issued with `warnings.warn`
+    (`confluence.sources.data_warnings.DataWarning`); `strict=True` raises a `StrictDataError` listing them.
     """
     if sample_rows < 1:
         raise ValueError(f"sample_rows must be positive, got {sample_rows}")
     drafter = _Drafter(raw, sample_rows)
     try:
-        return drafter.draft(name or raw.path.stem)
+        meta = drafter.draft(name or raw.path.stem)
     except duckdb.Error as exc:
         from confluence.errors import DataError
 
         raise DataError(f"{raw.path}: cannot draft metadata, DuckDB failed: {exc}") from None
     finally:
         drafter.cur.close()
+    drafter.found.check_strict(strict)
+    drafter.found.emit()
+    return meta

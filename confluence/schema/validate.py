@@ -14,10 +14,11 @@ import pyarrow as pa
 
 from confluence.errors import DataError, MetadataError
 from confluence.schema.metadata import DatabaseMeta, TableMeta, TaskMeta, load_metadata
+from confluence.sources import data_warnings as dw
 from confluence.sources.raw import RawDatabase, quote_ident
 from confluence.stypes import SemanticType
 
-__all__ = ["load_and_validate", "validate_against_data", "type_family"]
+__all__ = ["check_against_data", "load_and_validate", "validate_against_data", "type_family"]
 
 
 def type_family(t: pa.DataType) -> str:
@@ -60,6 +61,7 @@ class _Checker:
     def __init__(self, meta: DatabaseMeta, raw: RawDatabase):
         self.meta, self.raw = meta, raw
         self.problems: list[str] = []
+        self.found = dw.WarningList()
         self.schemas: dict[str, pa.Schema] = {}
 
     def q(self, sql: str) -> list[tuple]:
@@ -102,6 +104,7 @@ class _Checker:
     # -- tables and columns --------------------------------------------------------------------------------
     def check_columns(self, table: TableMeta) -> None:
         schema = self.schemas[table.name]
+        floats: list[str] = []  # float numerical / categorical columns: NaN and ±inf are read as NULL
         for name in schema.names:
             if name not in table.columns:
                 self.problems.append(
@@ -123,15 +126,46 @@ class _Checker:
                     " not a timestamp or date"
                 )
             elif col.stype == SemanticType.TIMESTAMP and fam != "timestamp":
-                self.problems.append(f"{where}: declared timestamp but holds {dtype} data, not a timestamp or date")
+                self.problems.append(f"{where}: declared timestamp but holds {dtype} data, not a timestamp or date"
+                                     + self.bad_value(table.name, col.name, fam, "TIMESTAMP", "a timestamp"))
             elif col.stype == SemanticType.NUMERICAL and fam not in _NUMERIC:
-                self.problems.append(f"{where}: declared numerical but holds non-numeric {dtype} data")
+                self.problems.append(f"{where}: declared numerical but holds non-numeric {dtype} data"
+                                     + self.bad_value(table.name, col.name, fam, "DOUBLE", "a number"))
             elif col.stype == SemanticType.BOOLEAN:
                 self.check_boolean(table.name, col.name, dtype, where)
             elif fam in ("nested", "binary", "other"):
                 self.problems.append(
                     f"{where}: holds {dtype} data, which only the 'ignored' stype can take"
                 )
+            if fam == "float" and col.stype in (SemanticType.NUMERICAL, SemanticType.CATEGORICAL):
+                floats.append(col.name)
+        self.check_rows(table.name, floats)
+
+    def bad_value(self, table: str, column: str, fam: str, sql_type: str, what: str) -> str:
+        """For a text column declared numerical / timestamp: where its first value that is not `what` is."""
+        if fam != "string":
+            return ""
+        try:
+            found = self.raw.first_unconvertible(table, column, sql_type)
+        except (DataError, duckdb.Error):
+            return ""
+        if found is None:
+            return f" (every value reads as {what}: cast the column to {sql_type} in the source)"
+        return f"; {found}, which is not {what}"
+
+    def check_rows(self, table: str, floats: list[str]) -> None:
+        """Data warnings from one pass over the table: no rows at all; NaN / ±inf in `floats` (read as NULL)."""
+        counts = self.q("SELECT " + ", ".join(
+            ["count(*)"] + [f"count(*) FILTER (WHERE isnan({quote_ident(c)})),"
+                            f" count(*) FILTER (WHERE isinf({quote_ident(c)}))" for c in floats])
+            + f" FROM {quote_ident(table)}")[0]
+        total = int(counts[0])
+        if total == 0:
+            self.found.add(dw.empty_table(table))
+        for i, column in enumerate(floats):
+            nan, inf = int(counts[1 + 2 * i]), int(counts[2 + 2 * i])
+            if nan or inf:
+                self.found.add(dw.non_finite(table, column, nan, inf, total))
 
     def check_boolean(self, table: str, column: str, dtype: pa.DataType, where: str) -> None:
         fam = type_family(dtype)
@@ -182,6 +216,15 @@ class _Checker:
                     f"column '{table.name}.{col.name}': foreign key holds {mine} values but"
                     f" '{col.foreign_key}' holds {theirs} values; they can never match"
                 )
+                continue
+            c, k = quote_ident(col.name), quote_ident(col.fk_column)
+            non_null, matched = self.q(
+                f"SELECT count(f.v), count(p.k) FROM (SELECT {c} AS v FROM {quote_ident(table.name)}) f"
+                f" LEFT JOIN (SELECT DISTINCT {k} AS k FROM {quote_ident(target.name)}) p ON f.v = p.k"
+            )[0]
+            if matched < non_null:
+                self.found.add(dw.dangling_foreign_key(table.name, col.name, int(non_null - matched),
+                                                       int(non_null), f"{target.name}.{col.fk_column}"))
 
     # -- tasks ---------------------------------------------------------------------------------------------
     def check_task(self, task: TaskMeta) -> None:
@@ -280,16 +323,37 @@ class _Checker:
                 )
 
 
-def validate_against_data(meta: DatabaseMeta, raw: RawDatabase) -> None:
-    """Check `meta` against the data in `raw`; raise one MetadataError listing every problem found."""
+def check_against_data(meta: DatabaseMeta, raw: RawDatabase) -> tuple[list[str], list[dw.DataWarning]]:
+    """Every problem of `meta` against the data in `raw` (one line each) and every data warning (a NaN or ±inf
+    read as NULL, a foreign key whose values match no key, an empty table), without raising or warning."""
     checker = _Checker(meta, raw)
     checker.run()
-    if checker.problems:
-        raise MetadataError(checker.problems)
+    return checker.problems, checker.found.items
 
 
-def load_and_validate(path: str | Path, raw: RawDatabase) -> DatabaseMeta:
+def validate_against_data(meta: DatabaseMeta, raw: RawDatabase, *, strict: bool = False) -> None:
+    """Check `meta` against the data in `raw`; raise one MetadataError listing every problem found.
+
+    Data warnings (`confluence.sources.data_warnings.DataWarning`) are issued with `warnings.warn`; with
+    `strict=True` they are problems of the MetadataError instead.
+    """
+    _validate(meta, raw, strict, stacklevel=4)
+
+
+def load_and_validate(path: str | Path, raw: RawDatabase, *, strict: bool = False) -> DatabaseMeta:
     """Load a metadata file (structural checks) and validate it against the data; returns the metadata."""
     meta = load_metadata(path)
-    validate_against_data(meta, raw)
+    _validate(meta, raw, strict, stacklevel=4)
     return meta
+
+
+def _validate(meta: DatabaseMeta, raw: RawDatabase, strict: bool, stacklevel: int) -> None:
+    problems, found = check_against_data(meta, raw)
+    if strict:
+        problems = problems + [f"{w} (a warning; strict mode makes it an error)" for w in found]
+    else:
+        warned = dw.WarningList()
+        warned.extend(found)
+        warned.emit(stacklevel=stacklevel)
+    if problems:
+        raise MetadataError(problems)

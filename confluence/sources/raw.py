@@ -47,6 +47,8 @@ class RawDatabase:
     path: Path
     hints: dict[str, TableHints] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)  # table -> the file it was read from (for messages)
+    # CSV tables: table -> (read_csv options, pinned column types), to re-read a file when locating a bad value
+    csv_reads: dict[str, tuple[str, dict[str, str]]] = field(default_factory=dict)
 
     def _check(self, table: str) -> None:
         if table not in self.tables:
@@ -57,6 +59,14 @@ class RawDatabase:
     def _where(self, table: str) -> str:
         file = self.files.get(table)
         return f"table '{table}' ({file})" if file else f"table '{table}' of {self.path}"
+
+    def _failure(self, table: str, what: str, exc: Exception) -> DataError:
+        """A read error: for a CSV file, the file, line and problem; else DuckDB's first line."""
+        from confluence.sources.csv_check import csv_problem, first_line
+
+        if table in self.csv_reads and (msg := csv_problem(self.files[table], str(exc))) is not None:
+            return DataError(f"{self._where(table)}: {what}: {msg}")
+        return DataError(f"{self._where(table)}: {what}: {first_line(str(exc))}")
 
     def sql(self, query: str) -> duckdb.DuckDBPyRelation:
         """A relation for a query on a fresh cursor (safe while another result of `con` is being read)."""
@@ -72,7 +82,7 @@ class RawDatabase:
         try:
             return self.sql(f"SELECT * FROM {quote_ident(table)} LIMIT 0").to_arrow_table().schema
         except duckdb.Error as exc:
-            raise DataError(f"{self._where(table)}: cannot read its schema: {exc}") from None
+            raise self._failure(table, "cannot read its schema", exc) from None
 
     def num_rows(self, table: str) -> int:
         """Number of rows of a table."""
@@ -80,7 +90,7 @@ class RawDatabase:
         try:
             return int(self.fetchall(f"SELECT count(*) FROM {quote_ident(table)}")[0][0])
         except duckdb.Error as exc:
-            raise DataError(f"{self._where(table)}: cannot count its rows: {exc}") from None
+            raise self._failure(table, "cannot count its rows", exc) from None
 
     def scan(
         self, table: str, columns: list[str] | None = None, batch_rows: int = 1_000_000
@@ -101,7 +111,32 @@ class RawDatabase:
             reader = self.sql(f"SELECT {cols} FROM {quote_ident(table)}").to_arrow_reader(batch_rows)
             yield from reader
         except (duckdb.Error, pa.ArrowException) as exc:
-            raise DataError(f"{self._where(table)}: cannot read its rows: {exc}") from None
+            raise self._failure(table, "cannot read its rows", exc) from None
+
+    def first_unconvertible(self, table: str, column: str, sql_type: str = "DOUBLE") -> str | None:
+        """Where the first non-NULL value of `column` that does not convert to `sql_type` is, with the value:
+        "line 42 of <file> holds 'abc'" for a CSV table (the file's line, header included, counted from 1),
+        "row 40 holds 'abc'" otherwise (counted from 0, in the source's order). None when every value converts."""
+        self._check(table)
+        if table in self.csv_reads:
+            from confluence.sources.csv_check import csv_line_value
+
+            options, types = self.csv_reads[table]
+            typed = "{" + ", ".join(f"{quote_literal(n)}: {quote_literal(sql_type if n == column else t)}"
+                                    for n, t in types.items()) + "}"
+            try:
+                self.fetchall(f"SELECT count({quote_ident(column)}) FROM read_csv({options}, columns={typed})")
+            except duckdb.Error as exc:
+                found = csv_line_value(str(exc))
+                if found is not None:
+                    return f"line {found[0]} of {self.files[table]} holds {found[1]!r}"
+        c = quote_ident(column)
+        rows = self.fetchall(
+            f"SELECT n, v FROM (SELECT row_number() OVER () - 1 AS n, CAST({c} AS VARCHAR) AS v,"
+            f" TRY_CAST({c} AS {sql_type}) AS x FROM {quote_ident(table)}) WHERE v IS NOT NULL AND x IS NULL"
+            " ORDER BY n LIMIT 1"
+        )
+        return f"row {rows[0][0]} holds {rows[0][1]!r}" if rows else None
 
     def close(self) -> None:
         """Close the DuckDB connection."""

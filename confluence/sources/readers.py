@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from confluence.errors import DataError
+from confluence.sources import csv_check
 from confluence.sources.raw import RawDatabase, TableHints, quote_ident, quote_literal
 
 # Strings read as NULL in CSV files. "NA" is R's missing value (nycflights13 and most R exports use it).
@@ -156,18 +157,32 @@ def open_csv(path: Path) -> RawDatabase:
         raise DataError(f"{path}: no .csv files found")
     con = new_connection()
     nulls = "[" + ", ".join(quote_literal(s) for s in CSV_NULL_STRINGS) + "]"
+    reads: dict[str, tuple[str, dict[str, str]]] = {}
     for table, file in files.items():
-        # Types are sniffed once over the whole file (sample_size=-1) so a column whose first rows are all NULL
-        # or integers is still typed right; the view then pins those types so later scans do not re-sniff.
-        reader = f"read_csv({quote_literal(str(file))}, nullstr={nulls}, header=true"
+        # The dialect and the types are sniffed once over the whole file (sample_size=-1), so a column whose
+        # first rows are all NULL or integers is still typed right; a sniff that fell back to one column or to no
+        # quoting because some line is malformed is an error naming that line (csv_check). The view then pins
+        # the dialect and the types, so later scans do not re-sniff.
+        options = f"nullstr={nulls}, header=true"
         try:
-            described = con.sql(f"DESCRIBE SELECT * FROM {reader}, sample_size=-1)").fetchall()
-            types = "{" + ", ".join(f"{quote_literal(n)}: {quote_literal(t)}" for n, t, *_ in described) + "}"
-            con.execute(f"CREATE VIEW {quote_ident(table)} AS SELECT * FROM {reader}, columns={types})")
+            try:
+                dialect = csv_check.sniff(con, file, options)
+            except duckdb.Error as exc:
+                raise csv_check.locate_failure(con, file, options, exc) from None
+            csv_check.check_dialect(con, file, dialect, options)
+            read = f"{quote_literal(str(file))}, {options}, {dialect.options()}"
+            types = dict(dialect.columns)
+            pinned = "{" + ", ".join(f"{quote_literal(n)}: {quote_literal(t)}" for n, t in types.items()) + "}"
+            con.execute(f"CREATE VIEW {quote_ident(table)} AS SELECT * FROM read_csv({read}, columns={pinned})")
         except duckdb.Error as exc:
             con.close()
-            raise DataError(f"{file}: DuckDB cannot read it as CSV ({exc})") from None
-    return RawDatabase(con=con, tables=list(files), kind="csv", path=path, files=files)
+            raise DataError(csv_check.csv_problem(file, str(exc))
+                            or f"{file}: DuckDB cannot read it as CSV ({csv_check.first_line(str(exc))})") from None
+        except DataError:
+            con.close()
+            raise
+        reads[table] = (read, types)
+    return RawDatabase(con=con, tables=list(files), kind="csv", path=path, files=files, csv_reads=reads)
 
 
 def open_duckdb(path: Path) -> RawDatabase:
