@@ -7,15 +7,18 @@ from pathlib import Path
 
 from confluence.errors import DataError
 from confluence.sources import readers
+from confluence.sources.data_warnings import DataWarning, StrictDataError
 from confluence.sources.raw import SOURCE_KINDS, RawDatabase, TableHints, quote_ident, quote_literal
 
-__all__ = ["SOURCE_KINDS", "RawDatabase", "TableHints", "open_source", "quote_ident", "quote_literal"]
+__all__ = ["SOURCE_KINDS", "DataWarning", "RawDatabase", "StrictDataError", "TableHints", "open_source",
+           "quote_ident", "quote_literal"]
 
 
 def open_source(path: str | Path, kind: str | None = None) -> RawDatabase:
     """Open a raw database; `kind` (parquet, csv, sqlite, duckdb, relbench) is detected when not given.
 
-    Raises `DataError` naming the file for a missing path, an unknown format or an unreadable file.
+    Raises `DataError` naming the file for a missing path, an unknown format or an unreadable file, and for a
+    CSV file the malformed line (extra fields, an unterminated quote; see `confluence.sources.csv_check`).
     """
     path = Path(path)
     if kind is None:
