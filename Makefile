@@ -18,7 +18,7 @@ demo: $(STAMP)
 	$(BIN)/confluence demo --out runs/demo $(DEMO_ARGS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --durations=15 --durations-min=5 $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check confluence tests

@@ -84,13 +84,51 @@ def test_cli_show(bookstore_path):
     for needle in ("rows (", "cells (", "TARGET", "outbound mask", "inbound mask", "column mask", "orders"):
         assert needle in r.output
     r = CliRunner().invoke(app, ["sample", "show", "--db", str(bookstore_path), "--task", "nope"])
-    assert r.exit_code == 2 and "nope" in r.output
+    assert r.exit_code == 1 and "no task 'nope'" in r.output and "order_rating" in r.output
     r = CliRunner().invoke(app, ["sample", "show", "--db", str(bookstore_path), "--task", "order_rating",
                                  "--config", "demo", "--set", "sampler.seq_len=64"])
     assert r.exit_code == 0, r.output  # the demo's contexts: its sampler settings
     r = CliRunner().invoke(app, ["sample", "show", "--db", str(bookstore_path), "--task", "order_rating",
                                  "--set", "sampler.recnt=2"])
-    assert r.exit_code == 2 and "sampler.recnt" in r.output
+    assert r.exit_code == 1 and "sampler.recnt" in r.output
+
+
+def test_cli_show_speaks_the_data_and_the_run(bookstore_path, tmp_path):
+    """Values as in the data (numbers de-normalized, categories by name), rows by primary key; with --checkpoint
+    the run's own sampler settings and seed, not the defaults."""
+    import json
+    import re
+
+    from confluence.training.loop import prepare_run_dir
+    from tests.fixtures.model import tiny_run_config
+
+    store = Store.open(bookstore_path)
+    base = ["sample", "show", "--db", str(bookstore_path), "--task", "order_rating", "--seed-index", "0"]
+    r = CliRunner().invoke(app, [*base, "--set", "sampler.seq_len=64"])
+    assert r.exit_code == 0, r.output
+    anchor = int(store.task_arrays("order_rating").anchor_row[0]) - store.table("orders").row_offset
+    key = store.keys("orders")[anchor].as_py()
+    assert f"anchor orders {store.table('orders').primary_key}={key!r}" in r.output
+    assert "row " not in r.output.split("cells (")[0].split("rows (")[1]  # rows named by their keys
+    prices = re.findall(r"books\.price\s+numerical\s+([-0-9.]+) \(z=", r.output)
+    assert prices and set(prices) <= {"10", "20", "30"}, r.output  # the fixture's prices, z-score beside
+    raw = CliRunner().invoke(app, [*base, "--set", "sampler.seq_len=64", "--raw"])
+    assert raw.exit_code == 0 and "z=" in raw.output and "(z=" not in raw.output
+    # a run's settings: a checkpoint whose sampler used S = 48 and width 4
+    run = tmp_path / "run"
+    cfg = tiny_run_config(sampler={"seq_len": 48, "max_rows": 16, "row_buckets": [16], "text_buckets": [64],
+                                   "width": 4}, seed=3)
+    prepare_run_dir(run, resume=False, force=False)
+    ck = run / "checkpoints" / "step_00000001"
+    ck.mkdir(parents=True)
+    (ck / "meta.json").write_text(json.dumps({"step": 1, "config": cfg.to_dict()}))
+    (ck / "state.eqx").write_bytes(b"")  # only the settings are read
+    (run / "checkpoints" / "LATEST").write_text("step_00000001")
+    r = CliRunner().invoke(app, [*base, "--checkpoint", str(run)])
+    assert r.exit_code == 0, r.output
+    assert "= S 48;" in r.output  # the run's sequence length, not the default recipe's 128
+    both = CliRunner().invoke(app, [*base, "--checkpoint", str(run), "--config", "demo"])
+    assert both.exit_code == 1 and "not both" in both.output
 
 
 @pytest.mark.slow

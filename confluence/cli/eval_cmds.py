@@ -58,7 +58,7 @@ def evaluate_cmd(
     checkpoint: Path = typer.Option(..., "--checkpoint", help="Run directory or checkpoint directory."),
     db: Path = typer.Option(..., "--db", help="Processed store (need not be one the model was trained on)."),
     split: str = typer.Option("test", "--split", help="train | val | test"),
-    task: list[str] = typer.Option(None, "--task", help="Task to evaluate (repeatable); default: every task."),
+    task: list[str] = typer.Option(None, "--task", metavar="TASK", help="Task to evaluate (repeatable); default: every task."),
     json_out: Path = typer.Option(None, "--json", help="Write the results as JSON here."),
     max_seeds: int = typer.Option(5000, "--max-seeds", help="Evaluate at most this many seeds per task (0: all)."),
     gbdt: bool = typer.Option(False, "--gbdt/--no-gbdt", help="Also train and score the LightGBM baseline."),
@@ -122,7 +122,7 @@ def predict_cmd(
 
 def baseline_cmd(
     db: Path = typer.Option(..., "--db", help="Processed store."),
-    task: list[str] = typer.Option(None, "--task", help="Task (repeatable); default: every task."),
+    task: list[str] = typer.Option(None, "--task", metavar="TASK", help="Task (repeatable); default: every task."),
     split: str = typer.Option("test", "--split", help="train | val | test: the rows scored."),
     max_train: int = typer.Option(50_000, "--max-train", help="Train on at most this many seeds per task."),
     max_seeds: int = typer.Option(5000, "--max-seeds", help="Evaluate at most this many seeds per task (0: all)."),

@@ -28,9 +28,10 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain help: reads at 80 columns and in a log file, no type placeholders on flags
 )
-bench_app = typer.Typer(help="Benchmarks that print measured figures.", no_args_is_help=True)
-text_app = typer.Typer(help="The LeJEPA text base model (seed 003).", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks that print measured figures.", no_args_is_help=True, rich_markup_mode=None)
+text_app = typer.Typer(help="The LeJEPA text base model (seed 003).", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(bench_app, name="bench")
 app.add_typer(text_app, name="text")
 

@@ -6,28 +6,32 @@ from pathlib import Path
 
 import typer
 
-sample_app = typer.Typer(help="Look at what the sampler builds.", no_args_is_help=True)
+sample_app = typer.Typer(help="Look at what the sampler builds.", no_args_is_help=True, rich_markup_mode=None)
 
 
 def show(
     db: Path = typer.Option(..., "--db", help="processed store directory"),
     task: str = typer.Option(..., "--task", help="task name"),
     seed_index: int = typer.Option(0, "--seed-index", help="index of the seed within the task"),
+    checkpoint: Path | None = typer.Option(None, "--checkpoint",
+                                           help="show the contexts of this run (its sampler settings and seed)"),
     config: str | None = typer.Option(None, "--config",
-                                      help="build contexts with this recipe / file's sampler settings"),
-    set_: list[str] = typer.Option([], "--set", help="override a sampler setting, e.g. --set sampler.recent=16"),
-    seed: int = typer.Option(0, "--seed", help="sampling seed"),
-    epoch: int = typer.Option(0, "--epoch"),
+                                      help="build contexts with this recipe / file's sampler settings "
+                                           "(default: small, what `confluence train` uses)"),
+    set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="override a sampler setting, e.g. --set sampler.recent=16"),
+    seed: int | None = typer.Option(None, "--seed", help="sampling seed (default: the run's / recipe's)"),
+    epoch: int = typer.Option(0, "--epoch", help="pass over the data (contexts are re-drawn each epoch)"),
     max_cells: int = typer.Option(200, "--max-cells", help="print at most this many cells"),
+    raw: bool = typer.Option(False, "--raw", help="show the model's inputs (z-scores, row indices) only"),
 ) -> None:
-    """Print one sequence: its rows, cells and the three attention masks, as the model sees them. Without --config
-    the sampler's defaults (S = 1024, width 16); `--config demo` shows the demo's contexts."""
+    """Print one sequence: its rows (by primary key), cells (values as in the data, model inputs beside) and the
+    three attention masks, as the model sees them: `--checkpoint RUN` as that run was trained, `--config R` as
+    recipe R would build them (default: small, the recipe `confluence train` uses)."""
     import numpy as np
     from rich.console import Console
 
     from confluence.cli.train_cmds import run_config
     from confluence.errors import ConfluenceError
-    from confluence.sampler.config import SamplerConfig
     from confluence.sampler.data import SamplerData
     from confluence.sampler.sampler import Sampler
     from confluence.sampler.show import render_sequence
@@ -35,18 +39,28 @@ def show(
     from confluence.toolkit.config import overlay, parse_sets
 
     try:
-        if config is not None:
-            sconf = run_config(config, set_).sampler
+        if checkpoint is not None and config is not None:
+            raise ConfluenceError("give --checkpoint (a run's settings) or --config (a recipe's), not both")
+        if checkpoint is not None:
+            from confluence.toolkit.checkpoint import read_checkpoint
+            from confluence.training.config import RunConfig
+
+            cfg = RunConfig.from_dict(read_checkpoint(checkpoint).meta.get("config", {}))
+            sconf = overlay(cfg.sampler, parse_sets(set_).get("sampler", {}), "sampler")
         else:
-            sets = parse_sets(set_)
-            sconf = overlay(SamplerConfig(), sets.get("sampler", {}), "sampler")
-        data = SamplerData.from_store(Store.open(db))
-        sampler = Sampler([data], overlay(sconf, {"batch_size": 1, "tasks": None}), seed=seed)
+            cfg = run_config(config or "small", set_)
+            sconf = cfg.sampler
+        store = Store.open(db)
+        store.task(task)  # a clear error naming the store's tasks
+        data = SamplerData.from_store(store)
+        sampler = Sampler([data], overlay(sconf, {"batch_size": 1, "tasks": None}),
+                          seed=cfg.seed if seed is None else seed)
         res = sampler.build(task, np.array([seed_index]), epoch=epoch)
+        text = render_sequence(res, data, 0, task_name=task, max_cells=max_cells, store=None if raw else store)
     except ConfluenceError as exc:
         typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-    Console(highlight=False).print(render_sequence(res, data, 0, task_name=task, max_cells=max_cells), markup=False)
+        raise typer.Exit(1) from None
+    Console(highlight=False).print(text, markup=False, soft_wrap=True)  # long lines stay whole in a log
 
 
 def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) -> None:

@@ -19,8 +19,8 @@ def planted_cmd(
                                                       "ceilings.json, bayes/)."),
     seed: int = typer.Option(0, "--seed", help="Seed of every draw: the same seed writes the same bytes."),
     customers: int = typer.Option(1500, "--customers", min=1, help="Customers (the anchor table of most tasks)."),
-    stores: int = typer.Option(30, "--stores", min=1),
-    regions: int = typer.Option(6, "--regions", min=1),
+    stores: int = typer.Option(30, "--stores", min=1, help="Stores (each customer's parent)."),
+    regions: int = typer.Option(6, "--regions", min=1, help="Regions (each store's parent)."),
     orders_per_customer: float = typer.Option(12.0, "--orders-per-customer", min=0.0,
                                               help="Mean orders per customer (gamma-distributed rates)."),
     noise: float = typer.Option(0.1, "--noise", min=0.0, max=0.99,
@@ -126,7 +126,7 @@ def _write_many(out: Path, spec: RandomSpec, count: int, overwrite: bool) -> tup
 
 def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) -> None:
     """Add this area's commands to the `confluence` CLI."""
-    synth_app = typer.Typer(help="Synthetic databases with known answers.", no_args_is_help=True)
+    synth_app = typer.Typer(help="Synthetic databases with known answers.", no_args_is_help=True, rich_markup_mode=None)
     synth_app.command("planted")(planted_cmd)
     synth_app.command("random")(random_cmd)
     app.add_typer(synth_app, name="synth")

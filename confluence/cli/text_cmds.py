@@ -11,7 +11,7 @@ from confluence.errors import ConfluenceError
 
 def _fail(exc: ConfluenceError) -> None:
     typer.echo(f"error: {exc}", err=True)
-    raise typer.Exit(2)
+    raise typer.Exit(1)
 
 
 def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) -> None:
@@ -59,7 +59,7 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
         config: str = typer.Option("text-smoke", "--config", help="text-tiny | text-smoke | text-base or a file"),
         max_train_steps: int | None = typer.Option(None, "--max-train-steps", min=1,
                                                    help="stop after this many steps (default: one epoch)"),
-        set_: list[str] = typer.Option([], "--set", help="override a setting, e.g. --set model.attn_type=rope"),
+        set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="override a setting, e.g. --set model.attn_type=rope"),
     ) -> None:
         """Train the LeJEPA text model (one epoch or --max-train-steps); resumes from the newest checkpoint."""
         from confluence.textmodel.config import load_text_config
@@ -122,9 +122,9 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
     @text_app.command("probe")
     def probe_cmd(
         corpus: Path = typer.Argument(..., help="Parquet file with columns text and package (`text corpus`)"),
-        encoders: list[str] = typer.Option(..., "--encoder", help="run dir, 'random:RUN', 'tfidf' or a registry spec"),
+        encoders: list[str] = typer.Option(..., "--encoder", metavar="ENCODER", help="run dir, 'random:RUN', 'tfidf' or a registry spec"),
         max_docs: int = typer.Option(3000, help="docs used (largest packages first)"),
-        min_per_class: int = typer.Option(40),
+        min_per_class: int = typer.Option(40, help="Keep classes with at least this many examples."),
     ) -> None:
         """Linear probe (package classification) and nearest-neighbour retrieval with each encoder's embeddings."""
         from confluence.textenc.probe import run_probe

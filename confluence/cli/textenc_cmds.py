@@ -21,7 +21,7 @@ def embed(
         vecs = enc.encode(texts)
     except ConfluenceError as exc:
         typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+        raise typer.Exit(1) from None
     norms = np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12)
     sims = (vecs / norms) @ (vecs / norms).T
     typer.echo(f"encoder: {enc.fingerprint} (dim {enc.dim})")
@@ -32,6 +32,6 @@ def embed(
 
 def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) -> None:
     """Add this area's commands to the `confluence` CLI."""
-    textenc_app = typer.Typer(help="The frozen text encoder used by preprocessing.", no_args_is_help=True)
+    textenc_app = typer.Typer(help="The frozen text encoder used by preprocessing.", no_args_is_help=True, rich_markup_mode=None)
     textenc_app.command("embed")(embed)
     app.add_typer(textenc_app, name="text-encoder")

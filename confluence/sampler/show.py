@@ -1,8 +1,12 @@
-"""Human-readable view of one sequence: its rows, tables, cells and the three attention masks."""
+"""Human-readable view of one sequence: its rows, tables, cells and the three attention masks.
+
+With the store at hand (`CellDecoder`), cells show the values a user knows: numbers and counts de-normalized,
+timestamps as dates, categories as their strings, rows by primary key; the model's inputs (z-scores, ids) beside."""
 
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import numpy as np
 
@@ -20,50 +24,116 @@ def _time(us: int) -> str:
     return (dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=int(us))).isoformat() + "Z"
 
 
-def _value(res: BuildResult, b: int, p: int) -> str:
+class CellDecoder:
+    """Turns a cell's model input back into the user's value, from a store's column statistics and keys."""
+
+    def __init__(self, store: Any, data: SamplerData):
+        self.store = store
+        self.columns = {int(c.column_idx): c for c in store.columns}
+        self.categories: dict[int, str] = {}
+        for c in store.columns:
+            start = c.stats.get("cat_emb_start")
+            if start is not None:
+                for i, name in enumerate(c.stats.get("categories", [])):
+                    self.categories[int(start) + i] = str(name)
+        for t in store.tasks:  # a derived categorical task has its own block
+            for i, name in enumerate(t.stats.get("categories", []) if int(t.cat_count) else []):
+                self.categories.setdefault(int(t.cat_block_start) + i, str(name))
+        self.ts_mean, self.ts_std = store.timestamp_stats
+        self.counts: dict[int, tuple[float, float]] = {}
+        if data.count_columns:
+            cc = data.child_counts(True)
+            self.counts = {int(c): (float(m), float(sd)) for c, m, sd in zip(cc.col, cc.mean, cc.std, strict=True)}
+
+    def number(self, col: int, z: float) -> str:
+        if col in self.counts:
+            m, sd = self.counts[col]
+            return f"{np.expm1(z * sd + m):.4g} (count; z={z:.3g})"
+        st = self.columns[col].stats if col in self.columns else {}
+        if "mean" in st and "std" in st:
+            return f"{z * (float(st['std']) or 1.0) + float(st['mean']):.6g} (z={z:.3g})"
+        return f"z={z:.4g}"
+
+    def time(self, z: float) -> str:
+        us = int(round((z * self.ts_std + self.ts_mean) / 1e6)) * 1_000_000  # float32 z: about a second's precision
+        return f"{_time(us)[:-1]} (z={z:.3g})"
+
+    def category(self, cat_id: int) -> str:
+        name = self.categories.get(cat_id)
+        return f"cat#{cat_id}" if name is None else repr(name)
+
+    def row(self, table: str, local: int) -> str:
+        info = self.store.table(table)
+        keys = self.store.keys(table) if info.primary_key else None
+        if keys is None:
+            return f"row {local}"
+        return f"{info.primary_key}={keys[local].as_py()!r}"
+
+
+def _value(res: BuildResult, b: int, p: int, dec: CellDecoder | None = None) -> str:
     x = res.batch
     if x.is_null[b, p]:
         return "NULL"
     st = SemanticType(int(x.semantic_types[b, p]))
+    col = int(x.column_ids[b, p])
     if st == SemanticType.IDENTIFIER:
         return "(present)"
     if st == SemanticType.NUMERICAL:
-        return f"z={x.numeric_values[b, p]:.4g}"
+        z = float(x.numeric_values[b, p])
+        return dec.number(col, z) if dec is not None else f"z={z:.4g}"
     if st == SemanticType.TIMESTAMP:
-        return f"z={x.timestamp_values[b, p, -1]:.4g}"
+        z = float(x.timestamp_values[b, p, -1])
+        return dec.time(z) if dec is not None else f"z={z:.4g}"
     if st == SemanticType.BOOLEAN:
         return str(bool(x.bool_values[b, p]))
     if st == SemanticType.CATEGORICAL:
-        return f"cat#{int(x.categorical_embed_ids[b, p])}"
-    return f"text#{int(x.text_embed_ids[b, p])} (batch-local)"
+        cid = int(x.categorical_embed_ids[b, p])
+        return dec.category(cid) if dec is not None else f"cat#{cid}"
+    return f"text#{int(x.text_embed_ids[b, p])} (embedded)"
+
+
+def _row(data: SamplerData, dec: CellDecoder | None, g: int) -> str:
+    t = data.table_of_row(g)
+    local = g - int(data.tab_row_off[t])
+    return dec.row(data.table_names[t], local) if dec is not None else f"row {local}"
+
+
+def _anchor(data: SamplerData, dec: CellDecoder | None, g: int) -> str:
+    if dec is None:
+        return f"row {g}"
+    return f"{data.table_names[data.table_of_row(g)]} {_row(data, dec, g)}"
 
 
 def _row_order(perm: np.ndarray, rows_of: np.ndarray, n: int) -> list[int]:
     return [int(r) for r in dict.fromkeys(rows_of[perm[:n]].tolist())]
 
 
-def render_sequence(res: BuildResult, data: SamplerData, b: int = 0, task_name: str = "", max_cells: int | None = None) -> str:
-    """Plain-text rendering of sequence `b` of a built batch: rows, cells, masks and permutation row orders."""
+def render_sequence(res: BuildResult, data: SamplerData, b: int = 0, task_name: str = "", max_cells: int | None = None,
+                    store: Any = None) -> str:
+    """Plain-text rendering of sequence `b` of a built batch: rows, cells, masks and permutation row orders.
+    With `store`, values and rows are shown as the user knows them (`CellDecoder`)."""
     x = res.batch
+    dec = CellDecoder(store, data) if store is not None else None
     n = int(res.n_real[b])
     nr = int(res.nrows[b])
     out: list[str] = []
     st = SemanticType(int(x.target_stype)).label
     out.append(
         f"sequence {b} of database {data.name!r}, task {task_name or x.task_idx} ({st} target), seed {int(x.seed_ids[b])}, "
-        f"anchor row {int(x.anchor_rows[b])}, observation time {_time(int(x.obs_times[b]))}"
+        f"anchor {_anchor(data, dec, int(x.anchor_rows[b]))}, observation time {_time(int(x.obs_times[b]))}"
         + ("" if x.seq_valid[b] else "  [filler: seq_valid is False]")
     )
     out.append(f"{n} real cells + {x.seq_len - n} padding = S {x.seq_len}; {nr} rows (R padded to {x.num_rows})")
     out.append("")
-    out.append("rows (sequence-local id, table, table row, reached via, from row, hops, cells)")
+    out.append(f"rows (sequence-local id, table, {'primary key' if dec else 'table row'}, reached via, from row, hops, "
+               "cells)")
     cells_per_row = np.bincount(x.seq_row_ids[b, :n], minlength=nr)
     for i in range(nr):
         g = int(res.rows[b, i])
         t = data.table_of_row(g)
         src = int(res.src[b, i])
         out.append(
-            f"  r{i:<4d} {data.table_names[t]:<20s} row {g - int(data.tab_row_off[t]):<8d} "
+            f"  r{i:<4d} {data.table_names[t]:<20s} {_row(data, dec, g):<20s} "
             f"{_VIA[int(res.via[b, i])]:<7s} {'' if src < 0 else f'r{src}':<6s} hops {int(res.hops[b, i]):<3d} "
             f"cells {int(cells_per_row[i])}"
         )
@@ -74,7 +144,7 @@ def render_sequence(res: BuildResult, data: SamplerData, b: int = 0, task_name: 
         flags = "TARGET (value hidden from the model)" if x.is_target[b, p] else ""
         out.append(
             f"  {p:<5d} r{int(x.seq_row_ids[b, p]):<4d} {data.column_names[int(x.column_ids[b, p])]:<32s} "
-            f"{SemanticType(int(x.semantic_types[b, p])).label:<12s} {_value(res, b, p):<28s} {flags}"
+            f"{SemanticType(int(x.semantic_types[b, p])).label:<12s} {_value(res, b, p, dec):<28s} {flags}"
         )
     if shown < n:
         out.append(f"  ... {n - shown} more cells")
