@@ -155,3 +155,17 @@ def test_fit_gbdt_reports_metrics(stores, task):
     headline = {"amount": "mae", "status": "accuracy", "buys_next_30d": "auroc"}[task]
     assert np.isfinite(res.metrics[headline])
     assert res.num_train > 0
+
+
+def test_categorical_features_are_renumbered_to_consecutive_codes():
+    """LightGBM wants codes 0..k-1 (sparse ids draw its 'sparse values' warning): the same value gets the same code
+    in the train and eval tables, missing stays missing, other columns are untouched."""
+    from confluence.evaluation.gbdt import dense_categories
+
+    nan = float("nan")
+    tr = np.array([[90210.0, 1.5], [7.0, 2.5], [nan, 3.5], [90210.0, 4.5]])
+    ev = np.array([[123456.0, 9.0], [7.0, 8.0], [-1.0, 7.0]])
+    dense_categories(tr, ev, [0])
+    np.testing.assert_array_equal(tr[:, 0], [1.0, 0.0, nan, 1.0])
+    np.testing.assert_array_equal(ev[:, 0], [2.0, 0.0, nan])  # a value only eval has gets its own code
+    np.testing.assert_array_equal(tr[:, 1], [1.5, 2.5, 3.5, 4.5])
