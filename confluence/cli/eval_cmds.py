@@ -13,45 +13,64 @@ def _fail(exc: Exception) -> typer.Exit:
     return typer.Exit(1)
 
 
-def print_results(results: dict, title: str) -> None:
-    """A rich table: per task, every metric of the model beside the baselines."""
-    from rich.console import Console
-    from rich.table import Table
-
+def results_lines(results: dict, title: str) -> list[str]:
+    """The results as lines of at most ~76 characters (rich markup): per task a header (name, type, rows scored,
+    verdict), then its headline metric (↑ / ↓) and the other metrics, model beside the best trivial baseline and
+    LightGBM, and the model's gain over LightGBM oriented so that positive = the model is better."""
     from confluence.evaluation.metrics import HEADLINE
+    from confluence.evaluation.report import _n_scored, oriented_vs_gbdt, verdict
     from confluence.stypes import SemanticType
 
-    console = Console()
-    table = Table(title=title, show_lines=False)
+    def num(v) -> str:
+        return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4g}"
+
     paired = any("model_vs_gbdt" in r for r in results.values())
-    cols = ("task", "type", "n", "metric", "model", "best trivial", "gbdt") + (("model−gbdt [95% CI]",) if paired else ())
-    for col in cols:
-        table.add_column(col, justify="left" if col in ("task", "type", "metric") else "right")
+    lines = [f"[bold]{title}[/]", ""]
+    head = f"    {'metric':<17}{'model':>11}{'trivial':>11}{'GBDT':>11}"
+    lines.append(head + ("  gain vs GBDT [95% CI]" if paired else ""))
+    if paired:
+        lines.append("    (gain: how much better the model is than LightGBM; negative = worse)")
     for task, r in results.items():
         info = r.get("info", {})
         if "model" not in r and "baseline" not in r:
-            table.add_row(task, info.get("stype", "?"), "0", info.get("note", ""), *[""] * (len(cols) - 4))
+            lines += ["", f"[bold]{task}[/] ({info.get('stype', '?')}): {info.get('note', 'not evaluated')}"]
             continue
         stype = SemanticType.parse(info["stype"])
-        head, higher = HEADLINE[stype]
+        head_metric, higher = HEADLINE[stype]
+        words = ", ".join(t for t, _ in verdict(r, stype)) if "model" in r else ""
+        n = _n_scored(r)
+        trivial_name = (r.get("baseline") or {}).get("name")
+        lines += ["", f"[bold]{task}[/] ({stype.label}, n = {n if n is not None else '?'}"
+                  + (f", trivial = {trivial_name}" if trivial_name else "") + ")"]
+        if words:
+            lines.append(f"    verdict: {words}")
         metrics = [m for m in (r.get("model") or r["baseline"]) if m not in ("n", "name")]
-        metrics.sort(key=lambda m: m != head)
+        metrics.sort(key=lambda m: m != head_metric)
         for i, m in enumerate(metrics):
-            vals = [r.get("model", {}).get(m), r.get("baseline", {}).get(m), r.get("gbdt", {}).get(m) if "gbdt" in r else None]
-            cells = ["–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4g}" for v in vals]
+            vals = [(r.get(k) or {}).get(m) for k in ("model", "baseline", "gbdt")]
+            cells = [f"{num(v):>11}" for v in vals]
             if i == 0:
-                finite = [v if v is not None and not math.isnan(v) else None for v in vals]
-                cand = [(v, j) for j, v in enumerate(finite) if v is not None]
-                if cand:
-                    best = (max if higher else min)(cand)[1]
+                finite = [(v, j) for j, v in enumerate(vals) if v is not None and not math.isnan(v)]
+                if finite:
+                    best = (max if higher else min)(finite)[1]
                     cells[best] = f"[bold green]{cells[best]}[/]"
-            if paired:
-                c = r.get("model_vs_gbdt") or {}
-                ok = i == 0 and isinstance(c.get("diff"), float) and math.isfinite(c["diff"])
-                cells.append(f"{c['diff']:+.3g} [{c['ci_low']:+.3g}, {c['ci_high']:+.3g}]" if ok else "")
-            table.add_row(task if i == 0 else "", info["stype"] if i == 0 else "", str(info.get("n_eval", "")) if i == 0
-                          else "", m + (" ↑" if higher and i == 0 else " ↓" if i == 0 else ""), *cells)
-    console.print(table)
+            label = m + (" ↑" if higher else " ↓") if i == 0 else m
+            line = f"    {label:<17.17}{''.join(cells)}"
+            if i == 0 and paired:
+                o = oriented_vs_gbdt(r.get("model_vs_gbdt"), higher)
+                if o is not None:
+                    line += f"  {o[0]:+.3g}" + (f" [{o[1]:+.3g}, {o[2]:+.3g}]" if math.isfinite(o[1]) else "")
+            lines.append(line)
+    return lines
+
+
+def print_results(results: dict, title: str) -> None:
+    """Print `results_lines`: readable at 80 columns and in a log file (no table borders to wrap)."""
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    for line in results_lines(results, title):
+        console.print(line, soft_wrap=True)
 
 
 def evaluate_cmd(
