@@ -110,7 +110,8 @@ def step_evaluate(ctx: DemoContext) -> None:
 
 
 def step_predict(ctx: DemoContext) -> None:
-    """Write predictions (anchor key, observation time, prediction, confidence) for each task's test seeds."""
+    """Write predictions (anchor key, observation time, prediction, p_null, class probabilities) for each task's test
+    seeds."""
     from confluence.evaluation.predict import predict
     from confluence.store import Store
 
