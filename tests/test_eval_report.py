@@ -206,3 +206,32 @@ def test_report_in_a_real_browser(report, tmp_path):
     # the plots rendered: the lower half of the window (task cards) has many non-white pixels too
     assert (pixels[800:] < 200).mean() > 0.02
     assert not math.isnan(pixels.mean())
+
+
+@pytest.mark.slow
+def test_evaluate_keeps_the_scored_rows_and_the_report_plots_them(tiny_store, tmp_path):
+    """`evaluate(keep_rows=True)` on a trained tiny model: per task the non-null targets and the predictions the
+    metrics were computed from (recomputing the headline metric from them gives the reported value); the JSON file
+    leaves them out; the report draws one plot per task from them."""
+    from confluence.evaluation.evaluate import evaluate
+    from confluence.store import Store
+    from confluence.training.loop import open_stream, train
+    from tests.fixtures.model import tiny_run_config
+
+    cfg = tiny_run_config(loop={"max_steps": 2, "ckpt_every": 2, "val_every": 2})
+    with open_stream([tiny_store], cfg) as stream:
+        train(cfg, stream, tmp_path / "run", progress=False)
+    results = evaluate(tmp_path / "run", tiny_store, split="train", keep_rows=True, batch_size=4)
+    scored = {t: r for t, r in results.items() if "rows" in r}
+    assert scored and all("rows" in r for r in results.values() if "model" in r)
+    for task, r in scored.items():
+        rows, stype = r["rows"], SemanticType.parse(r["info"]["stype"])
+        assert isinstance(rows, EvalRows) and len(rows.truth) == len(rows.pred) == r["info"]["n_eval_non_null"]
+        metric, _ = M.HEADLINE[stype]
+        recomputed = M.metrics_for(stype, rows.truth, rows.pred)[metric]
+        assert recomputed == pytest.approx(r["model"][metric], nan_ok=True), task
+    assert "rows" not in json.loads(write_json(results, tmp_path / "m.json").read_text())[next(iter(scored))]
+    store = Store.open(tiny_store)
+    text = write_report(tmp_path / "rep", results, descriptions=task_descriptions(store)).read_text()
+    plotted = sum(len(r["rows"].truth) > 0 for r in scored.values())
+    assert plotted and len(re.findall(r'<img src="data:image/png;base64,', text)) == plotted

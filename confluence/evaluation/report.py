@@ -33,6 +33,7 @@ _META_KEYS = ("info", "model_vs_gbdt", "rows")  # entries of a task's results th
 _TRIVIAL = ("majority", "mean", "median")  # the constant predictors of metrics.trivial_baselines
 _NOT_PREDICTORS = ("model", "baseline", *_META_KEYS)
 _MAX_CLASSES = 10  # confusion matrix: the most frequent true classes, the rest pooled as "other"
+_SCORER_LABELS = {"gbdt": "GBDT"}
 _METRIC_LABELS = {"auroc": "AUROC", "accuracy": "accuracy", "mae": "MAE", "mae_days": "MAE (days)"}
 
 
@@ -181,7 +182,7 @@ def metrics_table_html(results: Mapping[str, Mapping[str, Any]], stypes: Mapping
     other non-trivial scorer, e.g. a planted database's ceiling), the oriented model-vs-GBDT gain and a verdict."""
     others = sorted({k for r in results.values() for k in r if k not in _NOT_PREDICTORS and k not in _TRIVIAL})
     paired = any("model_vs_gbdt" in r for r in results.values())
-    head = ["task", "n", "metric", "model", "best trivial", *others]
+    head = ["task", "n", "metric", "model", "best trivial", *(_SCORER_LABELS.get(o, o) for o in others)]
     head += ["model better by (+) vs GBDT, 95% CI"] if paired else []
     head += ["verdict"]
     out = ['<table class="headline"><tr>' + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
@@ -315,6 +316,11 @@ def plot_calibration(truth: np.ndarray, probs: Mapping[str, np.ndarray], n_bins:
     return _figure_png(fig)
 
 
+def _short(name: str, width: int = 20) -> str:
+    """A class name cut to `width` characters (with an ellipsis), so long names stay distinct and legible."""
+    return name if len(name) <= width else name[: width - 1] + "…"
+
+
 def plot_confusion(truth: np.ndarray, probs: np.ndarray, categories: list[str] | None,
                    max_classes: int = _MAX_CLASSES) -> bytes:
     """Confusion matrix of the model's most likely class: rows actual, columns predicted, colour the share of the
@@ -332,7 +338,7 @@ def plot_confusion(truth: np.ndarray, probs: np.ndarray, categories: list[str] |
     m = len(keep) + (1 if pooled else 0)
     cm = np.zeros((m, m), np.int64)
     np.add.at(cm, (index[y], index[pred]), 1)
-    labels = [names[i][:16] for i in keep] + (["other"] if pooled else [])
+    labels = [_short(names[i]) for i in keep] + (["other"] if pooled else [])
     share = cm / np.maximum(cm.sum(axis=1, keepdims=True), 1)
     size = 1.9 + 0.36 * m
     fig, axes = _new_figure(size + 0.6, size)
@@ -445,7 +451,8 @@ table{border-collapse:collapse;margin:.6em 0;font-size:.88em}
 td,th{border:1px solid #d4d4d4;padding:4px 8px;text-align:right;vertical-align:top}
 th{background:#f3f3f3} td:first-child,th:first-child{text-align:left}
 table.headline td:first-child{max-width:330px} .desc{font-size:.85em;color:#555;font-weight:normal}
-table.headline td:last-child{text-align:left;white-space:nowrap}
+table.headline td{white-space:nowrap} table.headline td:first-child{white-space:normal}
+table.headline td:last-child{text-align:left}
 .best{font-weight:bold;color:#0a7d28} .good{color:#0a7d28;font-weight:600} .bad{color:#b3261e;font-weight:600}
 .meh{color:#8a6d00} .dim{color:#777;font-weight:normal;font-size:.9em}
 .tasks{display:grid;grid-template-columns:repeat(auto-fill,minmax(560px,1fr));gap:14px}
