@@ -157,4 +157,4 @@ def test_cli_train_on_four_devices_float16_rope_causal_and_embed(tmp_path: Path)
     assert np.load(tmp_path / "e.npy").shape == (1, 32)
     r = subprocess.run(cli + ["train", "--data", str(tmp_path / "missing"), "--out", str(tmp_path / "r2")],
                        env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 2 and "text prepare" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 1 and "text prepare" in r.stderr and "Traceback" not in r.stderr
