@@ -27,6 +27,11 @@ def test_preprocess_then_inspect(tmp_path, monkeypatch):
     for text in ("bookstore", "customers", "orders.customer_id", "1 dangling", "order_status", "cell masking",
                  "derived", "k=2 null=1 [DE, FR]"):
         assert text in r.output, text
+    narrow = CliRunner().invoke(app, ["inspect", str(out)], env={"COLUMNS": "80"})  # a terminal or a log
+    assert narrow.exit_code == 0, narrow.output
+    assert "…" not in narrow.output and max(len(line) for line in narrow.output.splitlines()) <= 80, narrow.output
+    for text in ("orders.customer_id", "order_status (cell masking", "k=2 null=1 [DE, FR]"):
+        assert text in narrow.output, text
 
 
 def test_inspect_reports_errors_without_traceback(tmp_path):

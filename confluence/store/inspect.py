@@ -5,8 +5,11 @@ from __future__ import annotations
 import datetime as dt
 from collections import Counter
 
+from rich import box
 from rich.console import Console, Group
+from rich.padding import Padding
 from rich.table import Table
+from rich.text import Text
 
 from confluence.store.reader import Store
 from confluence.stypes import SemanticType
@@ -53,7 +56,7 @@ def summary(store: Store) -> Group:
     enc = m["text_encoder"]
     header = Table.grid(padding=(0, 2))
     header.add_column(style="bold")
-    header.add_column()
+    header.add_column(overflow="fold")
     header.add_row("store", str(store.path))
     header.add_row("database", store.name)
     header.add_row("format", f"version {m['format_version']} (confluence {m['confluence_version']})")
@@ -63,33 +66,39 @@ def summary(store: Store) -> Group:
     g = m["graph"]
     header.add_row("FK graph", f"{g['num_parent_edges']:,} edges, {g.get('num_dangling', 0):,} dangling keys dropped")
 
-    tables = Table(title="tables", title_justify="left")
-    for col in ("table", "rows", "pk", "time column", "NULL times", *_SHORT.values()):
-        tables.add_column(col, justify="right" if col not in ("table", "pk", "time column") else "left")
+    # narrow tables (fit 80 columns, no ellipses in a log): per table one row, the column types in one cell
+    tables = Table(title="tables", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("table", "rows", "primary key", "time column", "columns"):
+        tables.add_column(col, justify="right" if col == "rows" else "left", overflow="fold")
     for t in store.tables:
         counts = Counter(c.stype for c in t.columns)
-        tables.add_row(t.name, f"{t.num_rows:,}", t.primary_key or "-", t.temporal_column or "(static)",
-                       str(t.null_time_rows), *(str(counts.get(s, 0)) for s in _SHORT))
+        kinds = ", ".join(f"{counts[s]} {short}" for s, short in _SHORT.items() if counts.get(s))
+        time_col = t.temporal_column or "(static)"
+        if t.null_time_rows:
+            time_col += f" ({t.null_time_rows:,} NULL)"
+        tables.add_row(t.name, f"{t.num_rows:,}", t.primary_key or "-", time_col, kinds)
 
-    fks = Table(title="foreign keys", title_justify="left")
+    fks = Table(title="foreign keys", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("column", "references", "dangling"):
-        fks.add_column(col, justify="right" if col == "dangling" else "left")
+        fks.add_column(col, justify="right" if col == "dangling" else "left", overflow="fold")
     for c in store.columns:
         if c.foreign_key:
             fks.add_row(f"{c.table}.{c.name}", c.foreign_key, f"{g['dangling'].get(f'{c.table}.{c.name}', 0):,}")
 
-    tasks = Table(title="tasks", title_justify="left")
-    for col in ("task", "anchor", "target", "kind", "seeds", "observation time", "target statistics"):
-        tasks.add_column(col, justify="right" if col == "seeds" else "left")
+    # tasks: a block each (name and kind, then what it predicts, then the target's statistics)
+    tasks: list = []
     for k, raw in zip(store.tasks, m["tasks"], strict=True):
         target = store.columns[k.target_column_idx]
         kind = "derived" if k.is_derived else "cell masking"
-        tasks.add_row(k.name, k.anchor_table, f"{target.name} ({k.target_stype.label})", kind, f"{k.num_seeds:,}",
-                      k.observation_time, target_summary(k.target_stype, raw.get("target_stats", k.stats)))
+        tasks.append(Text.assemble((k.name, "bold"), f" ({kind}, {k.num_seeds:,} seeds)"))
+        detail = (f"predicts {target.name} ({k.target_stype.label}) of a {k.anchor_table} row; observation time: "
+                  f"{k.observation_time}\n{target_summary(k.target_stype, raw.get('target_stats', k.stats))}")
+        tasks.append(Padding(Text(detail), (0, 0, 0, 2)))  # wrapped lines keep the indent
     parts = [header, tables]
     if fks.row_count:
         parts.append(fks)
-    parts.append(tasks if tasks.row_count else "no tasks")
+    parts.append(Text("tasks", style="bold") if tasks else "no tasks")
+    parts.extend(tasks)
     return Group(*parts)
 
 

@@ -44,7 +44,8 @@ class _Lines:
         el = time.perf_counter() - self.t0
         pct = 100.0 * self.done / self.total
         rate = self.done / el if el > 0 else 0.0
-        left = f", ~{_fmt_s((self.total - self.done) / rate)} left" if 0 < rate and self.done < self.total else ""
+        settled = self.done >= max(1, self.total // 50)  # the first step (a JIT compile) says nothing of the rest
+        left = f", ~{_fmt_s((self.total - self.done) / rate)} left" if settled and 0 < rate and self.done < self.total else ""
         self.printed = self.done
         self.console.print(f"{self.desc}: {self.done}/{self.total} ({pct:.0f}%) {_fmt_s(el)} elapsed{left}{extra}",
                            highlight=False, soft_wrap=True)
