@@ -124,8 +124,15 @@ def test_count_predictions_are_never_negative_and_are_evaluated_as_reported(run,
     # evaluation scores exactly these numbers
     heads = _heads(len(pred), num=z(len(pred)))
     got = model_point_predictions(predictor, "orders_next_30d", heads, np.ones(len(pred), bool))
+    plain = model_point_predictions(predictor, "orders_next_30d", heads, np.ones(len(pred), bool), clip_numbers=False)
     predictor.close()
     np.testing.assert_array_equal(got, pred)
+    np.testing.assert_allclose(plain, raw, rtol=1e-6)  # the seed's plain de-normalization stays a setting
+    r = _predict(run, tiny_store, "--task", "orders_next_30d", "--split", "train", "-o", str(tmp_path / "r.parquet"),
+                 "--no-progress", "--no-clip-numbers")
+    assert r.exit_code == 0, r.output
+    seed = np.asarray(pq.read_table(tmp_path / "r.parquet").column("prediction").to_pylist(), np.float64)
+    np.testing.assert_allclose(seed, raw, rtol=1e-6)
 
 
 def test_categorical_predictions_list_the_top_classes(run, tiny_store, tmp_path):

@@ -81,6 +81,9 @@ def evaluate_cmd(
     json_out: Path = typer.Option(None, "--json", help="Write the results as JSON here."),
     max_seeds: int = typer.Option(5000, "--max-seeds", help="Evaluate at most this many seeds per task (0: all)."),
     gbdt: bool = typer.Option(False, "--gbdt/--no-gbdt", help="Also train and score the LightGBM baseline."),
+    clip_numbers: bool = typer.Option(True, "--clip-numbers/--no-clip-numbers",
+                                      help="Score numbers as predict reports them (train range, rounded when whole); "
+                                           "--no-clip-numbers: plain de-normalization (seed 004)."),
     batch_size: int = typer.Option(None, "--batch-size", help="Sequences per forward pass (default: the run's)."),
     threads: int = typer.Option(1, "--threads", help="Sampler threads."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar / progress lines."),
@@ -93,7 +96,8 @@ def evaluate_cmd(
     try:
         with Reporter(enabled=not no_progress) as rep:
             results = evaluate(checkpoint, db, split=split, tasks=task or None, max_seeds=max_seeds or None,
-                               gbdt=gbdt, batch_size=batch_size, threads=threads, progress=rep)
+                               gbdt=gbdt, batch_size=batch_size, threads=threads, progress=rep,
+                               clip_numbers=clip_numbers)
     except ConfluenceError as exc:
         raise _fail(exc) from None
     print_results(results, f"{db} — split {split}")
@@ -114,6 +118,9 @@ def predict_cmd(
                                  "with the anchor table's primary-key column (or 'key') and an optional "
                                  "'observation_time' column."),
     out: Path = typer.Option(..., "-o", "--out", help="Output table: a .parquet or .csv file (written atomically)."),
+    clip_numbers: bool = typer.Option(True, "--clip-numbers/--no-clip-numbers",
+                                      help="Numbers within the train targets' range, rounded when they are all "
+                                           "whole (--no-clip-numbers: plain de-normalization, seed 004)."),
     top_k: int = typer.Option(3, "--top-k", help="Categorical tasks: also list the K most probable classes "
                               "(class_1, prob_1, ...); 0: none."),
     max_seeds: int = typer.Option(0, "--max-seeds", help="Predict at most this many seeds of the split, chosen "
@@ -133,7 +140,8 @@ def predict_cmd(
         table_format(out)  # refuse an unknown output suffix before anything is loaded
         with Reporter(enabled=not no_progress) as rep:
             table = predict(checkpoint, db, task, split=split, anchors=anchors, out=out, batch_size=batch_size,
-                            threads=threads, max_seeds=max_seeds or None, top_k=top_k, progress=rep)
+                            threads=threads, max_seeds=max_seeds or None, top_k=top_k, progress=rep,
+                            clip_numbers=clip_numbers)
     except (ConfluenceError, OSError) as exc:
         raise _fail(exc) from None
     typer.echo(f"wrote {table.num_rows} predictions to {out}")

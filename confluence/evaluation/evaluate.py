@@ -45,7 +45,8 @@ def subsample(ids: np.ndarray, cap: int | None, seed: int = 0) -> np.ndarray:
     return np.sort(rng.choice(ids, size=cap, replace=False))
 
 
-def model_point_predictions(predictor: Predictor, task: str, out: HeadOutputs, keep: np.ndarray) -> np.ndarray:
+def model_point_predictions(predictor: Predictor, task: str, out: HeadOutputs, keep: np.ndarray,
+                            clip_numbers: bool = True) -> np.ndarray:
     """The model's predictions on the rows `keep` in the units of the metrics: denormalized values (numerical,
     rounded and clipped as the train targets imply, exactly as `predict` reports them), P(true) (boolean), [n, K]
     probabilities (categorical), epoch microseconds (timestamp)."""
@@ -53,7 +54,8 @@ def model_point_predictions(predictor: Predictor, task: str, out: HeadOutputs, k
     info = store.task(task)
     stype = SemanticType(int(info.target_stype))
     if stype == SemanticType.NUMERICAL:
-        return numerical_predictions(store, task, out.num_pred[keep], predictor.seed_ids("train", task))
+        train_ids = predictor.seed_ids("train", task) if clip_numbers else None  # None: seed 004's plain value
+        return numerical_predictions(store, task, out.num_pred[keep], train_ids)
     if stype == SemanticType.BOOLEAN:
         return sigmoid(out.bool_logit[keep])
     if stype == SemanticType.CATEGORICAL:
@@ -86,6 +88,7 @@ def evaluate(
     progress: Reporter | None = None,
     reference: Callable[[str, np.ndarray, Any], dict[str, Any]] | None = None,
     keep_rows: bool = False,
+    clip_numbers: bool = True,
 ) -> dict[str, dict[str, Any]]:
     """Evaluate a checkpoint on `split` of the store at `db`.
 
@@ -95,6 +98,7 @@ def evaluate(
     `reference(task, eval_ids, store) -> {name: metrics}` adds other scores of exactly the evaluated rows (task seed
     ids of the store), e.g. a planted database's Bayes predictor (`confluence bench learnability`).
     `keep_rows` adds `"rows"`: an `EvalRows` per task (truth and predictions, for the report's plots; not JSON).
+    `clip_numbers=False` scores numbers plainly de-normalized (seed 004) instead of as `predict` reports them.
     `progress` (a `confluence.toolkit.progress.Reporter`) shows each task's model inference and LightGBM stages.
     """
     loaded = checkpoint if isinstance(checkpoint, LoadedModel) else load_model(checkpoint)
@@ -123,7 +127,7 @@ def evaluate(
                 progress.step(f"{task}: model", len(eval_ids))
             out = predictor.task_outputs(task, eval_ids, progress.advance if progress is not None else None)
             keep = ~truth.is_null
-            pred = model_point_predictions(predictor, task, out, keep)
+            pred = model_point_predictions(predictor, task, out, keep, clip_numbers)
             model = model_metrics(stype, truth.values, truth.is_null, pred, out.null_logit, train_std)
             trivial = M.trivial_baselines(stype, train_vals, truth.values[~truth.is_null],
                                           num_classes=truth.num_classes or None)

@@ -232,10 +232,12 @@ def predict(
     max_seeds: int | None = None,
     top_k: int = 3,
     progress: Any = None,
+    clip_numbers: bool = True,
 ) -> pa.Table:
     """Predictions for a split of a task's seeds, or for the anchors in a file. Writes `out` (.parquet / .csv)
     atomically when given; returns the table. `progress`: a `Reporter`-like object (`step(desc, total)`,
-    `advance(n)`). Bad arguments (output suffix, task, split, anchors file) are refused before the model loads."""
+    `advance(n)`). `clip_numbers=False` reports numbers plainly de-normalized (seed 004), not clipped to the train
+    targets' range and rounded (`targets.numerical_predictions`). Bad arguments (output suffix, task, split, anchors file) are refused before the model loads."""
     out_path = None if out is None else Path(out)
     if out_path is not None:
         table_format(out_path)
@@ -266,7 +268,7 @@ def predict(
             head = predictor.anchor_outputs(task, rows, obs, advance)
         else:
             head = predictor.task_outputs(task, ids, advance)
-        train_ids = predictor.seed_ids("train", task)
+        train_ids = predictor.seed_ids("train", task) if clip_numbers else None
     finally:
         predictor.close()
     pk = store.table(info.anchor_table).primary_key or "anchor"
