@@ -18,7 +18,7 @@ def results_lines(results: dict, title: str) -> list[str]:
     verdict), then its headline metric (↑ / ↓) and the other metrics, model beside the best trivial baseline and
     LightGBM, and the model's gain over LightGBM oriented so that positive = the model is better."""
     from confluence.evaluation.metrics import HEADLINE
-    from confluence.evaluation.report import _n_scored, oriented_vs_gbdt, verdict
+    from confluence.evaluation.report import n_scored, oriented_vs_gbdt, verdict
     from confluence.stypes import SemanticType
 
     def num(v) -> str:
@@ -38,7 +38,7 @@ def results_lines(results: dict, title: str) -> list[str]:
         stype = SemanticType.parse(info["stype"])
         head_metric, higher = HEADLINE[stype]
         words = ", ".join(t for t, _ in verdict(r, stype)) if "model" in r else ""
-        n = _n_scored(r)
+        n = n_scored(r)
         trivial_name = (r.get("baseline") or {}).get("name")
         lines += ["", f"[bold]{task}[/] ({stype.label}, n = {n if n is not None else '?'}"
                   + (f", trivial = {trivial_name}" if trivial_name else "") + ")"]

@@ -152,7 +152,7 @@ def verdict(r: Mapping[str, Any], stype: SemanticType) -> list[tuple[str, str]]:
     return parts
 
 
-def _n_scored(r: Mapping[str, Any]) -> int | None:
+def n_scored(r: Mapping[str, Any]) -> int | None:
     """Rows the headline metric was computed on (non-null targets), else rows evaluated."""
     info = r.get("info") or {}
     for v in (info.get("n_eval_non_null"), (r.get("model") or {}).get("n"), info.get("n_eval")):
@@ -190,7 +190,7 @@ def metrics_table_html(results: Mapping[str, Mapping[str, Any]], stypes: Mapping
         desc = (descriptions or {}).get(task)
         task_cell = f"<b>{html.escape(task)}</b>" + (f'<div class="desc">{html.escape(desc)}</div>' if desc else "")
         stype = _stype(task, r, stypes)
-        n = _n_scored(r)
+        n = n_scored(r)
         if stype is None or ("model" not in r and "baseline" not in r):
             note = (r.get("info") or {}).get("note", "not evaluated")
             out.append(f'<tr><td>{task_cell}</td><td>{n or 0}</td><td colspan="{len(head) - 2}">'
@@ -474,7 +474,7 @@ wholly negative."""
 def _task_section(task: str, r: Mapping[str, Any], stype: SemanticType | None, desc: str | None) -> str:
     """One task's card: what it asks, n, its plot (when rows were kept) and every metric."""
     info = r.get("info") or {}
-    n = _n_scored(r)
+    n = n_scored(r)
     facts = [f"{n:,} rows scored" if n is not None else None,
              f"{int(info['n_train']):,} train seeds" if isinstance(info.get("n_train"), int) else None,
              f"checkpoint step {info['checkpoint_step']}" if info.get("checkpoint_step") is not None else None]
