@@ -77,6 +77,9 @@ def test_train_kill_resume_equals_uninterrupted(tiny_store, tmp_path, sampler):
         np.testing.assert_array_equal(a, b)
     steps = [s for s, _ in read_scalars(tmp_path / "cut" / "scalars.csv")["train/loss"]]
     assert steps == sorted(set(steps)) == list(range(1, 7))  # no repeated or skipped steps in the log
+    from tests.test_toolkit_tensorboard import events
+
+    assert [s for s, _ in events(tmp_path / "cut")["train/loss"]] == steps  # TensorBoard shows the same one curve
     meta = read_checkpoint(tmp_path / "full").meta
     assert meta["step"] == 6 and meta["config"] == cfg.to_dict()
     with open_stream([tiny_store], cfg) as s:

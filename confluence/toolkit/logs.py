@@ -1,4 +1,6 @@
-"""Scalar logs as CSV (`RUN/scalars.csv`: step, wall_time, tag, value), one row per scalar, flushed per write."""
+"""Scalar logs of a run: CSV (`RUN/scalars.csv`: step, wall_time, tag, value, one row per scalar, flushed per
+write) and, beside it, TensorBoard event files (`RUN/tensorboard/`, written by tensorboardX, which needs no
+TensorFlow), so `tensorboard --logdir RUN` shows the same curves."""
 
 from __future__ import annotations
 
@@ -6,12 +8,18 @@ import csv
 import time
 from pathlib import Path
 
+TENSORBOARD_DIR = "tensorboard"  # beside scalars.csv
+
 
 class ScalarLog:
-    """`path=None` gives a logger that writes nothing (processes other than 0)."""
+    """`path=None` gives a logger that writes nothing (processes other than 0). `tensorboard=True` also writes
+    every scalar as a TensorBoard event into `path.parent / "tensorboard"`; on resume (`truncate_after_step`)
+    the new event file tells TensorBoard to drop the old files' events after that step (its `purge_step`), as
+    the CSV drops its rows, so a resumed run shows one curve without repeats."""
 
-    def __init__(self, path: Path | None, truncate_after_step: int | None = None):
+    def __init__(self, path: Path | None, truncate_after_step: int | None = None, *, tensorboard: bool = True):
         self._f = None
+        self._tb = None
         if path is None:
             return
         self.path = Path(path)
@@ -26,6 +34,14 @@ class ScalarLog:
         self._w.writerow(["step", "wall_time", "tag", "value"])
         self._w.writerows(rows)
         self._f.flush()
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            purge = None if truncate_after_step is None else truncate_after_step + 1
+            # event files are named by the second and host: a suffix keeps a resume within the same second from
+            # overwriting the previous file (TensorBoard reads the files in name order)
+            self._tb = SummaryWriter(str(self.path.parent / TENSORBOARD_DIR), purge_step=purge, flush_secs=30,
+                                     filename_suffix=f".{time.time_ns()}")
 
     def write(self, step: int, scalars: dict[str, float]) -> None:
         if self._f is None:
@@ -33,11 +49,17 @@ class ScalarLog:
         now = time.time()
         for tag, value in scalars.items():
             self._w.writerow([step, f"{now:.3f}", tag, f"{float(value):.6g}"])
+            if self._tb is not None:
+                self._tb.add_scalar(tag, float(value), global_step=step, walltime=now)
         self._f.flush()
+        if self._tb is not None:
+            self._tb.flush()
 
     def close(self) -> None:
         if self._f is not None:
             self._f.close()
+        if self._tb is not None:
+            self._tb.close()
 
 
 def read_scalars(path: Path) -> dict[str, list[tuple[int, float]]]:

@@ -60,7 +60,8 @@ def saved_position(meta: dict[str, Any]) -> dict[str, Any]:
     return {"tasks": meta["rng"]["task_sampler"], "streams": meta["pipeline"]}
 
 
-RUN_FILES = ("checkpoints", "scalars.csv", "config.json")  # what a training run writes into its directory
+# what a training run writes into its directory (`--force` removes exactly these)
+RUN_FILES = ("checkpoints", "scalars.csv", "scalars.png", "tensorboard", "config.json")
 
 
 def describe_run(out_dir: Path) -> str | None:
