@@ -77,7 +77,8 @@ def preprocess(
     `StrictDataError` (or the validation's `MetadataError`) listing them, and no store is written.
     """
     db = metadata if isinstance(metadata, DatabaseMeta) else load_metadata(metadata)
-    raw = open_raw(source)
+    duckdb_mb = max(int(memory_limit_mb) // 2, 64)  # DuckDB's share of the budget (the rest: Arrow batches)
+    raw = open_raw(source, duckdb_mb)
     found = dw.WarningList()
     try:
         if validate:
@@ -91,7 +92,7 @@ def preprocess(
         if encoder is None:
             encoder = load_encoder(text_encoder)
         con = raw.con
-        con.execute(f"SET memory_limit = '{max(int(memory_limit_mb) // 2, 64)}MB'")
+        con.execute(f"SET memory_limit = '{duckdb_mb}MB'")
         if threads:
             con.execute(f"SET threads = {int(threads)}")
         con.execute("SET preserve_insertion_order = true")

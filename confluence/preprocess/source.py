@@ -13,11 +13,12 @@ from confluence.sources import RawDatabase, open_source
 from confluence.sources.raw import quote_ident
 
 
-def open_raw(source: str | Path | RawDatabase | Any) -> RawDatabase:
-    """Return `source` itself when it is already opened (anything with `.con` and `.tables`), else open it."""
+def open_raw(source: str | Path | RawDatabase | Any, memory_limit_mb: int | None = None) -> RawDatabase:
+    """Return `source` itself when it is already opened (anything with `.con` and `.tables`), else open it (a
+    PostgreSQL source is copied into DuckDB within `memory_limit_mb`)."""
     if hasattr(source, "con") and hasattr(source, "tables"):
         return source
-    return open_source(source)
+    return open_source(source, memory_limit_mb=memory_limit_mb)
 
 
 def quote(name: str) -> str:

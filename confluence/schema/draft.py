@@ -104,6 +104,8 @@ class _Drafter:
         self.sampled: dict[str, bool] = {}
         self.stats: dict[str, dict[str, _Stats]] = {}
         self.found = dw.WarningList()
+        # where the source's own key hints come from, for the reasons
+        self.recorded_in = "the PostgreSQL catalog" if raw.kind == "postgresql" else "the RelBench metadata"
 
     def q(self, sql: str) -> list[tuple]:
         return self.cur.execute(sql).fetchall()
@@ -183,7 +185,7 @@ class _Drafter:
     def primary_key(self, table: str) -> tuple[str | None, str]:
         hint = self.raw.hints.get(table)
         if hint is not None and hint.primary_key:
-            return hint.primary_key, f"primary key '{hint.primary_key}': recorded in the RelBench metadata"
+            return hint.primary_key, f"primary key '{hint.primary_key}': recorded in {self.recorded_in}"
         candidates = []
         for s in self.stats[table].values():
             if s.fam not in ("integer", "string") or s.non_null == 0 or self.rows[table] == 0:
@@ -219,7 +221,7 @@ class _Drafter:
         if hint is not None and s.name in hint.foreign_keys:
             target = hint.foreign_keys[s.name]
             if target in pks:
-                return f"{target}.{pks[target]}", f"foreign key to {target}.{pks[target]}: recorded in the RelBench metadata"
+                return f"{target}.{pks[target]}", f"foreign key to {target}.{pks[target]}: recorded in {self.recorded_in}"
         if s.fam not in ("integer", "string") or s.non_null == 0 or pks.get(table) == s.name:
             return None, ""
         best: tuple | None = None
@@ -297,7 +299,7 @@ class _Drafter:
     def temporal(self, table: str, cols: dict[str, ColumnMeta]) -> tuple[str | None, str]:
         hint = self.raw.hints.get(table)
         if hint is not None and hint.temporal_column:
-            return hint.temporal_column, f"temporal column '{hint.temporal_column}': recorded in the RelBench metadata"
+            return hint.temporal_column, f"temporal column '{hint.temporal_column}': recorded in {self.recorded_in}"
         if hint is not None and self.raw.kind == "relbench":
             return None, "no temporal column: the RelBench metadata records none (a static table)"
         options = []
@@ -380,7 +382,7 @@ def draft_metadata(raw: RawDatabase, name: str | None = None, sample_rows: int =
         raise ValueError(f"sample_rows must be positive, got {sample_rows}")
     drafter = _Drafter(raw, sample_rows)
     try:
-        meta = drafter.draft(name or raw.path.stem)
+        meta = drafter.draft(name or raw.name)
     except duckdb.Error as exc:
         from confluence.errors import DataError
 

@@ -1,5 +1,5 @@
-"""Raw sources: open a Parquet / CSV directory, a SQLite or DuckDB file, or a RelBench folder as a DuckDB
-connection with one view per table (`open_source`)."""
+"""Raw sources: open a Parquet / CSV directory, a SQLite or DuckDB file, a RelBench folder or a PostgreSQL schema
+(`postgresql://` URL) as a DuckDB connection with one view or table per table (`open_source`)."""
 
 from __future__ import annotations
 
@@ -8,23 +8,42 @@ from pathlib import Path
 from confluence.errors import DataError
 from confluence.sources import readers
 from confluence.sources.data_warnings import DataWarning, StrictDataError
-from confluence.sources.raw import SOURCE_KINDS, RawDatabase, TableHints, quote_ident, quote_literal
+from confluence.sources.pg_url import is_postgres_url, redact_url
+from confluence.sources.raw import (
+    SERVER_KINDS,
+    SOURCE_KINDS,
+    RawDatabase,
+    TableHints,
+    quote_ident,
+    quote_literal,
+)
 
-__all__ = ["SOURCE_KINDS", "DataWarning", "RawDatabase", "StrictDataError", "TableHints", "open_source",
-           "quote_ident", "quote_literal"]
+__all__ = ["SERVER_KINDS", "SOURCE_KINDS", "DataWarning", "RawDatabase", "StrictDataError", "TableHints",
+           "is_postgres_url", "open_source", "quote_ident", "quote_literal", "redact_url"]
 
 
-def open_source(path: str | Path, kind: str | None = None) -> RawDatabase:
-    """Open a raw database; `kind` (parquet, csv, sqlite, duckdb, relbench) is detected when not given.
+def open_source(path: str | Path, kind: str | None = None, *, memory_limit_mb: int | None = None) -> RawDatabase:
+    """Open a raw database; `kind` (parquet, csv, sqlite, duckdb, relbench, postgresql) is detected when not given.
 
-    Raises `DataError` naming the file for a missing path, an unknown format or an unreadable file, and for a
-    CSV file the malformed line (extra fields, an unterminated quote; see `confluence.sources.csv_check`).
+    A `postgresql://` (or `postgres://`) URL reads that server's schema (`?schema=NAME`, default `public`) into
+    DuckDB, within DuckDB's `memory_limit_mb` when given (see `confluence.sources.postgres`). Raises `DataError`
+    naming the file (or the URL without its password) for a missing path, an unknown format or an unreadable file,
+    and for a CSV file the malformed line (extra fields, an unterminated quote; see `confluence.sources.csv_check`).
     """
+    if isinstance(path, str) and is_postgres_url(path):
+        if kind not in (None, "postgresql"):
+            raise DataError(f"{redact_url(path)}: a URL is a postgresql source, not {kind!r}")
+        from confluence.sources.postgres import open_postgres
+
+        return open_postgres(path, memory_limit_mb=memory_limit_mb)
     path = Path(path)
+    if kind == "postgresql":
+        raise DataError(f"{path}: a postgresql source is a URL: postgresql://[user[:password]@][host][:port][/db]")
     if kind is None:
         kind = readers.detect_kind(path)
     elif kind not in SOURCE_KINDS:
-        raise DataError(f"{path}: unknown source kind {kind!r} (expected one of: {', '.join(SOURCE_KINDS)})")
+        raise DataError(f"{path}: unknown source kind {kind!r} (expected one of:"
+                        f" {', '.join(SOURCE_KINDS + SERVER_KINDS)})")
     elif not path.exists():
         raise DataError(f"{path}: no such file or directory")
     directory = kind in ("parquet", "csv", "relbench")

@@ -11,7 +11,8 @@ import pyarrow as pa
 
 from confluence.errors import DataError
 
-SOURCE_KINDS = ("parquet", "csv", "sqlite", "duckdb", "relbench")
+SOURCE_KINDS = ("parquet", "csv", "sqlite", "duckdb", "relbench")  # read from a file or a directory
+SERVER_KINDS = ("postgresql",)  # read from a server named by a URL
 
 
 def quote_ident(name: str) -> str:
@@ -26,7 +27,8 @@ def quote_literal(text: str) -> str:
 
 @dataclass(frozen=True)
 class TableHints:
-    """Keys and time column recorded by the source itself (RelBench Parquet schema metadata)."""
+    """Keys and time column recorded by the source itself (RelBench Parquet schema metadata, PostgreSQL's
+    catalog)."""
 
     primary_key: str | None = None
     foreign_keys: dict[str, str] = field(default_factory=dict)  # column -> referenced table (its primary key)
@@ -43,12 +45,18 @@ class RawDatabase:
 
     con: duckdb.DuckDBPyConnection
     tables: list[str]  # sorted
-    kind: str  # one of SOURCE_KINDS
-    path: Path
+    kind: str  # one of SOURCE_KINDS or SERVER_KINDS
+    path: Path | str  # the file or directory read; for a server, its URL without the password (for messages)
     hints: dict[str, TableHints] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)  # table -> the file it was read from (for messages)
     # CSV tables: table -> (read_csv options, pinned column types), to re-read a file when locating a bad value
     csv_reads: dict[str, tuple[str, dict[str, str]]] = field(default_factory=dict)
+    database: str | None = None  # a server database's name (files are named by their path)
+
+    @property
+    def name(self) -> str:
+        """The database's name, the default name of a draft: a server database's name, else the file's stem."""
+        return self.database or Path(self.path).stem
 
     def _check(self, table: str) -> None:
         if table not in self.tables:
