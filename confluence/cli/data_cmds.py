@@ -16,7 +16,8 @@ def _fail(exc: ConfluenceError) -> None:
 
 
 def preprocess_cmd(
-    source: Path = typer.Argument(..., help="Raw database: Parquet/CSV directory, SQLite/DuckDB file, RelBench folder."),
+    source: str = typer.Argument(..., help="Raw database: Parquet/CSV directory, SQLite/DuckDB file, RelBench folder,"
+                                 " or postgresql://[user@]host[:port]/db[?schema=NAME]."),
     metadata: Path = typer.Option(..., "--metadata", "-m", help="The reviewed metadata JSON file."),
     out: Path = typer.Option(..., "--out", "-o", help="Store directory to write (replaced atomically if present)."),
     text_encoder: str | None = typer.Option(None, "--text-encoder",

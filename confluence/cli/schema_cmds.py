@@ -24,10 +24,13 @@ def _warn(found: list) -> str:
 
 
 def draft_metadata_cmd(
-    source: Path = typer.Argument(..., help="Raw database: Parquet/CSV directory, SQLite/DuckDB file, RelBench folder."),
+    source: str = typer.Argument(..., help="Raw database: Parquet/CSV directory, SQLite/DuckDB file, RelBench folder,"
+                                 " or postgresql://[user@]host[:port]/db[?schema=NAME]."),
     out: Path = typer.Option(..., "--out", "-o", help="Where to write the draft metadata JSON."),
-    name: str | None = typer.Option(None, "--name", help="Database name (default: the source's file name)."),
-    kind: str | None = typer.Option(None, "--kind", help="parquet, csv, sqlite, duckdb or relbench (default: detect)."),
+    name: str | None = typer.Option(None, "--name",
+                                    help="Database name (default: the source's file name or database name)."),
+    kind: str | None = typer.Option(None, "--kind",
+                                    help="parquet, csv, sqlite, duckdb, relbench or postgresql (default: detect)."),
     sample_rows: int = typer.Option(100_000, "--sample-rows", min=1, help="Rows sampled per large table."),
     strict: bool = typer.Option(False, "--strict", help=STRICT_HELP + " Nothing is written."),
 ) -> None:
@@ -51,9 +54,10 @@ def draft_metadata_cmd(
 
 
 def validate_metadata_cmd(
-    source: Path = typer.Argument(..., help="Raw database the metadata describes."),
+    source: str = typer.Argument(..., help="Raw database the metadata describes (a path or a postgresql:// URL)."),
     metadata: Path = typer.Option(..., "--metadata", "-m", help="Metadata JSON file to check."),
-    kind: str | None = typer.Option(None, "--kind", help="parquet, csv, sqlite, duckdb or relbench (default: detect)."),
+    kind: str | None = typer.Option(None, "--kind",
+                                    help="parquet, csv, sqlite, duckdb, relbench or postgresql (default: detect)."),
     strict: bool = typer.Option(False, "--strict", help=STRICT_HELP),
 ) -> None:
     """Check a metadata file against the data; print every problem (exit status 1 when there is any) and every
