@@ -10,6 +10,7 @@ Key order is preserved on load and save, so a reviewed file round-trips byte for
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +73,50 @@ class TableMeta:
         return out
 
 
+SPLIT_NAMES = ("train", "val", "test")
+_EPOCH = dt.datetime(1970, 1, 1)
+
+
+def parse_time(text: str) -> dt.datetime:
+    """An ISO 8601 time (`2021-01-01`, `2021-01-01 12:00:00`, `...T12:00:00+02:00`, `...Z`) as a naive UTC
+    datetime; naive input is taken as UTC. ValueError when it is not one."""
+    value = dt.datetime.fromisoformat(text)
+    if value.tzinfo is not None:
+        value = value.astimezone(dt.UTC).replace(tzinfo=None)
+    return value
+
+
+def epoch_us(value: dt.datetime) -> int:
+    """Microseconds since 1970-01-01 of a naive UTC datetime (the store's time unit)."""
+    return (value - _EPOCH) // dt.timedelta(microseconds=1)
+
+
+@dataclass
+class TaskSplit:
+    """A task's own train / val / test split by observation time, as RelBench defines it: a row observed before
+    `val_time` is train, before `test_time` val, else test. `column`, when given, names a column of the task's
+    query that says which split each row belongs to (the RelBench file it came from); validation checks that
+    the cut-offs put every row there."""
+
+    val_time: str
+    test_time: str
+    column: str | None = None
+
+    @property
+    def val_us(self) -> int:
+        return epoch_us(parse_time(self.val_time))
+
+    @property
+    def test_us(self) -> int:
+        return epoch_us(parse_time(self.test_time))
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"val_time": self.val_time, "test_time": self.test_time}
+        if self.column:
+            out["column"] = self.column
+        return out
+
+
 @dataclass
 class TaskMeta:
     name: str
@@ -83,6 +128,8 @@ class TaskMeta:
     observation_time_column: str | None = None
     description: str | None = None
     exclude_columns: list[str] = field(default_factory=list)
+    split: TaskSplit | None = None  # the task's own split (RelBench); None: the run's sampler.split
+    reason: str | None = None  # why a draft made this task (kept for review; not used by preprocessing)
 
     def is_cell_masking(self, db: DatabaseMeta) -> bool:
         """A cell-masking task predicts a column of the anchor table (same name, same stype)."""
@@ -104,6 +151,10 @@ class TaskMeta:
             out["description"] = self.description
         if self.exclude_columns:
             out["exclude_columns"] = list(self.exclude_columns)
+        if self.split is not None:
+            out["split"] = self.split.to_json()
+        if self.reason:
+            out["reason"] = self.reason
         return out
 
 
@@ -235,7 +286,7 @@ def parse_metadata(raw: Any, source: str = "metadata") -> DatabaseMeta:
             problems.append(f"{where}: must be an object")
             continue
         allowed = ("query", "anchor_table", "anchor_key", "target_column", "target_stype",
-                   "observation_time_column", "description", "exclude_columns")
+                   "observation_time_column", "description", "exclude_columns", "split", "reason")
         for key in kraw:
             if key not in allowed:
                 problems.append(f"{where}: unknown field '{key}'")
@@ -267,6 +318,15 @@ def parse_metadata(raw: Any, source: str = "metadata") -> DatabaseMeta:
             for x in excl:
                 if x not in tables[anchor_table].columns:
                     problems.append(f"{where}: exclude_columns names '{x}', not a column of '{anchor_table}'")
+        obs_column = _str(kraw, "observation_time_column", where, problems, required=False)
+        split = _task_split(kraw.get("split"), where, problems)
+        if split is not None and obs_column is None and anchor_table in tables \
+                and tables[anchor_table].temporal_column is None:
+            problems.append(f"{where}: field 'split' splits rows by observation time, but the task has none"
+                            f" (no observation_time_column, and table '{anchor_table}' has no temporal_column)")
+        if split is not None and split.column is not None and obs_column is None:
+            problems.append(f"{where}: field 'split.column' is checked against the observation_time_column, which"
+                            " the task does not have")
         if None in (query, anchor_table, anchor_key, target_column, stype_name):
             continue
         tasks[kname] = TaskMeta(
@@ -276,13 +336,46 @@ def parse_metadata(raw: Any, source: str = "metadata") -> DatabaseMeta:
             anchor_key=anchor_key,  # type: ignore[arg-type]
             target_column=target_column,  # type: ignore[arg-type]
             target_stype=target_stype,
-            observation_time_column=_str(kraw, "observation_time_column", where, problems, required=False),
+            observation_time_column=obs_column,
             description=_str(kraw, "description", where, problems, required=False),
             exclude_columns=list(excl),
+            split=split,
+            reason=_str(kraw, "reason", where, problems, required=False),
         )
     if problems:
         raise MetadataError(problems)
     return DatabaseMeta(name=name, tables=tables, tasks=tasks, description=raw.get("description"))
+
+
+def _task_split(raw: Any, where: str, problems: list[str]) -> TaskSplit | None:
+    """The optional `split` of a task: {"val_time": ISO time, "test_time": later ISO time, "column": name}."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        problems.append(f"{where}: field 'split' must be an object like"
+                        ' {"val_time": "2021-01-01", "test_time": "2021-04-01"}')
+        return None
+    for key in raw:
+        if key not in ("val_time", "test_time", "column"):
+            problems.append(f"{where}: field 'split' has an unknown field '{key}' (known: val_time, test_time, column)")
+    times: dict[str, dt.datetime] = {}
+    for key in ("val_time", "test_time"):
+        text = _str(raw, key, f"{where}, field 'split'", problems)
+        if text is None:
+            continue
+        try:
+            times[key] = parse_time(text)
+        except ValueError:
+            problems.append(f"{where}: field 'split.{key}' {text!r} is not an ISO time such as '2021-01-01' or"
+                            " '2021-01-01 12:00:00'")
+    column = _str(raw, "column", f"{where}, field 'split'", problems, required=False)
+    if len(times) < 2:
+        return None
+    if not times["val_time"] < times["test_time"]:
+        problems.append(f"{where}: field 'split' needs val_time < test_time, got val_time {raw['val_time']!r} and"
+                        f" test_time {raw['test_time']!r}")
+        return None
+    return TaskSplit(val_time=raw["val_time"], test_time=raw["test_time"], column=column)
 
 
 def load_metadata(path: str | Path) -> DatabaseMeta:

@@ -267,6 +267,8 @@ class _Checker:
                         f" (e.g. anchor_key {_example(example, fam)}); every seed needs an observation time"
                     )
         self.check_target_type(task, schema.field(task.target_column).type, where)
+        if task.split is not None and task.split.column is not None:
+            self.check_split_column(task, cols, where)
         anchor = self.meta.tables.get(task.anchor_table)
         if anchor is None or anchor.primary_key is None or anchor.name not in self.schemas:
             return
@@ -296,6 +298,36 @@ class _Checker:
                 f"{where}: {unmatched} of {total} row(s) have an anchor_key '{task.anchor_key}' that matches no"
                 f" '{anchor.name}' row (e.g. {_example(example, key_fam)}; NULL keys count too)"
             )
+
+    def check_split_column(self, task: TaskMeta, cols: list[str], where: str) -> None:
+        """A task's own split with a `column` naming each row's split (a RelBench file): the cut-offs must put every
+        row in the split it names, so the task's train / val / test rows are exactly the files' rows."""
+        split = task.split
+        assert split is not None and split.column is not None and task.observation_time_column is not None
+        if split.column not in cols:
+            self.problems.append(f"{where}: split.column '{split.column}' is not a column of its query result"
+                                 f" (columns: {', '.join(cols)})")
+            return
+        o, c, k = (quote_ident(x) for x in (task.observation_time_column, split.column, task.anchor_key))
+        # epoch_ns(o) < cut-off * 1000 is exactly "observation time floored to microseconds < cut-off", the rule
+        # preprocessing and the sampler apply
+        expected = (f"CASE WHEN epoch_ns({o}) < {split.val_us * 1000} THEN 'train'"
+                    f" WHEN epoch_ns({o}) < {split.test_us * 1000} THEN 'val' ELSE 'test' END")
+        rows = (f"SELECT CAST({c} AS VARCHAR) AS s, {expected} AS e, CAST({k} AS VARCHAR) AS k,"
+                f" CAST({o} AS VARCHAR) AS t FROM ({task.query}) WHERE {o} IS NOT NULL")
+        try:
+            total, wrong = self.q(f"SELECT count(*), count(*) FILTER (WHERE s IS DISTINCT FROM e) FROM ({rows})")[0]
+            if wrong:
+                s, e, key, t = self.q(f"SELECT s, e, k, t FROM ({rows}) WHERE s IS DISTINCT FROM e"
+                                      " ORDER BY t, k LIMIT 1")[0]
+        except duckdb.Error as exc:
+            self.problems.append(f"{where}: its split column cannot be checked: {str(exc).strip()}")
+            return
+        if wrong:
+            self.problems.append(
+                f"{where}: {wrong} of {total} row(s) are not in the split their column '{split.column}' names under"
+                f" split.val_time {split.val_time!r} and split.test_time {split.test_time!r} (e.g."
+                f" {task.anchor_key} {key} observed at {t} is named {s!r} but the cut-offs make it {e!r})")
 
     def check_target_type(self, task: TaskMeta, dtype: pa.DataType, where: str) -> None:
         fam = type_family(dtype)
