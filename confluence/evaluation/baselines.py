@@ -13,14 +13,15 @@ from confluence.evaluation import metrics as M
 from confluence.evaluation.gbdt import FeatureBuilder, fit_gbdt
 from confluence.evaluation.targets import decode_targets
 from confluence.sampler.config import SamplerConfig, SplitConfig
-from confluence.sampler.splits import split_seed_ids
+from confluence.sampler.splits import split_seed_ids, task_split
 from confluence.store import Store
 from confluence.stypes import SemanticType
 
 
 def split_ids(store: Store, task: str, split: str, split_config: SplitConfig | None = None) -> np.ndarray:
-    """Seed indices of a split, exactly as the sampler assigns them (same hash / temporal rule)."""
-    cfg = split_config or SamplerConfig().split
+    """Seed indices of a split, exactly as the sampler assigns them (same hash / temporal rule; a task's own split,
+    such as a RelBench task's, first)."""
+    cfg = task_split(store, task, split_config or SamplerConfig().split)
     arrays = store.task_arrays(task)
     return split_seed_ids(task, np.asarray(arrays.anchor_row), np.asarray(arrays.obs_time), cfg, split, 0, 1)
 

@@ -19,7 +19,7 @@ from confluence.errors import ConfluenceError
 from confluence.sampler.builder import PHASES, BatchBuilder, BuildResult
 from confluence.sampler.config import SamplerConfig
 from confluence.sampler.data import SamplerData, TaskData, obs_time_cells
-from confluence.sampler.splits import split_index, split_seed_ids
+from confluence.sampler.splits import split_index, split_seed_ids, task_split
 from confluence.stypes import D_TIME, SemanticType
 
 
@@ -90,13 +90,15 @@ class Sampler:
         raise ConfluenceError(f"task {task!r} of database {db!r} is not served (served: {[e.key for e in self.entries]})")
 
     def seed_ids(self, split: str, task: str, db: int | str = 0) -> np.ndarray:
-        """Seed indices of `task` in `split` for this rank (ascending)."""
+        """Seed indices of `task` in `split` for this rank (ascending). A task that records its own split (RelBench's
+        cut-offs, `confluence.sampler.splits.task_split`) uses it whatever `config.split` says."""
         e = self.entry(task, db)
         split_index(split)
         k = (e.db_idx, e.task.name, split)
         if k not in self._seed_cache:
+            cfg = task_split(self.stores[e.db_idx], e.task.name, self.config.split)  # a RelBench task's own
             self._seed_cache[k] = split_seed_ids(
-                e.task.name, e.task.anchor_row, e.task.obs_time, self.config.split, split, self.rank, self.world_size)
+                e.task.name, e.task.anchor_row, e.task.obs_time, cfg, split, self.rank, self.world_size)
         return self._seed_cache[k]
 
     def build(self, task: str | TaskData, seed_ids: np.ndarray, db: int | str = 0, epoch: int = 0,

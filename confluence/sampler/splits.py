@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from confluence.errors import ConfluenceError
@@ -45,6 +47,26 @@ def assign_splits(task_name: str, anchor_rows: np.ndarray, obs_time: np.ndarray,
     if cfg.mode == "hash":
         return hash_split(task_name, anchor_rows, cfg.seed, cfg.fractions)
     return temporal_split(obs_time, int(cfg.t_val), int(cfg.t_test))
+
+
+def own_split(split: dict[str, Any]) -> SplitConfig:
+    """The temporal SplitConfig of a task's own `split` (metadata: `val_time`, `test_time`): RelBench's rule,
+    observed before `val_time` train, before `test_time` val, else test. `temporal_split` puts `obs <= t_val` in
+    train, so the cut-offs are the microsecond before each time."""
+    from confluence.schema.metadata import epoch_us, parse_time
+
+    val, test = (epoch_us(parse_time(str(split[k]))) for k in ("val_time", "test_time"))
+    return SplitConfig(mode="temporal", t_val=val - 1, t_test=test - 1)
+
+
+def task_split(store: Any, task: str, default: SplitConfig) -> SplitConfig:
+    """The split of `task` in `store`: its own (the metadata's `split`, e.g. a RelBench task's, whatever the
+    run's config says) when it records one, else `default` (the run's `sampler.split`). `store` is a `Store`
+    or anything with its `meta` (a `SamplerData` without one gets `default`)."""
+    meta = getattr(store, "meta", None)
+    tasks = ((meta or {}).get("database") or {}).get("tasks") or {}
+    split = (tasks.get(task) or {}).get("split")
+    return own_split(split) if split else default
 
 
 def shard(seed_ids: np.ndarray, rank: int, world_size: int) -> np.ndarray:
