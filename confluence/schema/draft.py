@@ -16,6 +16,7 @@ import duckdb
 import pyarrow as pa
 
 from confluence.schema.metadata import ColumnMeta, DatabaseMeta, TableMeta, TaskMeta
+from confluence.schema.relbench import draft_relbench_tasks
 from confluence.schema.validate import type_family
 from confluence.sources import data_warnings as dw
 from confluence.sources.raw import RawDatabase, quote_ident
@@ -348,7 +349,12 @@ class _Drafter:
                       if self.sampled[table] else "")
             tables[table] = TableMeta(table, cols, primary_key=pk, temporal_column=tcol,
                                       description=f"{pk_why}. {t_why}{sample}.")
-        return DatabaseMeta(name=name, tables=tables, tasks=self.tasks(tables))
+        if self.raw.kind != "relbench":
+            return DatabaseMeta(name=name, tables=tables, tasks=self.tasks(tables))
+        # RelBench task folders: their tasks and split (may make autocomplete targets ignored, so first)
+        rb = draft_relbench_tasks(self.raw, tables, self.found)
+        tasks = {**rb.split_cell_masking(self.raw, tables, self.tasks(tables)), **rb.tasks}
+        return DatabaseMeta(name=name, tables=tables, tasks=tasks, description=rb.description())
 
     def tasks(self, tables: dict[str, TableMeta]) -> dict[str, TaskMeta]:
         out: dict[str, TaskMeta] = {}
@@ -373,7 +379,8 @@ def draft_metadata(raw: RawDatabase, name: str | None = None, sample_rows: int =
                    strict: bool = False) -> DatabaseMeta:
     """Draft metadata for a raw database: stypes, keys, foreign keys, temporal columns, cell-masking tasks.
 
-    Deterministic for the same data; every choice carries its reason. Tables with more than `sample_rows` rows
+    Deterministic for the same data; every choice carries its reason. A RelBench folder's `tasks/` become derived
+    tasks with RelBench's split (`confluence.schema.relbench`). Tables with more than `sample_rows` rows
     are read through a systematic sample of about `sample_rows` rows. Data warnings (an empty table, NaN / ±inf
     in a float column, a text column of numbers but a few values) are issued with `warnings.warn`
     (`confluence.sources.data_warnings.DataWarning`); `strict=True` raises a `StrictDataError` listing them.
