@@ -79,7 +79,11 @@ def evaluate_cmd(
     split: str = typer.Option("test", "--split", help="train | val | test"),
     task: list[str] = typer.Option(None, "--task", metavar="TASK", help="Task to evaluate (repeatable); default: every task."),
     json_out: Path = typer.Option(None, "--json", help="Write the results as JSON here."),
-    max_seeds: int = typer.Option(5000, "--max-seeds", help="Evaluate at most this many seeds per task (0: all)."),
+    relbench_json: Path = typer.Option(None, "--relbench-json", help="Also write RelBench's result layout here: "
+                                       "val and test, RelBench's metric names, for the tasks from RelBench task "
+                                       "folders (or --task); docs/relbench.md."),
+    max_seeds: int = typer.Option(None, "--max-seeds", help="Evaluate at most this many seeds per task (0: all; "
+                                  "default 5000, all with --relbench-json)."),
     gbdt: bool = typer.Option(False, "--gbdt/--no-gbdt", help="Also train and score the LightGBM baseline."),
     clip_numbers: bool = typer.Option(True, "--clip-numbers/--no-clip-numbers",
                                       help="Score numbers as predict reports them (train range, rounded when whole); "
@@ -93,16 +97,37 @@ def evaluate_cmd(
     from confluence.evaluation.evaluate import evaluate, write_json
     from confluence.toolkit.progress import Reporter
 
+    splits = [split]
+    if max_seeds is None:
+        max_seeds = 0 if relbench_json else 5000
     try:
+        if relbench_json:
+            from confluence.evaluation.relbench import RELBENCH_SPLITS, relbench_results, relbench_tasks
+            from confluence.store import Store
+
+            if split not in RELBENCH_SPLITS:
+                raise ConfluenceError(f"--relbench-json reports val and test; --split {split!r} (the split --json "
+                                      "writes) must be one of them")
+            store = Store.open(db)
+            task = task or relbench_tasks(store.meta)
+            if not task:
+                raise ConfluenceError(f"no task of {db} comes from a RelBench task folder (a task whose split "
+                                      "names each row's file); name tasks with --task")
+            splits = list(RELBENCH_SPLITS)
+        by_split = {}
         with Reporter(enabled=not no_progress) as rep:
-            results = evaluate(checkpoint, db, split=split, tasks=task or None, max_seeds=max_seeds or None,
-                               gbdt=gbdt, batch_size=batch_size, threads=threads, progress=rep,
-                               clip_numbers=clip_numbers)
+            for s in splits:
+                by_split[s] = evaluate(checkpoint, db, split=s, tasks=task or None, max_seeds=max_seeds or None,
+                                       gbdt=gbdt, batch_size=batch_size, threads=threads, progress=rep,
+                                       clip_numbers=clip_numbers, keep_rows=bool(relbench_json))
     except ConfluenceError as exc:
         raise _fail(exc) from None
-    print_results(results, f"{db} — split {split}")
+    for s in splits:
+        print_results(by_split[s], f"{db} — split {s}")
     if json_out:
-        typer.echo(f"wrote {write_json(results, json_out)}")
+        typer.echo(f"wrote {write_json(by_split[split], json_out)}")
+    if relbench_json:
+        typer.echo(f"wrote {write_json(relbench_results(by_split, dataset=store.name), relbench_json)}")
 
 
 def predict_cmd(

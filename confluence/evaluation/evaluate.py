@@ -29,12 +29,15 @@ from confluence.toolkit.progress import Reporter
 class EvalRows:
     """The scored rows of one task (`evaluate(keep_rows=True)`), for plots: `truth` the non-null targets and `pred`
     the model's predictions on them, in the units of `model_point_predictions`; `gbdt` LightGBM's on the same rows
-    (None without it); `categories` the class names of a categorical target. Never written to JSON."""
+    (None without it); `categories` the class names of a categorical target; `trivial` the trivial baselines'
+    predictions (for RelBench's metrics, `confluence.evaluation.relbench`). Never written to JSON."""
 
     truth: np.ndarray
     pred: np.ndarray
     gbdt: np.ndarray | None = None
     categories: list[str] | None = None
+    trivial: dict[str, np.ndarray] | None = None  # the trivial baselines' predictions on the same rows, by name
+    train_std: float | None = None  # numerical targets: std of the train targets (normalized MAE)
 
 
 def subsample(ids: np.ndarray, cap: int | None, seed: int = 0) -> np.ndarray:
@@ -120,6 +123,10 @@ def evaluate(
                 results[task] = {"info": {"stype": stype.label, "n_eval": 0, "note": f"no seeds in split {split!r}"}}
                 continue
             truth = decode_targets(store, task, eval_ids)
+            if truth.is_null.all():  # e.g. RelBench's test table without its target column
+                results[task] = {"info": {"stype": stype.label, "split": split, "n_eval": int(len(eval_ids)),
+                                          "n_eval_non_null": 0, "no_labels": True, "note": no_labels_note(split)}}
+                continue
             train = decode_targets(store, task, train_ids)
             train_vals = train.values[~train.is_null]
             train_std = float(np.std(train_vals)) if stype == SemanticType.NUMERICAL and train_vals.size else None
@@ -149,12 +156,20 @@ def evaluate(
                              "n_eval_non_null": int((~truth.is_null).sum()), "n_train": int(len(train_ids)),
                              "checkpoint_step": loaded.step}
             if keep_rows:
+                trivial_preds = M.trivial_predictions(stype, train_vals, int(keep.sum()),
+                                                      num_classes=truth.num_classes or None)
                 entry["rows"] = EvalRows(truth=truth.values[keep], pred=pred, gbdt=g.predictions if gbdt else None,
-                                         categories=truth.categories)
+                                         categories=truth.categories, trivial=trivial_preds, train_std=train_std)
             results[task] = entry
     finally:
         predictor.close()
     return results
+
+
+def no_labels_note(split: str) -> str:
+    """What evaluate reports for a split whose targets are all NULL (hidden labels)."""
+    return (f"no labels in split {split!r}: every target is NULL (hidden labels, such as a RelBench test table"
+            f" without its target column); nothing to score, but `confluence predict --split {split}` predicts them")
 
 
 def write_json(results: Any, path: str | Path) -> Path:

@@ -119,10 +119,33 @@ def null_metrics(is_null: np.ndarray, p_null: np.ndarray) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------------- trivial baselines
 
 
+def trivial_predictions(
+    stype: SemanticType, train_targets: np.ndarray, n: int, num_classes: int | None = None
+) -> dict[str, np.ndarray]:
+    """The constant predictions of the trivial baselines, fitted on the train split's targets, for `n` rows (in the
+    units of `metrics_for`): boolean `majority` (P(true) = the train rate); categorical `majority` (the train class
+    frequencies, `num_classes` wide); numerical and timestamp `mean` and `median`."""
+    stype = SemanticType(stype)
+    tr = np.asarray(train_targets)
+    if stype == SemanticType.BOOLEAN:
+        rate = float(tr.astype(bool).mean()) if tr.size else 0.5
+        return {"majority": np.full(n, rate)}
+    if stype == SemanticType.CATEGORICAL:
+        k = int(num_classes if num_classes is not None else int(tr.max(initial=0)) + 1)
+        freq = np.bincount(tr.astype(np.int64), minlength=k).astype(np.float64)[:k] + 1e-3
+        freq /= freq.sum()
+        return {"majority": np.tile(freq, (n, 1))}
+    if stype in (SemanticType.NUMERICAL, SemanticType.TIMESTAMP):
+        return {name: np.full(n, value, dtype=np.float64)
+                for name, value in (("mean", np.mean(tr) if tr.size else 0.0),
+                                    ("median", np.median(tr) if tr.size else 0.0))}
+    raise ValueError(f"no baselines for target type {stype.label}")
+
+
 def trivial_baselines(
     stype: SemanticType, train_targets: np.ndarray, eval_targets: np.ndarray, num_classes: int | None = None
 ) -> dict[str, dict[str, float]]:
-    """Metrics of the constant predictors fitted on the train split, on the evaluation rows.
+    """Metrics of the constant predictors fitted on the train split (`trivial_predictions`), on the evaluation rows.
 
     boolean: `majority` (constant P(true) = train rate); categorical: `majority` (train class frequencies);
     numerical and timestamp: `mean` and `median` of the train targets.
@@ -130,26 +153,11 @@ def trivial_baselines(
     stype = SemanticType(stype)
     tr = np.asarray(train_targets)
     ev = np.asarray(eval_targets)
-    if stype == SemanticType.BOOLEAN:
-        rate = float(tr.astype(bool).mean()) if tr.size else 0.5
-        return {"majority": binary_metrics(ev, np.full(ev.shape, rate))}
-    if stype == SemanticType.CATEGORICAL:
-        k = int(num_classes if num_classes is not None else max(int(tr.max(initial=0)), int(ev.max(initial=0))) + 1)
-        freq = np.bincount(tr.astype(np.int64), minlength=k).astype(np.float64)[:k] + 1e-3
-        freq /= freq.sum()
-        return {"majority": categorical_metrics(ev, np.tile(freq, (ev.size, 1)))}
-    if stype == SemanticType.NUMERICAL:
-        std = float(np.std(tr)) if tr.size else None
-        out = {}
-        for name, value in (("mean", np.mean(tr) if tr.size else 0.0), ("median", np.median(tr) if tr.size else 0.0)):
-            out[name] = regression_metrics(ev, np.full(ev.shape, value, dtype=np.float64), target_std=std)
-        return out
-    if stype == SemanticType.TIMESTAMP:
-        out = {}
-        for name, value in (("mean", np.mean(tr) if tr.size else 0.0), ("median", np.median(tr) if tr.size else 0.0)):
-            out[name] = timestamp_metrics(ev, np.full(ev.shape, value, dtype=np.float64))
-        return out
-    raise ValueError(f"no baselines for target type {stype.label}")
+    if stype == SemanticType.CATEGORICAL and num_classes is None:
+        num_classes = max(int(tr.max(initial=0)), int(ev.max(initial=0))) + 1
+    preds = trivial_predictions(stype, tr, ev.size, num_classes)
+    std = float(np.std(tr)) if tr.size else None
+    return {name: metrics_for(stype, ev, pred, target_std=std) for name, pred in preds.items()}
 
 
 def best_baseline(stype: SemanticType, baselines: dict[str, dict[str, float]]) -> tuple[str, dict[str, float]]:
