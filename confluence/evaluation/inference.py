@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from confluence.batch import TrainingBatch
 from confluence.errors import ConfluenceError
 from confluence.model.inputs import DbTables, batch_to_inputs, pow2_at_least, target_max_k
 from confluence.model.loss import categorical_logits
@@ -105,6 +106,15 @@ class Predictor:
     def seed_ids(self, split: str, task: str) -> np.ndarray:
         return self.stream.sampler.seed_ids(split, task)
 
+    def forward(self, batch: TrainingBatch) -> HeadOutputs:
+        """Head outputs of one built batch's valid sequences (the first `seq_valid.sum()`, in batch order); the one
+        model call every prediction goes through (the prediction service merges several requests into a batch)."""
+        k = int(batch.cat_count) if int(batch.target_stype) == int(SemanticType.CATEGORICAL) else 0
+        res = _forward(self.loaded.model, batch_to_inputs(batch), self.col_tab, self.cat_tab, max_k=self.max_k)
+        m = int(batch.seq_valid.sum())
+        nl, num, bl, ts, cl = (np.asarray(r)[:m] for r in res)
+        return HeadOutputs(nl, num, bl, ts, cl[:, :k])
+
     def _run(self, task: str | TaskData, seed_ids: np.ndarray, progress: Any = None) -> HeadOutputs:
         data = task if isinstance(task, TaskData) else self.stream.sampler.entry(task).task
         n = len(seed_ids)
@@ -113,13 +123,12 @@ class Predictor:
                           np.zeros((n, D_TIME), np.float32), np.zeros((n, k), np.float32))
         lo = 0
         for batch in self.stream.ordered(task, np.asarray(seed_ids, dtype=np.int64)):
-            res = _forward(self.loaded.model, batch_to_inputs(batch), self.col_tab, self.cat_tab, max_k=self.max_k)
-            m = int(batch.seq_valid.sum())
-            nl, num, bl, ts, cl = (np.asarray(r)[:m] for r in res)
-            out.null_logit[lo: lo + m], out.num_pred[lo: lo + m], out.bool_logit[lo: lo + m] = nl, num, bl
-            out.ts_pred[lo: lo + m] = ts
+            part = self.forward(batch)
+            m = len(part.null_logit)
+            out.null_logit[lo: lo + m], out.num_pred[lo: lo + m] = part.null_logit, part.num_pred
+            out.bool_logit[lo: lo + m], out.ts_pred[lo: lo + m] = part.bool_logit, part.ts_pred
             if k:
-                out.cat_logits[lo: lo + m] = cl[:, :k]
+                out.cat_logits[lo: lo + m] = part.cat_logits
             lo += m
             if progress is not None:
                 progress(m)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -165,21 +166,83 @@ def _read_table(path: Path) -> pa.Table:
         raise ConfluenceError(f"{path}: unreadable {fmt} file ({exc})") from None
 
 
-def _observation_times(path: Path, col: pa.Array) -> np.ndarray:
-    """The `observation_time` column as epoch µs (NULL -> no cut-off); names the first value that is no time."""
-    if not pa.types.is_timestamp(col.type):
+def _to_times(col: pa.Array) -> pa.Array:
+    """`col` as naive UTC timestamps[us]; strings may carry a zone offset (converted to UTC). Raises Arrow's
+    error when a value is no time."""
+    if pa.types.is_timestamp(col.type) or not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+        return col.cast(pa.timestamp("us"))
+    try:
+        return col.cast(pa.timestamp("us"))
+    except pa.ArrowInvalid:  # ISO 8601 with a zone offset ("Z", "+02:00"), possibly beside naive values
         try:
-            col = col.cast(pa.timestamp("us"))
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            for i, v in enumerate(col):
-                try:
-                    pa.array([v.as_py()], col.type).cast(pa.timestamp("us"))
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                    raise ConfluenceError(f"{_row_name(path, i)}: observation_time {v.as_py()!r} is not a "
-                                          f"timestamp") from None
-            raise ConfluenceError(f"{path}: column 'observation_time' of type {col.type} is not a timestamp") \
-                from None
-    return np.asarray(col.cast(pa.timestamp("us")).cast(pa.int64()).fill_null(NO_CUTOFF).to_numpy(), np.int64)
+            return col.cast(pa.timestamp("us", tz="UTC")).cast(pa.timestamp("us"))
+        except pa.ArrowInvalid:
+            if len(col) == 1:
+                raise
+            return pa.concat_arrays([_to_times(col.slice(i, 1)) for i in range(len(col))])
+
+
+def observation_times(col: pa.Array, where: Callable[[int], str]) -> np.ndarray:
+    """An `observation_time` column (timestamps, dates, or ISO 8601 strings with or without a zone offset) as epoch
+    µs, NULL -> no cut-off. A value that is no time raises a ConfluenceError naming its place, `where(i)`."""
+    try:
+        times = _to_times(col)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        for i in range(len(col)):
+            try:
+                _to_times(col.slice(i, 1))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                raise ConfluenceError(f"{where(i)}: observation_time {col[i].as_py()!r} is not a timestamp") from None
+        raise ConfluenceError(f"column 'observation_time' of type {col.type} is not a timestamp") from None
+    return np.asarray(times.cast(pa.int64()).fill_null(NO_CUTOFF).to_numpy(zero_copy_only=False), np.int64)
+
+
+def _cast_keys(keys: pa.Array, to: pa.DataType, table: str, where: Callable[[int], str]) -> pa.Array:
+    """Keys as the store's key type; a ConfluenceError names the first key that cannot be one."""
+    if keys.type == to:
+        return keys
+    try:
+        return keys.cast(to)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        for i in range(len(keys)):
+            try:
+                keys.slice(i, 1).cast(to)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                raise ConfluenceError(f"{where(i)}: key {keys[i].as_py()!r} cannot be a key of '{table}' (its keys "
+                                      f"are {to})") from None
+        raise ConfluenceError(f"keys of type {keys.type} cannot be keys of '{table}' (its keys are {to})") from None
+
+
+def resolve_anchors(store: Any, task: str, keys: pa.Array, times: pa.Array | None,
+                    where: Callable[[int], str], *, null_time_default: bool = False,
+                    ) -> tuple[np.ndarray, np.ndarray, pa.Array]:
+    """Anchors named by primary key (and optional observation times) -> (global rows, observation times in epoch
+    µs, keys as the store types them). The one path of `--anchors` files and of the prediction service:
+    `where(i)` names anchor `i` in errors (a file's line, a request's `anchors[i]`). Without times, the cascade:
+    the anchor row's own time, else no cut-off. A NULL time is no cut-off (a file's empty cell), or with
+    `null_time_default` the cascade's time for that anchor (a request's anchor without a time)."""
+    table = store.table(store.task(task).anchor_table)
+    store_keys = store.keys(table.name) if hasattr(store, "keys") else None
+    if store_keys is None:
+        raise ConfluenceError(f"store {store.name!r} does not record primary-key values; re-run preprocess")
+    keys = _cast_keys(keys, store_keys.type, table.name, where)
+    local = np.asarray(pc.fill_null(pc.index_in(keys, value_set=store_keys), -1))
+    missing = np.flatnonzero(local < 0)
+    if len(missing):
+        i = int(missing[0])
+        what = "has no key" if not keys[i].is_valid else f"key {keys[i].as_py()!r} is not a '{table.name}' row"
+        raise ConfluenceError(f"{where(i)}: {what} ({len(missing)} unknown key(s))")
+    rows = local.astype(np.int64) + int(table.row_offset)
+    if table.temporal_column:
+        default = np.asarray(store.row_time)[rows]  # the cascade: the anchor row's own time
+    else:
+        default = np.full(len(rows), NO_CUTOFF, np.int64)
+    obs = default
+    if times is not None:
+        obs = observation_times(times, where)
+        if null_time_default:
+            obs = np.where(times.is_null().to_numpy(zero_copy_only=False), default, obs)
+    return rows, np.asarray(obs, dtype=np.int64), keys
 
 
 def read_anchor_file(path: Path, store: Any, task: str) -> tuple[np.ndarray, np.ndarray, pa.Array]:
@@ -187,36 +250,23 @@ def read_anchor_file(path: Path, store: Any, task: str) -> tuple[np.ndarray, np.
     optional `observation_time` column. Returns (global rows, observation times, keys). Errors name the CSV line
     (header on line 1) or the Parquet row."""
     path = Path(path)
-    info = store.task(task)
-    table = store.table(info.anchor_table)
+    table = store.table(store.task(task).anchor_table)
     t = _read_table(path)
     key_col = table.primary_key if table.primary_key in t.column_names else "key"
     if key_col not in t.column_names:
         raise ConfluenceError(f"{path}: needs a column '{table.primary_key}' (or 'key') with anchor keys of "
                               f"'{table.name}'; it has {t.column_names}")
-    keys = t.column(key_col).combine_chunks()
-    store_keys = store.keys(table.name) if hasattr(store, "keys") else None
-    if store_keys is None:
-        raise ConfluenceError(f"store {store.name!r} does not record primary-key values; re-run preprocess")
-    if keys.type != store_keys.type:
-        try:
-            keys = keys.cast(store_keys.type)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise ConfluenceError(f"{path}: column '{key_col}' has type {keys.type}, expected {store_keys.type}") from exc
-    local = np.asarray(pc.fill_null(pc.index_in(keys, value_set=store_keys), -1))
-    missing = np.flatnonzero(local < 0)
-    if len(missing):
-        i = int(missing[0])
-        what = "has no key" if not keys[i].is_valid else f"key {keys[i].as_py()!r} is not a '{table.name}' row"
-        raise ConfluenceError(f"{_row_name(path, i)}: {what} ({len(missing)} unknown key(s))")
-    rows = local.astype(np.int64) + int(table.row_offset)
-    if "observation_time" in t.column_names:
-        obs = _observation_times(path, t.column("observation_time").combine_chunks())
-    elif table.temporal_column:
-        obs = np.asarray(store.row_time)[rows]  # the cascade: the anchor row's own time
-    else:
-        obs = np.full(len(rows), NO_CUTOFF, np.int64)
-    return rows, np.asarray(obs, dtype=np.int64), keys
+    times = t.column("observation_time").combine_chunks() if "observation_time" in t.column_names else None
+    return resolve_anchors(store, task, t.column(key_col).combine_chunks(), times, lambda i: _row_name(path, i))
+
+
+def prediction_table(store: Any, task: str, keys: pa.Array, obs: np.ndarray, head: HeadOutputs, *,
+                     train_ids: np.ndarray | None, top_k: int = 3) -> pa.Table:
+    """The table `predict` returns: the anchor table's primary key (named as there), `observation_time`, then the
+    prediction columns of `postprocess`."""
+    pk = store.table(store.task(task).anchor_table).primary_key or "anchor"
+    return pa.table({pk: keys, "observation_time": _times(obs),
+                     **postprocess(store, task, head, train_ids=train_ids, top_k=top_k)})
 
 
 def predict(
@@ -271,10 +321,7 @@ def predict(
         train_ids = predictor.seed_ids("train", task) if clip_numbers else None
     finally:
         predictor.close()
-    pk = store.table(info.anchor_table).primary_key or "anchor"
-    cols = {pk: keys, "observation_time": _times(obs),
-            **postprocess(store, task, head, train_ids=train_ids, top_k=top_k)}
-    table = pa.table(cols)
+    table = prediction_table(store, task, keys, obs, head, train_ids=train_ids, top_k=top_k)
     if out_path is not None:
         write_table_atomic(table, out_path)
     return table
