@@ -49,8 +49,10 @@ def draft_metadata_cmd(
     note = _warn(found)
     n_fk = sum(len(t.foreign_keys()) for t in meta.tables.values())
     n_pk = sum(t.primary_key is not None for t in meta.tables.values())
+    cells = sum(t.is_cell_masking(meta) for t in meta.tasks.values())
+    derived = f", {len(meta.tasks) - cells} derived tasks" if len(meta.tasks) > cells else ""  # RelBench tasks/
     typer.echo(f"wrote {out}: {len(meta.tables)} tables, {n_pk} primary keys, {n_fk} foreign keys,"
-               f" {len(meta.tasks)} cell-masking tasks; review it before use{note}")
+               f" {cells} cell-masking tasks{derived}; review it before use{note}")
 
 
 def validate_metadata_cmd(
