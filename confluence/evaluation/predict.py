@@ -213,20 +213,48 @@ def _cast_keys(keys: pa.Array, to: pa.DataType, table: str, where: Callable[[int
         raise ConfluenceError(f"keys of type {keys.type} cannot be keys of '{table}' (its keys are {to})") from None
 
 
+class KeyIndex:
+    """A table's primary-key values sorted once, to find the rows of given keys. `resolve_anchors` builds one per
+    call; the prediction service keeps one per table (hashing 336,776 flight ids took 35 ms a request)."""
+
+    def __init__(self, keys: pa.Array):
+        self.type = keys.type
+        values = self._values(keys)
+        self._order = np.argsort(values, kind="stable")  # equal keys: the first row wins, as pc.index_in
+        self._sorted = values[self._order]
+
+    def _values(self, keys: pa.Array) -> np.ndarray:
+        if pa.types.is_integer(self.type):
+            return np.asarray(keys.fill_null(0).to_numpy(zero_copy_only=False), np.int64)
+        return np.asarray(keys.fill_null("").to_numpy(zero_copy_only=False)).astype(str)
+
+    def rows(self, keys: pa.Array) -> np.ndarray:
+        """Local row of each key (of this index's type), -1 where a key is NULL or not in the table."""
+        q = self._values(keys)
+        if not len(self._sorted):
+            return np.full(len(q), -1, np.int64)
+        pos = np.minimum(np.searchsorted(self._sorted, q), len(self._sorted) - 1)
+        hit = (self._sorted[pos] == q) & keys.is_valid().to_numpy(zero_copy_only=False)
+        return np.where(hit, self._order[pos], -1).astype(np.int64)
+
+
 def resolve_anchors(store: Any, task: str, keys: pa.Array, times: pa.Array | None,
                     where: Callable[[int], str], *, null_time_default: bool = False,
-                    ) -> tuple[np.ndarray, np.ndarray, pa.Array]:
+                    index: KeyIndex | None = None) -> tuple[np.ndarray, np.ndarray, pa.Array]:
     """Anchors named by primary key (and optional observation times) -> (global rows, observation times in epoch
     µs, keys as the store types them). The one path of `--anchors` files and of the prediction service:
     `where(i)` names anchor `i` in errors (a file's line, a request's `anchors[i]`). Without times, the cascade:
     the anchor row's own time, else no cut-off. A NULL time is no cut-off (a file's empty cell), or with
-    `null_time_default` the cascade's time for that anchor (a request's anchor without a time)."""
+    `null_time_default` the cascade's time for that anchor (a request's anchor without a time). `index`: the
+    anchor table's `KeyIndex`, when the caller keeps one."""
     table = store.table(store.task(task).anchor_table)
-    store_keys = store.keys(table.name) if hasattr(store, "keys") else None
-    if store_keys is None:
-        raise ConfluenceError(f"store {store.name!r} does not record primary-key values; re-run preprocess")
-    keys = _cast_keys(keys, store_keys.type, table.name, where)
-    local = np.asarray(pc.fill_null(pc.index_in(keys, value_set=store_keys), -1))
+    if index is None:
+        store_keys = store.keys(table.name) if hasattr(store, "keys") else None
+        if store_keys is None:
+            raise ConfluenceError(f"store {store.name!r} does not record primary-key values; re-run preprocess")
+        index = KeyIndex(store_keys)
+    keys = _cast_keys(keys, index.type, table.name, where)
+    local = index.rows(keys)
     missing = np.flatnonzero(local < 0)
     if len(missing):
         i = int(missing[0])
