@@ -16,6 +16,7 @@ from confluence.cli import (
     eval_cmds,
     sampler_cmds,
     schema_cmds,
+    serve_cmds,
     synth_cmds,
     text_cmds,
     textenc_cmds,
@@ -36,7 +37,7 @@ app.add_typer(bench_app, name="bench")
 app.add_typer(text_app, name="text")
 
 for _area in (schema_cmds, data_cmds, sampler_cmds, train_cmds, eval_cmds, textenc_cmds, text_cmds, bench_cmds,
-              demo_cmds, synth_cmds):
+              demo_cmds, synth_cmds, serve_cmds):
     _area.register(app, bench_app, text_app)
 
 

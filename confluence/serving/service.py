@@ -1,0 +1,209 @@
+"""The prediction service without HTTP: a checkpoint and a store loaded once, a `Batcher` owning the model, and
+requests turned into the rows `confluence predict --anchors` writes (`confluence.evaluation.predict`'s own
+functions: key lookup, observation times and their defaults, post-processing with the same train-target
+clipping)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import equinox as eqx
+import jax
+import numpy as np
+import pyarrow as pa
+
+from confluence.errors import ConfluenceError
+from confluence.evaluation.inference import HeadOutputs, LoadedModel, Predictor, load_model
+from confluence.evaluation.predict import KeyIndex, prediction_table, resolve_anchors
+from confluence.evaluation.report import describe_task
+from confluence.serving.batching import Batcher, Job, Stats
+from confluence.store import Store
+from confluence.stypes import SemanticType
+from confluence.toolkit.checkpoint import read_checkpoint
+
+
+class RequestError(ConfluenceError):
+    """A request the service refuses: `status` is the HTTP status, the message names the field."""
+
+    def __init__(self, message: str, status: int = 422):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """How the service batches and what it accepts. `batch_size`: sequences per forward pass (None: the run's);
+    `max_wait_ms`: how long the worker waits for more requests after the first before a model call;
+    `max_anchors`: anchors per request; `top_k`: classes listed by default; `clip_numbers`: as in predict."""
+
+    batch_size: int | None = None
+    max_wait_ms: float = 5.0
+    max_anchors: int = 1000
+    top_k: int = 3
+    clip_numbers: bool = True
+    threads: int = 1
+
+    def check(self) -> None:
+        for name, value, least in (("batch_size", self.batch_size, 1), ("max_wait_ms", self.max_wait_ms, 0),
+                                   ("max_anchors", self.max_anchors, 1), ("top_k", self.top_k, 0),
+                                   ("threads", self.threads, 1)):
+            if value is not None and value < least:
+                raise ConfluenceError(f"{name} (--{name.replace('_', '-')}) must be {least} or more, not {value}")
+
+
+def checkpoint_sha256(path: Path) -> str:
+    """sha256 over a checkpoint directory's files (each file's name, then its bytes, in name order)."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in Path(path).iterdir() if p.is_file()):
+        h.update(f.name.encode() + b"\0")
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def model_card(loaded: LoadedModel, store: Store) -> dict[str, Any]:
+    """What a client needs to know about the model behind the answers: checkpoint (path, step, file hash, when
+    saved), parameter count, a summary of the training config, and the store served."""
+    meta = read_checkpoint(loaded.path).meta
+    cfg = loaded.config
+    params = eqx.filter(loaded.model, eqx.is_inexact_array)
+    saved = meta.get("saved_at")
+    s = cfg.sampler
+    return {
+        "checkpoint": str(loaded.path),
+        "checkpoint_sha256": checkpoint_sha256(loaded.path),
+        "step": loaded.step,
+        "saved_at": None if saved is None else dt.datetime.fromtimestamp(float(saved), dt.UTC).isoformat(),
+        "parameters": int(sum(x.size for x in jax.tree_util.tree_leaves(params))),
+        "trained_on": list(meta.get("databases", [])),
+        "config": {
+            "model": asdict(cfg.model),
+            "sampler": {"seq_len": s.seq_len, "batch_size": s.batch_size, "max_rows": s.max_rows, "width": s.width,
+                        "recent": s.recent},
+            "loss": {"numeric_loss": cfg.loss.numeric_loss, "max_k": cfg.loss.max_k},
+            "max_steps": cfg.loop.max_steps,
+            "seed": cfg.seed,
+        },
+        "store": {"name": store.name, "path": str(store.path), "d_t": store.d_t, "tasks": len(store.tasks)},
+    }
+
+
+def task_infos(store: Store) -> list[dict[str, Any]]:
+    """Per task of the store: name, anchor table, its key column and key type, target type, how the observation
+    time defaults, and what the task asks."""
+    out = []
+    for t in store.tasks:
+        table = store.table(t.anchor_table)
+        keys = store.keys(table.name)
+        out.append({
+            "name": t.name,
+            "anchor_table": t.anchor_table,
+            "key_column": table.primary_key,
+            "key_type": None if keys is None else ("integer" if pa.types.is_integer(keys.type) else "string"),
+            "target_type": SemanticType(int(t.target_stype)).label,
+            "observation_time": t.observation_time,
+            "description": describe_task(store, t.name),
+        })
+    return out
+
+
+def json_rows(table: pa.Table) -> list[dict[str, Any]]:
+    """Table rows as JSON-safe dicts: timestamps as ISO 8601 (UTC, no offset, as the store keeps them), NaN and
+    infinities as null."""
+    def safe(v: Any) -> Any:
+        if isinstance(v, dt.datetime | dt.date):
+            return v.isoformat()
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        return v
+
+    return [{k: safe(v) for k, v in row.items()} for row in table.to_pylist()]
+
+
+class PredictionService:
+    """A checkpoint and a store, loaded once; `start()` runs the batching worker (which compiles the model on a
+    first anchor before reporting ready), `stop()` ends it. Errors in the paths raise ConfluenceError here, so a
+    server can refuse to start before it binds."""
+
+    def __init__(self, checkpoint: str | Path, db: str | Path, settings: ServeSettings | None = None):
+        self.settings = settings or ServeSettings()
+        self.settings.check()
+        self.store = Store.open(db)
+        if not self.store.tasks:
+            raise ConfluenceError(f"store {db} has no tasks to serve")
+        self.loaded = load_model(checkpoint)
+        self.predictor = Predictor(self.loaded, self.store, batch_size=self.settings.batch_size,
+                                   threads=self.settings.threads)
+        self.card = model_card(self.loaded, self.store)
+        self.tasks = task_infos(self.store)
+        # each anchor table's keys sorted once (not hashed again on every request)
+        self._indexes = {}
+        for t in self.store.tasks:
+            keys = self.store.keys(t.anchor_table)
+            if keys is not None and t.anchor_table not in self._indexes:
+                self._indexes[t.anchor_table] = KeyIndex(keys)
+        # the train seeds that bound each task's numerical predictions, as predict uses them (None: no clipping)
+        self._train_ids = {t.name: self.predictor.seed_ids("train", t.name) if self.settings.clip_numbers else None
+                           for t in self.store.tasks}
+        self.batcher = Batcher(self.predictor, max_wait_s=self.settings.max_wait_ms / 1000.0,
+                               warm_up=self._warm_up)
+
+    # ---- lifecycle
+    def start(self) -> None:
+        self.batcher.start()
+
+    def stop(self) -> None:
+        self.batcher.stop()
+        self.predictor.close()
+
+    @property
+    def ready(self) -> bool:
+        return self.batcher.ready.is_set() and self.batcher.failed is None
+
+    @property
+    def stats(self) -> Stats:
+        return self.batcher.stats
+
+    def _warm_up(self) -> None:
+        """Compile the forward pass on one anchor of the first task (on the worker's thread, before `ready`)."""
+        task = self.store.tasks[0]
+        arrays = self.store.task_arrays(task.name)
+        if len(arrays.anchor_row):
+            self.predictor.anchor_outputs(task.name, np.asarray(arrays.anchor_row[:1]),
+                                          np.asarray(arrays.obs_time[:1]))
+
+    # ---- requests
+    def job(self, task: str, keys: list[Any], times: list[str | None] | None, top_k: int | None) -> Job:
+        """A request checked and resolved (RequestError naming the field otherwise), ready for the batcher."""
+        if task not in self._train_ids:
+            raise RequestError(f"task: no task {task!r} in store '{self.store.name}'; tasks: "
+                               f"{', '.join(t.name for t in self.store.tasks)} (GET /tasks)")
+        if not keys:
+            raise RequestError("anchors: give at least one anchor")
+        if len(keys) > self.settings.max_anchors:
+            raise RequestError(f"anchors: {len(keys)} anchors, at most {self.settings.max_anchors} per request "
+                               f"(the server's --max-anchors)", status=413)
+        k = self.settings.top_k if top_k is None else top_k
+        try:
+            key_arr = pa.array(keys) if all(isinstance(x, int) for x in keys) else pa.array([str(x) for x in keys])
+            time_arr = None if times is None else pa.array(times, pa.string())
+            rows, obs, cast_keys = resolve_anchors(self.store, task, key_arr, time_arr, lambda i: f"anchors[{i}]",
+                                                   null_time_default=True,
+                                                   index=self._indexes.get(self.store.task(task).anchor_table))
+        except ConfluenceError as exc:
+            raise RequestError(str(exc)) from None
+        train_ids = self._train_ids[task]
+
+        def finish(head: HeadOutputs) -> pa.Table:
+            return prediction_table(self.store, task, cast_keys, obs, head, train_ids=train_ids, top_k=k)
+
+        return Job(task, rows, obs, finish)
+
+    def key_column(self, task: str) -> str:
+        return self.store.table(self.store.task(task).anchor_table).primary_key or "anchor"
