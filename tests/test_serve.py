@@ -270,6 +270,7 @@ def test_health_tasks_model_and_the_openapi_page(server, run, tiny_store):
     status, health = server.get("/health")
     assert status == 200 and health["status"] == "ready" and health["store"] == "bookstore", health
     assert health["batch_size"] == SERVER_BATCH and health["max_anchors"] == 20
+    assert health["compiled_shapes"] == health["batch_shapes"] >= 1  # every batch shape compiled before ready
     status, tasks = server.get("/tasks")
     store = Store.open(tiny_store)
     assert status == 200 and [t["name"] for t in tasks] == [t.name for t in store.tasks]

@@ -51,6 +51,9 @@ def serve_cmd(
     clip_numbers: bool = typer.Option(True, "--clip-numbers/--no-clip-numbers",
                                       help="Numbers within the train targets' range, rounded when they are all "
                                            "whole, as predict reports them."),
+    warm_up: bool = typer.Option(True, "--warm-up/--no-warm-up", help="Compile the model for every batch "
+                                 "shape before /health says ready (--no-warm-up: start sooner, compile each "
+                                 "shape when a request first needs it)."),
     log_level: str = typer.Option("info", "--log-level", help="critical | error | warning | info | debug"),
 ) -> None:
     """Serve predictions over HTTP: POST /predict, GET /health, /tasks, /model, and the OpenAPI page /docs."""
@@ -69,7 +72,7 @@ def serve_cmd(
     typer.echo(f"loading {checkpoint} and {db} ...", err=True)
     try:
         app = create_app(checkpoint, db, batch_size=batch_size, max_wait_ms=max_wait_ms, max_anchors=max_anchors,
-                         top_k=top_k, clip_numbers=clip_numbers)
+                         top_k=top_k, clip_numbers=clip_numbers, warm_up=warm_up)
     except (ConfluenceError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None

@@ -88,6 +88,9 @@ class Health(BaseModel):
     batch_size: int
     max_wait_ms: float
     max_anchors: int
+    compiled_shapes: int = Field(description="Batch shapes the model is compiled for (it compiles them all "
+                                             "before it is ready).")
+    batch_shapes: int = Field(description="Batch shapes to compile before ready.")
     stats: StatsBody
 
 
@@ -120,12 +123,13 @@ def _validation_message(errors: list[dict[str, Any]]) -> str:
 
 
 def create_app(checkpoint: str | Path, db: str | Path, *, batch_size: int | None = None, max_wait_ms: float = 5.0,
-               max_anchors: int = 1000, top_k: int = 3, clip_numbers: bool = True, threads: int = 1) -> FastAPI:
+               max_anchors: int = 1000, top_k: int = 3, clip_numbers: bool = True, threads: int = 1,
+               warm_up: bool = True) -> FastAPI:
     """The ASGI app serving `checkpoint` on the store `db`. Both load here (a ConfluenceError for a bad path, so a
     server can refuse to start before it binds); the batching worker starts with the app (its lifespan) and
-    compiles the model before `/health` says ready."""
+    compiles the model (for every batch shape, unless `warm_up` is off) before `/health` says ready."""
     settings = ServeSettings(batch_size=batch_size, max_wait_ms=max_wait_ms, max_anchors=max_anchors, top_k=top_k,
-                             clip_numbers=clip_numbers, threads=threads)
+                             clip_numbers=clip_numbers, threads=threads, warm_up=warm_up)
     service = PredictionService(checkpoint, db, settings)
     return build_app(service)
 
@@ -171,7 +175,8 @@ def build_app(service: PredictionService) -> FastAPI:
         st = service.stats
         body = Health(status=status, store=service.store.name, step=service.loaded.step,
                       batch_size=service.predictor.batch_size, max_wait_ms=service.settings.max_wait_ms,
-                      max_anchors=service.settings.max_anchors,
+                      max_anchors=service.settings.max_anchors, compiled_shapes=service.compiled[0],
+                      batch_shapes=service.compiled[1],
                       stats=StatsBody(requests=st.requests, anchors=st.anchors, model_calls=st.model_calls,
                                       merged_calls=st.merged_calls, rounds=st.rounds,
                                       max_requests_per_round=st.max_requests_per_round, errors=st.errors,

@@ -89,6 +89,34 @@ def merge_sequences(parts: list[tuple[TrainingBatch, int, int]], batch_size: int
     return TrainingBatch(**values)
 
 
+def batch_shapes(predictor: Predictor) -> list[tuple[int, int]]:
+    """Every (rows R, text rows U) a batch of this predictor can have: the row buckets up to `max_rows` and the
+    text buckets up to one text per cell or every text of the store. Each is a separate compilation."""
+    cfg = predictor.stream.config
+    rows = sorted({bucket_size(n, cfg.row_buckets, cap=cfg.max_rows) for n in range(1, cfg.max_rows + 1)})
+    texts = int(predictor.store.text_embeddings.shape[0])
+    most = bucket_size(min(cfg.batch_size * cfg.seq_len, texts), cfg.text_buckets)
+    texts = sorted({b for b in cfg.text_buckets if b < most} | {most})
+    return [(r, u) for r in rows for u in texts]
+
+
+def batch_shape(batch: TrainingBatch) -> tuple[int, int]:
+    """(rows R, text rows U) of a built batch."""
+    return int(batch.fk_adj.shape[1]), int(batch.text_batch_embeddings.shape[0])
+
+
+def reshaped(batch: TrainingBatch, rows: int, texts: int) -> TrainingBatch:
+    """`batch` with its row adjacency and text table cut or zero-padded to R = `rows`, U = `texts`: a batch of
+    that shape to compile the model for (its outputs mean nothing once cut)."""
+    adj = np.zeros((batch.batch_size, rows, rows), np.bool_)
+    r = min(rows, batch.fk_adj.shape[1])
+    adj[:, :r, :r] = batch.fk_adj[:, :r, :r]
+    text = np.zeros((texts, batch.text_batch_embeddings.shape[1]), batch.text_batch_embeddings.dtype)
+    u = min(texts, batch.text_batch_embeddings.shape[0])
+    text[:u] = batch.text_batch_embeddings[:u]
+    return dataclasses.replace(batch, fk_adj=adj, text_batch_embeddings=text)
+
+
 def _concat(parts: list[HeadOutputs]) -> HeadOutputs:
     return HeadOutputs(*(np.concatenate([getattr(p, f.name) for p in parts], axis=0)
                          for f in dataclasses.fields(HeadOutputs)))

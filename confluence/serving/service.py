@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import logging
 import math
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -21,10 +23,12 @@ from confluence.errors import ConfluenceError
 from confluence.evaluation.inference import HeadOutputs, LoadedModel, Predictor, load_model
 from confluence.evaluation.predict import KeyIndex, prediction_table, resolve_anchors
 from confluence.evaluation.report import describe_task
-from confluence.serving.batching import Batcher, Job, Stats
+from confluence.serving.batching import Batcher, Job, Stats, batch_shape, batch_shapes, reshaped
 from confluence.store import Store
 from confluence.stypes import SemanticType
 from confluence.toolkit.checkpoint import read_checkpoint
+
+log = logging.getLogger("confluence.serving")
 
 
 class RequestError(ConfluenceError):
@@ -39,7 +43,8 @@ class RequestError(ConfluenceError):
 class ServeSettings:
     """How the service batches and what it accepts. `batch_size`: sequences per forward pass (None: the run's);
     `max_wait_ms`: how long the worker waits for more requests after the first before a model call;
-    `max_anchors`: anchors per request; `top_k`: classes listed by default; `clip_numbers`: as in predict."""
+    `max_anchors`: anchors per request; `top_k`: classes listed by default; `clip_numbers`: as in predict;
+    `warm_up`: compile every batch shape before reporting ready (else each on first use)."""
 
     batch_size: int | None = None
     max_wait_ms: float = 5.0
@@ -47,6 +52,7 @@ class ServeSettings:
     top_k: int = 3
     clip_numbers: bool = True
     threads: int = 1
+    warm_up: bool = True
 
     def check(self) -> None:
         for name, value, least in (("batch_size", self.batch_size, 1), ("max_wait_ms", self.max_wait_ms, 0),
@@ -151,6 +157,7 @@ class PredictionService:
         # the train seeds that bound each task's numerical predictions, as predict uses them (None: no clipping)
         self._train_ids = {t.name: self.predictor.seed_ids("train", t.name) if self.settings.clip_numbers else None
                            for t in self.store.tasks}
+        self.compiled = (0, 0)  # batch shapes compiled, of those to compile before ready
         self.batcher = Batcher(self.predictor, max_wait_s=self.settings.max_wait_ms / 1000.0,
                                warm_up=self._warm_up)
 
@@ -171,12 +178,23 @@ class PredictionService:
         return self.batcher.stats
 
     def _warm_up(self) -> None:
-        """Compile the forward pass on one anchor of the first task (on the worker's thread, before `ready`)."""
-        task = self.store.tasks[0]
+        """Compile the model for every batch shape it can meet (`batch_shapes`), on the worker's thread before
+        `ready`, so no request waits for a compilation; with `warm_up` off, only for one anchor's batch."""
+        task = next((t for t in self.store.tasks if t.num_seeds), None)
+        if task is None:
+            return
         arrays = self.store.task_arrays(task.name)
-        if len(arrays.anchor_row):
-            self.predictor.anchor_outputs(task.name, np.asarray(arrays.anchor_row[:1]),
-                                          np.asarray(arrays.obs_time[:1]))
+        custom = self.predictor.stream.sampler.anchor_task(task.name, np.asarray(arrays.anchor_row[:1]),
+                                                           np.asarray(arrays.obs_time[:1]))
+        batch = list(self.predictor.stream.ordered(custom, np.zeros(1, np.int64)))[0]
+        shapes = batch_shapes(self.predictor) if self.settings.warm_up else [batch_shape(batch)]
+        self.compiled = (0, len(shapes))
+        log.info("compiling the model for %d batch shape(s) (rows, texts): %s", len(shapes), shapes)
+        t0 = time.perf_counter()
+        for i, (r, u) in enumerate(shapes):
+            self.predictor.forward(reshaped(batch, r, u))
+            self.compiled = (i + 1, len(shapes))
+        log.info("compiled in %.1f s", time.perf_counter() - t0)
 
     # ---- requests
     def job(self, task: str, keys: list[Any], times: list[str | None] | None, top_k: int | None) -> Job:
