@@ -339,11 +339,43 @@ def bench_learnability_cmd(
         write_json(report, json_out)
 
 
+def bench_serve_cmd(
+    checkpoint: Path = typer.Option(..., "--checkpoint", help="Trained run or checkpoint directory."),
+    db: Path = typer.Option(..., "--db", help="Processed store to serve."),
+    task: str | None = typer.Option(None, "--task", help="Task the requests ask (default: the store's first)."),
+    clients: list[int] = typer.Option([1, 8], "--clients", metavar="N", min=1,
+                                      help="Concurrent clients, one level each (repeatable)."),
+    requests: int = typer.Option(200, "--requests", min=1, help="Timed requests per level."),
+    anchors_per_request: int = typer.Option(1, "--anchors-per-request", min=1, help="Anchors in each request."),
+    batch_size: int | None = typer.Option(None, "--batch-size", min=1, help="The server's --batch-size "
+                                          "(default: the run's)."),
+    max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", min=0.0, help="The server's --max-wait-ms."),
+    json_out: Path | None = typer.Option(None, "--json", help="Also write the figures to this JSON file."),
+) -> None:
+    """Requests/s, anchors/s and p50/p99 latency of `confluence serve` under concurrent HTTP clients."""
+    from confluence.bench.serve import bench_serve
+
+    try:
+        res = bench_serve(checkpoint, db, task=task, clients=tuple(clients), requests=requests,
+                          anchors_per_request=anchors_per_request, batch_size=batch_size, max_wait_ms=max_wait_ms,
+                          log=typer.echo)
+    except ConfluenceError as exc:
+        _fail(exc)
+    typer.echo(f"{res['store']} / {res['task']}, step {res['checkpoint_step']}, {res['anchors_per_request']} "
+               f"anchor(s) per request, batch size {res['batch_size']}, {res['machine']}")
+    typer.echo(f"{'clients':>7} {'req/s':>8} {'anchors/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'req/call':>9}")
+    for r in res["levels"]:
+        typer.echo(f"{r['clients']:>7} {r['requests_per_s']:>8.1f} {r['anchors_per_s']:>10.1f} "
+                   f"{r['latency_ms']['p50']:>8.1f} {r['latency_ms']['p99']:>8.1f} "
+                   f"{r['requests_per_model_call']:>9.2f}")
+    _write_json(json_out, res)
+
+
 def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) -> None:
     """Add every `confluence bench ...` command."""
     del app, text_app
     for name, fn in (("sources", bench_sources_cmd), ("preprocess", bench_preprocess_cmd),
                      ("text-encoder", bench_text_encoder_cmd), ("sampler", bench_sampler_cmd),
                      ("train", bench_train_cmd), ("attention", bench_attention_cmd),
-                     ("learnability", bench_learnability_cmd)):
+                     ("learnability", bench_learnability_cmd), ("serve", bench_serve_cmd)):
         bench_app.command(name)(fn)
