@@ -5,6 +5,7 @@ preprocess -> a short training -> evaluate with RelBench's result layout."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import warnings
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 from sklearn import metrics as skm
 from typer.testing import CliRunner
 
+from confluence.cli.eval_cmds import results_lines
 from confluence.cli.main import app
 from confluence.errors import MetadataError
 from confluence.evaluation.baselines import split_ids
@@ -25,7 +27,7 @@ from confluence.evaluation.relbench import relbench_results
 from confluence.preprocess.pipeline import preprocess
 from confluence.sampler import Sampler, SamplerConfig, SplitConfig
 from confluence.schema.draft import draft_metadata
-from confluence.schema.metadata import parse_metadata, save_metadata
+from confluence.schema.metadata import parse_metadata, parse_time, save_metadata
 from confluence.schema.validate import validate_against_data
 from confluence.sources import DataWarning, open_source
 from confluence.store import Store
@@ -76,8 +78,9 @@ def write_relbench_folder(root: Path, hidden_test: bool = False) -> Path:
         k = rng.poisson(activity[c] * 24)
         times = start + pd.to_timedelta(np.sort(rng.uniform(0, 730, k)), unit="D")
         for t in times:
-            rows.append((c, int(rng.integers(0, n_prod)), t.floor("s"), float(rng.integers(1, 6))))
-    review = pd.DataFrame(rows, columns=["customer_id", "product_id", "review_time", "rating"])
+            rows.append((c, int(rng.integers(0, n_prod)), t.floor("s"), float(rng.integers(1, 6)),
+                         bool(rng.random() < 0.7)))
+    review = pd.DataFrame(rows, columns=["customer_id", "product_id", "review_time", "rating", "verified"])
     review = review.sort_values("review_time").reset_index(drop=True)
     review.insert(0, "review_id", np.arange(len(review)))
     save_table(customer, root / "db" / "customer.parquet", {}, "customer_id", None)
@@ -184,8 +187,11 @@ def test_draft_makes_one_task_per_entity_task_folder(dataset):
     # an autocomplete task's target leaves the database (RelBench removes it), so no row can show it
     assert meta.tables["review"].columns["rating"].stype == SemanticType.IGNORED
     assert "review.rating" not in meta.tasks
-    # cell-masking tasks of temporal tables take RelBench's cut-offs; static tables keep the run's split
-    assert all(t.split is None for n, t in meta.tasks.items() if n.startswith(("customer.", "product.")))
+    # cell-masking tasks take RelBench's cut-offs; those of static tables (contexts without a cut-off) are left out
+    cells = [t for t in meta.tasks.values() if t.is_cell_masking(meta)]
+    assert cells and all(t.split is not None and t.split.column is None for t in cells)
+    assert not any(n.startswith(("customer.", "product.")) for n in meta.tasks)
+    assert "static tables customer, product" in meta.description
 
 
 def test_task_tables_never_become_tables_of_the_graph(dataset):
@@ -220,6 +226,12 @@ def test_every_row_lands_in_the_split_of_its_file(dataset):
             want = sorted(k for k, s in files.items() if s == split)
             for ids in (split_ids(store, task, split), sampler.seed_ids(split, task)):
                 assert sorted(stored[i] for i in ids) == want, (task, split)
+    # no training seed of any task (cell-masking ones too) is observed at or after the first validation time
+    val_us = min(parse_time(t.split.val_time) for t in dataset["meta"].tasks.values())
+    cutoff = (val_us - dt.datetime(1970, 1, 1)) // dt.timedelta(microseconds=1)
+    for task in store.tasks:
+        ids = sampler.seed_ids("train", task.name)
+        assert len(ids) and np.asarray(store.task_arrays(task.name).obs_time)[ids].max() < cutoff, task.name
     sampler.close()
 
 
@@ -285,6 +297,8 @@ def test_hidden_test_labels_are_predicted_not_scored(tmp_path, dataset, run):
                 for s in ("val", "test")}
     assert "no labels in split 'test'" in by_split["test"]["item-sales"]["info"]["note"]
     assert "model" not in by_split["test"]["item-sales"]
+    lines = results_lines(by_split["test"], "test")  # the console says so, at 80 columns
+    assert any("no labels in split 'test'" in line for line in lines) and max(map(len, lines)) <= 80
     doc = relbench_results(by_split, dataset="rel-toy")
     assert doc["model"]["item-sales"]["test"] is None and doc["model"]["item-sales"]["val"]["mae"] >= 0
     assert "no labels" in doc["tasks"]["item-sales"]["notes"]["test"]

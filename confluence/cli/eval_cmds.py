@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 import typer
@@ -33,7 +34,9 @@ def results_lines(results: dict, title: str) -> list[str]:
     for task, r in results.items():
         info = r.get("info", {})
         if "model" not in r and "baseline" not in r:
-            lines += ["", f"[bold]{task}[/] ({info.get('stype', '?')}): {info.get('note', 'not evaluated')}"]
+            lines += ["", f"[bold]{task}[/] ({info.get('stype', '?')})"]
+            lines += textwrap.wrap(info.get("note", "not evaluated"), 76, initial_indent="    ",
+                                   subsequent_indent="    ")
             continue
         stype = SemanticType.parse(info["stype"])
         head_metric, higher = HEADLINE[stype]

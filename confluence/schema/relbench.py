@@ -45,7 +45,7 @@ class RelbenchDraft:
 
     tasks: dict[str, TaskMeta] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    left_out: list[str] = field(default_factory=list)  # cell-masking tasks without a row to train on
+    left_out: list[str] = field(default_factory=list)  # cell-masking tasks left out, and why
     val_us: int | None = None
     test_us: int | None = None
 
@@ -55,9 +55,8 @@ class RelbenchDraft:
             return None
         text = "RelBench dataset. Task folders under tasks/: " + "; ".join(self.notes) + "."
         if self.val_us is not None:
-            text += (f" Cell-masking tasks of tables with a temporal column use RelBench's cut-offs too (train before"
-                     f" {iso(self.val_us)}, val before {iso(self.test_us)}), so training never reads rows of the"
-                     " validation or test period.")
+            text += (f" Cell-masking tasks use RelBench's cut-offs too (train before {iso(self.val_us)}, val before"
+                     f" {iso(self.test_us)}), so training never reads rows of the validation or test period.")
         if self.left_out:
             text += " Left out: " + "; ".join(self.left_out) + "."
         return text
@@ -65,20 +64,26 @@ class RelbenchDraft:
     def split_cell_masking(self, raw: RawDatabase, tables: dict[str, TableMeta],
                            tasks: dict[str, TaskMeta]) -> dict[str, TaskMeta]:
         """Give the cell-masking tasks of temporal tables RelBench's cut-offs (a hash split would train on rows of
-        the test period); drop those with no row before the validation cut-off (nothing to train on)."""
+        the test period) and leave out those that would still read that period: tasks of static tables (their
+        contexts have no time cut-off) and tasks with no row before the validation cut-off."""
         if self.val_us is None or self.test_us is None:
             return tasks
         out: dict[str, TaskMeta] = {}
+        static = sorted({t.anchor_table for t in tasks.values() if tables[t.anchor_table].temporal_column is None})
+        if static:
+            self.left_out.append(f"the cell-masking tasks of the static tables {', '.join(static)} (without a time,"
+                                 " their contexts would show rows of the validation and test period)")
         for name, task in tasks.items():
             tcol = tables[task.anchor_table].temporal_column
-            if tcol is not None:
-                (n,) = raw.fetchall(f"SELECT count(*) FROM {quote_ident(task.anchor_table)}"
-                                    f" WHERE epoch_ns({quote_ident(tcol)}) < {self.val_us * 1000}")[0]
-                if n == 0:
-                    self.left_out.append(f"cell-masking task {name}, no row of {task.anchor_table} is before"
-                                      f" the validation cut-off {iso(self.val_us)}")
-                    continue
-                task.split = TaskSplit(val_time=iso(self.val_us), test_time=iso(self.test_us))
+            if tcol is None:
+                continue
+            (n,) = raw.fetchall(f"SELECT count(*) FROM {quote_ident(task.anchor_table)}"
+                                f" WHERE epoch_ns({quote_ident(tcol)}) < {self.val_us * 1000}")[0]
+            if n == 0:
+                self.left_out.append(f"cell-masking task {name} (no row of {task.anchor_table} is before the"
+                                     f" validation cut-off {iso(self.val_us)})")
+                continue
+            task.split = TaskSplit(val_time=iso(self.val_us), test_time=iso(self.test_us))
             out[name] = task
         return out
 
