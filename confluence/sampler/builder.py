@@ -21,6 +21,7 @@ from confluence.batch import ROW_AGE_UNKNOWN, TrainingBatch
 from confluence.errors import ConfluenceError
 from confluence.sampler.config import SamplerConfig, bucket_size, recent_for
 from confluence.sampler.data import SamplerData, TaskData, readonly
+from confluence.sampler.labels import LabelIndex, append_labels_chunk, choose_labels_chunk
 from confluence.sampler.linearize import fill_adjacency, linearize_chunk
 from confluence.sampler.perms import perms_chunk
 from confluence.sampler.rng import sequence_states, stream_key
@@ -41,10 +42,11 @@ class BuildResult:
     hops: np.ndarray  # i32[B, max_rows]
     via: np.ndarray  # i8[B, max_rows]: 0 seed, 1 parent edge, 2 child edge
     src: np.ndarray  # i32[B, max_rows]: sequence-local row whose edge reached the row (-1 for the seed)
-    nrows: np.ndarray  # i32[B]
+    nrows: np.ndarray  # i32[B] (labelled task rows included: via 3, after the walk's rows)
     n_real: np.ndarray  # i32[B], real cells per sequence
     timings: dict[str, float] = field(default_factory=dict)  # wall seconds per phase
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds per phase, summed over worker threads
+    labels: np.ndarray | None = None  # i64[B, k]: the task's seeds shown as labelled rows (-1: none); None if k = 0
 
 
 class _Scratch:
@@ -128,11 +130,13 @@ class BatchBuilder:
 
     # ---- the build
     def build(self, task: TaskData, seed_ids: np.ndarray, epoch: int = 0, n_valid: int | None = None,
-              serial: bool = False) -> BuildResult:
+              serial: bool = False, labels: LabelIndex | None = None, own_seeds: bool = True) -> BuildResult:
         """One batch of `batch_size` sequences for `seed_ids` (at most batch_size; the rest are filler).
 
         `serial`: build it entirely in the calling thread (how the batch stream builds whole batches in the pool's
-        workers); otherwise the sequences are split over the pool. The result is the same either way."""
+        workers); otherwise the sequences are split over the pool. The result is the same either way.
+        `labels`: the labels the contexts may show (`sampler.labels` of them per sequence, `confluence.sampler.
+        labels`); `own_seeds`: `seed_ids` index the labels' task (False: an ad-hoc anchor task)."""
         cfg, d = self.config, self.data
         seed_ids = np.asarray(seed_ids, dtype=np.int64)
         bsz = cfg.batch_size
@@ -157,6 +161,13 @@ class BatchBuilder:
         states = sequence_states(key, seed_ids)
         max_rows = cfg.max_rows
         s_len = cfg.seq_len
+        k_lab = cfg.labels if labels is not None else 0
+        # the walk leaves room for the labelled rows: a row and 1-2 cells each
+        s_walk = s_len - k_lab * (2 if task.obs_col >= 0 else 1)
+        rows_walk = max_rows - k_lab
+        lab_out = np.full((bsz, max(k_lab, 1)), -1, dtype=np.int64)
+        n_lab = np.zeros(bsz, dtype=np.int32)
+        own = seed_ids if own_seeds else np.full(bsz, -1, dtype=np.int64)
         rows = np.zeros((bsz, max_rows), dtype=np.int64)
         hops = np.zeros((bsz, max_rows), dtype=np.int32)
         via = np.zeros((bsz, max_rows), dtype=np.int8)
@@ -203,14 +214,14 @@ class BatchBuilder:
             )
             a_cells[lo:hi] += anchor_extra[lo:hi]
             walk_chunk(
-                lo, hi, anchors, obs, a_cells, states, s_len, cfg.width, recent, max_rows, d.row_ncells, d.row_time,
+                lo, hi, anchors, obs, a_cells, states, s_walk, cfg.width, recent, rows_walk, d.row_ncells, d.row_time,
                 d.parent_indptr, d.parent_indices, d.parent_column, task.cut_cols, self._segs.seg_ptr,
                 self._segs.seg_off, self._segs.c_idx, self._segs.c_time, d.max_parents, self._segs.max_segs,
                 d.tab_row_off, tab_extra, s.mark, s.stamp, rows, hops, via, src, nrows,
             )
             c2 = time.thread_time()
             linearize_chunk(
-                lo, hi, s_len, rows, nrows, seed_ids, task.target_stype, task.target_col, task.is_derived,
+                lo, hi, s_walk, rows, nrows, seed_ids, task.target_stype, task.target_col, task.is_derived,
                 task.exclude_cols, task.tgt_f32, task.tgt_ts, task.tgt_u32, task.tgt_bits, task.tgt_valid,
                 task.obs_col, task.obs_ts,
                 d.tab_row_off, d.tab_col_ptr, d.tab_cols, d.col_stype, d.col_off, d.col_voff, d.num_pool, d.ts_pool,
@@ -221,6 +232,21 @@ class BatchBuilder:
                 out["timestamp_values"], out["bool_values"], out["categorical_embed_ids"], out["text_embed_ids"],
                 out["is_target"], out["is_padding"], out["row_age"], n_real, edges, n_edges,
             )
+            if k_lab > 0:
+                lab = labels
+                choose_labels_chunk(
+                    lo, hi, k_lab, anchors, obs, own, rows, nrows, lab.is_cell, lab.a_lo, lab.a_ptr, lab.a_ids,
+                    lab.a_lt, lab.t_ids, lab.t_lt, lab.anchor_row, lab.obs_time, d.parent_indptr, d.parent_indices,
+                    self._segs.seg_ptr, self._segs.seg_off, self._segs.c_idx, self._segs.c_time, lab_out, n_lab,
+                )
+                append_labels_chunk(
+                    lo, hi, s_len, lab_out, n_lab, obs, ages_on, task.target_stype, task.target_col, task.obs_col,
+                    lab.anchor_row, lab.label_time, lab.tgt_f32, lab.tgt_ts, lab.tgt_u32, lab.tgt_bits,
+                    lab.tgt_valid, lab.obs_ts, d.parent_indptr, d.parent_indices, rows, hops, via, src, nrows, out["semantic_types"],
+                    out["column_ids"], out["seq_row_ids"], out["is_null"], out["numeric_values"],
+                    out["timestamp_values"], out["bool_values"], out["categorical_embed_ids"], out["is_padding"],
+                    out["row_age"], n_real, edges, n_edges,
+                )
             c3 = time.thread_time()
             perms_chunk(
                 lo, hi, out["column_ids"], out["seq_row_ids"], n_real, nrows, edges, n_edges, d.col_stype.shape[0],
@@ -287,4 +313,5 @@ class BatchBuilder:
         timings["collation"] += time.perf_counter() - t0
         cpu_parts["collation"][0] += time.thread_time() - c0
         cpu = {k: float(v.sum()) for k, v in cpu_parts.items()}
-        return BuildResult(batch, rows, hops, via, src, nrows, n_real, timings, cpu)
+        return BuildResult(batch, rows, hops, via, src, nrows, n_real, timings, cpu,
+                           labels=lab_out if k_lab > 0 else None)

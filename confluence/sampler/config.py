@@ -48,6 +48,9 @@ class SamplerConfig:
     recent: int = 0  # of those `width`, the most recent this many are always kept; the rest stay uniform
     task_recent: dict[str, int] | None = None  # "task" or "db/task" -> `recent` for that task's sequences
     width_per_fk: bool = False  # `width` (and `recent`) per row and child foreign-key column, not per row
+    # labelled task rows per context (in-context learning, `confluence.sampler.labels`): 0 keeps contexts without
+    # labels; k reserves room for k rows of 1-2 cells each at the end of the sequence
+    labels: int = 0
     child_counts: Literal["none", "anchor", "all"] = "none"  # "anchor" / "all": the anchor / every row also shows,
     # per foreign key pointing at its table, how many rows referenced it by the observation time
     row_buckets: tuple[int, ...] = (16, 32, 64, 128, 256)  # R is padded up to one of these
@@ -68,6 +71,9 @@ class SamplerConfig:
             raise ConfigError("seq_len", f"must be in 2..65535 (uint16 permutations), got {self.seq_len}")
         if not 1 <= self.max_rows <= 65535:
             raise ConfigError("max_rows", f"must be in 1..65535 (uint16 row ids), got {self.max_rows}")
+        if not isinstance(self.labels, int) or not 0 <= 2 * self.labels < min(self.seq_len, 2 * self.max_rows):
+            raise ConfigError("labels", f"must be an integer with 2 x labels below seq_len ({self.seq_len}) and "
+                                        f"labels below max_rows ({self.max_rows}), got {self.labels!r}")
         if self.width < 0:
             raise ConfigError("width", f"must be >= 0, got {self.width}")
         if not 0 <= self.recent <= self.width:

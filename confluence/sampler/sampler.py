@@ -19,6 +19,7 @@ from confluence.errors import ConfluenceError
 from confluence.sampler.builder import PHASES, BatchBuilder, BuildResult
 from confluence.sampler.config import SamplerConfig
 from confluence.sampler.data import SamplerData, TaskData, obs_time_cells
+from confluence.sampler.labels import CONTEXT_SPLITS, LabelIndex, build_label_index, label_times, task_horizon
 from confluence.sampler.splits import split_index, split_seed_ids, task_split
 from confluence.stypes import D_TIME, SemanticType
 
@@ -61,6 +62,10 @@ class Sampler:
         self.builders = [BatchBuilder(d, self.config, i, self._pool, self.seed) for i, d in enumerate(self.data)]
         self.entries = self._select_tasks()
         self._seed_cache: dict[tuple[int, str, str], np.ndarray] = {}
+        self._label_cache: dict[tuple[int, str, str], LabelIndex] = {}
+        if self.config.labels > 0:  # every served task must say when its labels are known (a clear error now)
+            for e in self.entries:
+                self.label_index(e.task.name, e.db_idx, "train")
         self.timings = dict.fromkeys(PHASES, 0.0)  # wall seconds per phase, over every build so far
         self.cpu_timings = dict.fromkeys(PHASES, 0.0)  # CPU seconds per phase (all worker threads)
 
@@ -101,19 +106,48 @@ class Sampler:
                 e.task.name, e.task.anchor_row, e.task.obs_time, cfg, split, self.rank, self.world_size)
         return self._seed_cache[k]
 
+    def label_index(self, task: str, db: int | str = 0, context: str = "train") -> LabelIndex | None:
+        """The labels contexts of phase `context` may show for `task` (None with `sampler.labels` = 0): the seeds
+        of the splits `CONTEXT_SPLITS[context]` of the whole task (all ranks), indexed once and cached."""
+        if self.config.labels == 0:
+            return None
+        if context not in CONTEXT_SPLITS:
+            raise ConfluenceError(f"unknown label context {context!r} (expected one of: {', '.join(CONTEXT_SPLITS)})")
+        e = self.entry(task, db)
+        key = (e.db_idx, e.task.name, context)
+        if key not in self._label_cache:
+            store = self.stores[e.db_idx]
+            cfg = task_split(store, e.task.name, self.config.split)
+            pool = np.concatenate([split_seed_ids(e.task.name, e.task.anchor_row, e.task.obs_time, cfg, sp)
+                                   for sp in CONTEXT_SPLITS[context]])
+            times = label_times(e.task.obs_time, bool(e.task.is_derived), task_horizon(store, e.task.name),
+                                f"{e.db_name}/{e.task.name}")
+            self._label_cache[key] = build_label_index(e.task, np.sort(pool), times, self.data[e.db_idx].tab_row_off)
+        return self._label_cache[key]
+
     def build(self, task: str | TaskData, seed_ids: np.ndarray, db: int | str = 0, epoch: int = 0,
-              serial: bool = False) -> BuildResult:
+              serial: bool = False, context: str = "train") -> BuildResult:
         """A batch for these seed indices (at most `batch_size`, in order; a short list is padded with filler whose
         `seq_valid` is False) plus walk details and phase timings. `task` is a served task's name or a `TaskData`
-        of database `db` (e.g. from `anchor_task`). `serial` builds in the calling thread only."""
+        of database `db` (e.g. from `anchor_task`). `serial` builds in the calling thread only. `context`: the
+        phase whose labels the contexts may show (`CONTEXT_SPLITS`; with `sampler.labels` > 0)."""
         if isinstance(task, TaskData):
             data, db_idx = task, int(db)
         else:
             e = self.entry(task, db)
             data, db_idx = e.task, e.db_idx
-        res = self.builders[db_idx].build(data, np.asarray(seed_ids, dtype=np.int64), epoch, serial=serial)
+        res = self.builders[db_idx].build(data, np.asarray(seed_ids, dtype=np.int64), epoch, serial=serial,
+                                          **self.label_args(data, db_idx, context))
         self.account(res)
         return res
+
+    def label_args(self, data: TaskData, db_idx: int, context: str) -> dict[str, Any]:
+        """The builder's `labels` / `own_seeds` for a batch of `data` (a served task's, or an ad-hoc anchor task
+        built from one by `anchor_task`, whose seeds are not the task's)."""
+        if self.config.labels == 0:
+            return {}
+        base = next(e.task for e in self.entries if e.db_idx == db_idx and e.task.name == data.name)
+        return {"labels": self.label_index(data.name, db_idx, context), "own_seeds": data is base}
 
     def account(self, res: BuildResult) -> None:
         """Add a build's phase timings to the totals (`timings`, `cpu_timings`)."""

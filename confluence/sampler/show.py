@@ -15,7 +15,7 @@ from confluence.sampler.data import SamplerData
 from confluence.store.format import INT64_MAX
 from confluence.stypes import SemanticType
 
-_VIA = {0: "seed", 1: "parent", 2: "child"}
+_VIA = {0: "seed", 1: "parent", 2: "child", 3: "label"}  # 3: a labelled task row (`confluence.sampler.labels`)
 
 
 def _time(us: int) -> str:
@@ -128,20 +128,27 @@ def render_sequence(res: BuildResult, data: SamplerData, b: int = 0, task_name: 
     out.append(f"rows (sequence-local id, table, {'primary key' if dec else 'table row'}, reached via, from row, hops, "
                "cells)")
     cells_per_row = np.bincount(x.seq_row_ids[b, :n], minlength=nr)
+    n_walk = nr - (int((res.labels[b] >= 0).sum()) if res.labels is not None else 0)
     for i in range(nr):
         g = int(res.rows[b, i])
         t = data.table_of_row(g)
         src = int(res.src[b, i])
+        what = data.table_names[t] if i < n_walk else f"label #{int(res.labels[b, i - n_walk])}"
+        who = _row(data, dec, g) if i < n_walk else f"of {_row(data, dec, g)}"
         out.append(
-            f"  r{i:<4d} {data.table_names[t]:<20s} {_row(data, dec, g):<20s} "
+            f"  r{i:<4d} {what:<20s} {who:<20s} "
             f"{_VIA[int(res.via[b, i])]:<7s} {'' if src < 0 else f'r{src}':<6s} hops {int(res.hops[b, i]):<3d} "
             f"cells {int(cells_per_row[i])}"
         )
+    if n_walk < nr:
+        out.append(f"  (r{n_walk}.. are labelled task rows: the label # is the task's seed, the row its anchor; "
+                   "each links to its anchor row when that row is in the context)")
     out.append("")
     out.append("cells (position, row, column, type, value, flags)")
     shown = n if max_cells is None else min(n, max_cells)
     for p in range(shown):
-        flags = "TARGET (value hidden from the model)" if x.is_target[b, p] else ""
+        flags = "TARGET (value hidden from the model)" if x.is_target[b, p] else (
+            "LABEL (a known answer, visible)" if int(x.seq_row_ids[b, p]) >= n_walk else "")
         out.append(
             f"  {p:<5d} r{int(x.seq_row_ids[b, p]):<4d} {data.column_names[int(x.column_ids[b, p])]:<32s} "
             f"{SemanticType(int(x.semantic_types[b, p])).label:<12s} {_value(res, b, p, dec):<28s} {flags}"

@@ -45,6 +45,7 @@ class _Spec:
     db_idx: int
     epoch: int
     moves: tuple[dict[str, Any], str, int, int] | None = None
+    context: str = "train"  # whose labels the contexts may show (`confluence.sampler.labels.CONTEXT_SPLITS`)
 
 
 class BatchStream:
@@ -185,9 +186,11 @@ class BatchStream:
 
     # ---- ordered passes
     def ordered(self, task: str | TaskData, seed_ids: np.ndarray, db: int | str = 0,
-                epoch: int = 0) -> Iterator[TrainingBatch]:
+                epoch: int = 0, context: str = "train") -> Iterator[TrainingBatch]:
         """Batches of exactly these seeds, in order, at most `batch_size` each (the last one padded with filler whose
-        `seq_valid` is False). `task` is a served task or ad-hoc `TaskData` of database `db` (`Sampler.anchor_task`)."""
+        `seq_valid` is False). `task` is a served task or ad-hoc `TaskData` of database `db` (`Sampler.anchor_task`).
+        `context`: with labelled context, the phase whose labels the contexts may show ("train": train labels only,
+        the safe default; "test": train and validation labels; "all": every label, for new anchors)."""
         if isinstance(task, TaskData):
             target, db_idx = task, int(db)
         else:
@@ -195,7 +198,8 @@ class BatchStream:
             db_idx = target.db_idx
         ids = np.asarray(seed_ids, dtype=np.int64)
         bsz = self.config.batch_size
-        specs = (_Spec(target, ids[lo: lo + bsz], db_idx, epoch) for lo in range(0, ids.shape[0], bsz))
+        specs = (_Spec(target, ids[lo: lo + bsz], db_idx, epoch, context=context)
+                 for lo in range(0, ids.shape[0], bsz))
         run = self._run(specs)
         try:
             for batch, _ in run:
@@ -206,16 +210,18 @@ class BatchStream:
                 close()
 
     def split(self, split: str, task: str, db: int | str = 0, max_batches: int | None = None) -> Iterator[TrainingBatch]:
-        """`ordered` over this rank's seeds of `split` (the first `max_batches` batches' worth when given)."""
+        """`ordered` over this rank's seeds of `split` (the first `max_batches` batches' worth when given), with the
+        labels a context of that split may show."""
         ids = self.sampler.seed_ids(split, task, db)
         if max_batches is not None:
             ids = ids[: max_batches * self.config.batch_size]
-        return self.ordered(task, ids, db)
+        return self.ordered(task, ids, db, context=split)
 
     # ---- building ahead
     def _build(self, spec: _Spec, serial: bool) -> BuildResult:
         task = spec.task.task if isinstance(spec.task, TaskEntry) else spec.task
-        return self.sampler.builders[spec.db_idx].build(task, spec.seed_ids, spec.epoch, serial=serial)
+        return self.sampler.builders[spec.db_idx].build(task, spec.seed_ids, spec.epoch, serial=serial,
+                                                        **self.sampler.label_args(task, spec.db_idx, spec.context))
 
     def _built(self, specs: Iterator[_Spec]) -> Iterator[tuple[TrainingBatch, _Spec]]:
         """The batches of `specs` in order: built here, or (threads > 1) whole batches in the worker pool with a

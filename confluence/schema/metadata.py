@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,19 @@ class TableMeta:
 
 
 SPLIT_NAMES = ("train", "val", "test")
+_HORIZON_UNITS = {"second": 1_000_000, "minute": 60_000_000, "hour": 3_600_000_000, "day": 86_400_000_000,
+                  "week": 604_800_000_000}
+_HORIZON = re.compile(r"^\s*(\d+)\s*(second|minute|hour|day|week)s?\s*$")
+
+
+def parse_horizon(text: Any) -> int:
+    """A task's horizon such as "30 days", "1 day", "12 hours", "0 seconds" -> microseconds. Fixed-length units
+    only (seconds, minutes, hours, days, weeks): a calendar month has no one length, say "31 days"."""
+    m = _HORIZON.match(text) if isinstance(text, str) else None
+    if m is None:
+        raise ValueError(f"{text!r} is not a horizon like '30 days' (a whole number of seconds, minutes, hours, "
+                         "days or weeks)")
+    return int(m.group(1)) * _HORIZON_UNITS[m.group(2)]
 _EPOCH = dt.datetime(1970, 1, 1)
 
 
@@ -129,6 +143,9 @@ class TaskMeta:
     description: str | None = None
     exclude_columns: list[str] = field(default_factory=list)
     split: TaskSplit | None = None  # the task's own split (RelBench); None: the run's sampler.split
+    # how far past the observation time a derived task's query looks ("30 days"): its labels are known from
+    # observation time + horizon (labelled context, `confluence.sampler.labels`); unused by cell-masking tasks
+    horizon: str | None = None
     reason: str | None = None  # why a draft made this task (kept for review; not used by preprocessing)
 
     def is_cell_masking(self, db: DatabaseMeta) -> bool:
@@ -153,6 +170,8 @@ class TaskMeta:
             out["exclude_columns"] = list(self.exclude_columns)
         if self.split is not None:
             out["split"] = self.split.to_json()
+        if self.horizon is not None:
+            out["horizon"] = self.horizon
         if self.reason:
             out["reason"] = self.reason
         return out
@@ -286,7 +305,7 @@ def parse_metadata(raw: Any, source: str = "metadata") -> DatabaseMeta:
             problems.append(f"{where}: must be an object")
             continue
         allowed = ("query", "anchor_table", "anchor_key", "target_column", "target_stype",
-                   "observation_time_column", "description", "exclude_columns", "split", "reason")
+                   "observation_time_column", "description", "exclude_columns", "split", "horizon", "reason")
         for key in kraw:
             if key not in allowed:
                 problems.append(f"{where}: unknown field '{key}'")
@@ -327,6 +346,12 @@ def parse_metadata(raw: Any, source: str = "metadata") -> DatabaseMeta:
         if split is not None and split.column is not None and obs_column is None:
             problems.append(f"{where}: field 'split.column' is checked against the observation_time_column, which"
                             " the task does not have")
+        horizon = _str(kraw, "horizon", where, problems, required=False)
+        if horizon is not None:
+            try:
+                parse_horizon(horizon)
+            except ValueError as exc:
+                problems.append(f"{where}: field 'horizon': {exc}")
         if None in (query, anchor_table, anchor_key, target_column, stype_name):
             continue
         tasks[kname] = TaskMeta(
@@ -340,6 +365,7 @@ def parse_metadata(raw: Any, source: str = "metadata") -> DatabaseMeta:
             description=_str(kraw, "description", where, problems, required=False),
             exclude_columns=list(excl),
             split=split,
+            horizon=horizon,
             reason=_str(kraw, "reason", where, problems, required=False),
         )
     if problems:

@@ -1,0 +1,384 @@
+"""Labelled task rows in the context (in-context learning; docs/sampler.md, "Labelled context").
+
+A task's `(anchor, observation time, target)` tuples become rows a context can hold: the target as a visible cell
+of the task's own column (the column id of the hidden target cell, so column attention links the query with the
+labels), the observation-time cell of a derived task, and an edge to the label's anchor row when that row is in
+the context (else to those of its parents that are). A label is known from its **label time**: observation time + the task's `horizon` for a derived task
+(its query looks that far ahead), the row's own time for a cell-masking task (always, for a static table).
+
+For each seed, up to `sampler.labels` labels are chosen, in this order: the anchor's own earlier labels (latest
+first); the latest label of each other anchor the walk reached, then of anchors sharing a parent with the seed's
+anchor (siblings); then the task's most recent labels. Never the seed's own label (same seed, or same anchor
+and observation time; for a cell-masking task, any label of the seed's own row), never a label whose label time
+is after the seed's observation time, and only labels of the splits a phase may read (`CONTEXT_SPLITS`): training
+and validation contexts read train labels, test contexts train and validation labels, predictions for new anchors
+every label. A cell-masking task's label of a row already in the context is skipped (its cell is already there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from confluence.batch import ROW_AGE_UNKNOWN
+from confluence.errors import ConfluenceError
+from confluence.schema.metadata import parse_horizon
+from confluence.store.format import NO_CUTOFF, NULL_TIME, STATIC_TIME
+from confluence.stypes import D_TIME, US_PER_DAY, SemanticType
+
+VIA_LABEL = 3  # `BuildResult.via` of a labelled task row
+# which splits' labels a context of each phase may hold ("all": predictions for anchors outside the task's seeds)
+CONTEXT_SPLITS = {"train": ("train",), "val": ("train",), "test": ("train", "val"), "all": ("train", "val", "test")}
+_SCAN = 16  # candidates scanned per wanted label in the sibling and recent phases (bounds the work per sequence)
+
+_NUM = int(SemanticType.NUMERICAL)
+_TS = int(SemanticType.TIMESTAMP)
+_BOOL = int(SemanticType.BOOLEAN)
+_UNKNOWN_AGE = np.float32(ROW_AGE_UNKNOWN)
+
+
+def task_horizon(store: Any, task: str) -> int | None:
+    """The horizon (µs) the metadata of `task` declares, None when it declares none."""
+    meta = getattr(store, "meta", None)
+    tasks = ((meta or {}).get("database") or {}).get("tasks") or {}
+    text = (tasks.get(task) or {}).get("horizon")
+    return None if text is None else parse_horizon(text)
+
+
+def label_times(obs_time: np.ndarray, is_derived: bool, horizon_us: int | None, task: str) -> np.ndarray:
+    """When each tuple's label became known: observation time + horizon (derived; saturating), the observation
+    time (cell masking: the row's own time), or always (a static table's row: STATIC_TIME)."""
+    obs = np.asarray(obs_time, dtype=np.int64)
+    if not is_derived:
+        return np.where(obs == NO_CUTOFF, STATIC_TIME, obs).astype(np.int64)
+    if horizon_us is None:
+        raise ConfluenceError(
+            f"task {task!r} is a derived task without a horizon: labelled context (sampler.labels > 0) must know "
+            "when its labels become known. Add \"horizon\": \"30 days\" (how far its query looks past the "
+            "observation time; \"0 seconds\" if its target is known at the observation time) to the task in the "
+            "metadata and preprocess again, or set sampler.labels=0")
+    big = np.iinfo(np.int64).max - horizon_us
+    return np.where(obs >= big, NO_CUTOFF, obs + horizon_us).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class LabelIndex:
+    """The labels one phase's contexts may read for one task, indexed by anchor and by label time (the numba
+    kernels' inputs). Values come from the task's own target arrays (`TaskData`), by seed index."""
+
+    is_cell: bool
+    a_lo: int  # first global row of the anchor table
+    a_ptr: np.ndarray  # i64[n_anchor_rows + 1]: each anchor row's labels in a_ids
+    a_ids: np.ndarray  # i64: pool seeds sorted by (anchor row, label time, seed)
+    a_lt: np.ndarray  # i64: their label times
+    t_ids: np.ndarray  # i64: pool seeds sorted by (label time, seed)
+    t_lt: np.ndarray  # i64
+    label_time: np.ndarray  # i64[n]: every seed's label time
+    anchor_row: np.ndarray  # i64[n]
+    obs_time: np.ndarray  # i64[n]
+    tgt_f32: np.ndarray
+    tgt_ts: np.ndarray
+    tgt_u32: np.ndarray
+    tgt_bits: np.ndarray
+    tgt_valid: np.ndarray
+    obs_ts: np.ndarray
+
+
+def build_label_index(task: Any, pool: np.ndarray, label_time: np.ndarray, tab_row_off: np.ndarray) -> LabelIndex:
+    """The index of `pool` (seed indices of `task`, a `TaskData`) with precomputed `label_time` per seed."""
+    anchor = np.asarray(task.anchor_row, dtype=np.int64)
+    pool = np.asarray(pool, dtype=np.int64)
+    if anchor.shape[0]:
+        t = int(np.searchsorted(tab_row_off, anchor[0], side="right") - 1)
+    else:
+        t = 0
+    a_lo, a_hi = int(tab_row_off[t]), int(tab_row_off[t + 1])
+    lt = label_time[pool]
+    by_anchor = pool[np.lexsort((pool, lt, anchor[pool]))]
+    counts = np.bincount(anchor[by_anchor] - a_lo, minlength=a_hi - a_lo)
+    a_ptr = np.zeros(a_hi - a_lo + 1, dtype=np.int64)
+    np.cumsum(counts, out=a_ptr[1:])
+    by_time = pool[np.lexsort((pool, lt))]
+    return LabelIndex(
+        is_cell=not bool(task.is_derived), a_lo=a_lo, a_ptr=a_ptr, a_ids=by_anchor, a_lt=label_time[by_anchor],
+        t_ids=by_time, t_lt=label_time[by_time], label_time=label_time, anchor_row=anchor,
+        obs_time=np.asarray(task.obs_time, dtype=np.int64), tgt_f32=task.tgt_f32, tgt_ts=task.tgt_ts,
+        tgt_u32=task.tgt_u32, tgt_bits=task.tgt_bits, tgt_valid=task.tgt_valid, obs_ts=task.obs_ts,
+    )
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _slot(key: int, cap: int) -> int:
+    return int((np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)) & (cap - 1)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _local(hkeys: np.ndarray, hvals: np.ndarray, cap: int, row: int) -> int:
+    """Sequence-local index of global `row`, -1 when it is not in the context."""
+    h = _slot(row, cap)
+    while hkeys[h] != -1:
+        if hkeys[h] == row:
+            return hvals[h]
+        h = (h + 1) & (cap - 1)
+    return -1
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _chosen(out: np.ndarray, b: int, n: int, s: int) -> bool:
+    for q in range(n):
+        if out[b, q] == s:
+            return True
+    return False
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _allowed(s: int, b: int, own_seed: np.ndarray, anchors: np.ndarray, obs: np.ndarray, lab_anchor: np.ndarray,
+             lab_obs: np.ndarray, is_cell: bool, hkeys: np.ndarray, hvals: np.ndarray, cap: int) -> bool:
+    """Not the seed's own label, and for a cell-masking task not a row already in the context."""
+    if s == own_seed[b]:
+        return False
+    a = lab_anchor[s]
+    if a == anchors[b] and (is_cell or lab_obs[s] == obs[b]):
+        return False
+    if is_cell and _local(hkeys, hvals, cap, a) >= 0:
+        return False
+    return True
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _latest(a: int, obs_b: int, a_lo: int, a_ptr: np.ndarray, a_ids: np.ndarray, a_lt: np.ndarray) -> int:
+    """Position in a_ids of anchor row `a`'s latest label known at `obs_b`, -1 for none."""
+    li = a - a_lo
+    if li < 0 or li >= a_ptr.shape[0] - 1:
+        return -1
+    lo, hi = a_ptr[li], a_ptr[li + 1]
+    j = lo + np.searchsorted(a_lt[lo:hi], obs_b, side="right") - 1
+    return j if j >= lo else -1
+
+
+@njit(nogil=True, cache=True)
+def choose_labels_chunk(
+    lo: int,
+    hi: int,
+    k: int,
+    anchors: np.ndarray,  # i64[B]
+    obs: np.ndarray,  # i64[B]
+    own_seed: np.ndarray,  # i64[B]: the sequence's own seed index of the task (-1: an anchor outside its seeds)
+    rows: np.ndarray,  # i64[B, max_rows]: the walk's rows
+    nrows: np.ndarray,  # i32[B]
+    is_cell: bool,
+    a_lo: int,
+    a_ptr: np.ndarray,
+    a_ids: np.ndarray,
+    a_lt: np.ndarray,
+    t_ids: np.ndarray,
+    t_lt: np.ndarray,
+    lab_anchor: np.ndarray,
+    lab_obs: np.ndarray,
+    p_ptr: np.ndarray,
+    p_idx: np.ndarray,
+    seg_ptr: np.ndarray,
+    seg_off: np.ndarray,
+    c_idx: np.ndarray,
+    c_time: np.ndarray,
+    out: np.ndarray,  # i64[B, k]: chosen label seeds (-1: none)
+    n_out: np.ndarray,  # i32[B]
+) -> None:
+    """Choose up to k labels per sequence lo..hi-1 (module doc: own, reached, siblings, recent)."""
+    a_hi = a_lo + a_ptr.shape[0] - 1
+    for b in range(lo, hi):
+        nr = nrows[b]
+        cap = 16
+        while cap < 2 * nr:
+            cap *= 2
+        hkeys = np.full(cap, -1, dtype=np.int64)
+        hvals = np.empty(cap, dtype=np.int32)
+        for i in range(nr):
+            h = _slot(rows[b, i], cap)
+            while hkeys[h] != -1:
+                h = (h + 1) & (cap - 1)
+            hkeys[h] = rows[b, i]
+            hvals[h] = i
+        n = 0
+        ob = obs[b]
+        # 1) the anchor's own earlier labels, latest first
+        j = _latest(anchors[b], ob, a_lo, a_ptr, a_ids, a_lt)
+        li = anchors[b] - a_lo
+        first = a_ptr[li] if 0 <= li < a_ptr.shape[0] - 1 else 0
+        while j >= first and j >= 0 and n < k:
+            s = a_ids[j]
+            if _allowed(s, b, own_seed, anchors, obs, lab_anchor, lab_obs, is_cell, hkeys, hvals, cap):
+                out[b, n] = s
+                n += 1
+            j -= 1
+        # 2) the latest label of each anchor the walk reached (a derived task's labels are not in their rows)
+        if not is_cell:
+            for i in range(1, nr):
+                if n >= k:
+                    break
+                r = rows[b, i]
+                if r < a_lo or r >= a_hi:
+                    continue
+                j = _latest(r, ob, a_lo, a_ptr, a_ids, a_lt)
+                if j >= 0:
+                    s = a_ids[j]
+                    if not _chosen(out, b, n, s) and _allowed(s, b, own_seed, anchors, obs, lab_anchor, lab_obs,
+                                                              is_cell, hkeys, hvals, cap):
+                        out[b, n] = s
+                        n += 1
+        # 3) siblings: anchors sharing a parent with the seed's anchor, latest children first
+        a = anchors[b]
+        for e in range(p_ptr[a], p_ptr[a + 1]):
+            if n >= k:
+                break
+            p = p_idx[e]
+            for sg in range(seg_ptr[p], seg_ptr[p + 1]):
+                c0 = seg_off[sg]
+                c1 = c0 + np.searchsorted(c_time[c0: seg_off[sg + 1]], ob, side="right")
+                budget = _SCAN * k
+                q = c1 - 1
+                while q >= c0 and budget > 0 and n < k:
+                    budget -= 1
+                    ch = c_idx[q]
+                    q -= 1
+                    if ch < a_lo or ch >= a_hi or ch == a:
+                        continue
+                    j = _latest(ch, ob, a_lo, a_ptr, a_ids, a_lt)
+                    if j < 0:
+                        continue
+                    s = a_ids[j]
+                    if not _chosen(out, b, n, s) and _allowed(s, b, own_seed, anchors, obs, lab_anchor, lab_obs,
+                                                              is_cell, hkeys, hvals, cap):
+                        out[b, n] = s
+                        n += 1
+        # 4) the task's most recent labels known at the observation time
+        j = np.searchsorted(t_lt, ob, side="right") - 1
+        budget = _SCAN * k
+        while j >= 0 and budget > 0 and n < k:
+            budget -= 1
+            s = t_ids[j]
+            j -= 1
+            if not _chosen(out, b, n, s) and _allowed(s, b, own_seed, anchors, obs, lab_anchor, lab_obs, is_cell,
+                                                      hkeys, hvals, cap):
+                out[b, n] = s
+                n += 1
+        n_out[b] = n
+
+
+@njit(nogil=True, cache=True)
+def append_labels_chunk(
+    lo: int,
+    hi: int,
+    seq_len: int,
+    labels: np.ndarray,  # i64[B, k]
+    n_labels: np.ndarray,  # i32[B]
+    obs: np.ndarray,  # i64[B]
+    ages_on: bool,
+    target_stype: int,
+    target_col: int,
+    obs_col: int,
+    lab_anchor: np.ndarray,
+    label_time: np.ndarray,
+    tgt_f32: np.ndarray,
+    tgt_ts: np.ndarray,
+    tgt_u32: np.ndarray,
+    tgt_bits: np.ndarray,
+    tgt_valid: np.ndarray,
+    obs_ts: np.ndarray,
+    p_ptr: np.ndarray,
+    p_idx: np.ndarray,
+    rows: np.ndarray,
+    hops: np.ndarray,
+    via: np.ndarray,
+    src: np.ndarray,
+    nrows: np.ndarray,
+    semantic_types: np.ndarray,
+    column_ids: np.ndarray,
+    seq_row_ids: np.ndarray,
+    is_null: np.ndarray,
+    numeric_values: np.ndarray,
+    timestamp_values: np.ndarray,
+    bool_values: np.ndarray,
+    categorical_embed_ids: np.ndarray,
+    is_padding: np.ndarray,
+    row_age: np.ndarray,
+    n_real: np.ndarray,
+    edges: np.ndarray,
+    n_edges: np.ndarray,
+) -> None:
+    """Append the chosen labels as rows after the walk's cells: the visible target cell (the task's column), the
+    observation-time cell (a task with one), an edge to the label's anchor row when it is in the context, else to
+    the anchor's parents that are (a sibling's label hangs from the parent it shares with the seed's anchor)."""
+    for b in range(lo, hi):
+        nr = nrows[b]
+        cap = 16
+        while cap < 2 * nr:
+            cap *= 2
+        hkeys = np.full(cap, -1, dtype=np.int64)
+        hvals = np.empty(cap, dtype=np.int32)
+        for i in range(nr):
+            h = _slot(rows[b, i], cap)
+            while hkeys[h] != -1:
+                h = (h + 1) & (cap - 1)
+            hkeys[h] = rows[b, i]
+            hvals[h] = i
+        pos = n_real[b]
+        ne = n_edges[b]
+        for j in range(n_labels[b]):
+            s = labels[b, j]
+            li = nr + j
+            a = lab_anchor[s]
+            loc = _local(hkeys, hvals, cap, a)
+            rows[b, li] = a
+            hops[b, li] = 0
+            via[b, li] = VIA_LABEL
+            src[b, li] = loc
+            age = _UNKNOWN_AGE
+            lt = label_time[s]
+            if ages_on and obs[b] != NO_CUTOFF and lt != STATIC_TIME and lt != NULL_TIME and lt != NO_CUTOFF:
+                age = np.float32((obs[b] - lt) / US_PER_DAY)
+            semantic_types[b, pos] = target_stype
+            column_ids[b, pos] = target_col
+            seq_row_ids[b, pos] = li
+            row_age[b, pos] = age
+            is_padding[b, pos] = False
+            if not (tgt_valid[s >> 3] >> (s & 7)) & 1:
+                is_null[b, pos] = True
+            elif target_stype == _NUM:
+                numeric_values[b, pos] = tgt_f32[s]
+            elif target_stype == _TS:
+                for q in range(D_TIME):
+                    timestamp_values[b, pos, q] = tgt_ts[s, q]
+            elif target_stype == _BOOL:
+                bool_values[b, pos] = (tgt_bits[s >> 3] >> (s & 7)) & 1 == 1
+            else:
+                categorical_embed_ids[b, pos] = tgt_u32[s]
+            pos += 1
+            if obs_col >= 0:
+                semantic_types[b, pos] = _TS
+                column_ids[b, pos] = obs_col
+                seq_row_ids[b, pos] = li
+                row_age[b, pos] = age
+                is_padding[b, pos] = False
+                for q in range(D_TIME):
+                    timestamp_values[b, pos, q] = obs_ts[s, q]
+                pos += 1
+            if loc >= 0:
+                edges[b, ne] = (li << 16) | loc
+                ne += 1
+            else:  # the anchor is not in the context: link the label to the anchor's parents that are
+                for e in range(p_ptr[a], p_ptr[a + 1]):
+                    pl = _local(hkeys, hvals, cap, p_idx[e])
+                    if pl >= 0:
+                        code = (li << 16) | pl
+                        if not _chosen(edges, b, ne, code):
+                            edges[b, ne] = code
+                            ne += 1
+        nrows[b] = nr + n_labels[b]
+        n_real[b] = pos
+        n_edges[b] = ne
+        for q in range(pos, seq_len):
+            is_padding[b, q] = True

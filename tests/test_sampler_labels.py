@@ -1,0 +1,232 @@
+"""Labelled task rows in the context (`confluence.sampler.labels`): properties over random databases and sampler
+settings. No label is known after the seed's observation time; the seed's own label never appears; a phase reads
+only the labels of the splits it may (training and validation: train; test: train and validation); the label
+cells are visible cells of the task's column; with `labels = 0` the batches are byte-identical to those before
+labelled context existed."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import replace
+from functools import cache
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from confluence.errors import ConfluenceError
+from confluence.sampler import BatchStream, Sampler, SamplerConfig, SplitConfig
+from confluence.sampler.labels import VIA_LABEL, label_times
+from confluence.sampler.splits import split_seed_ids, task_split
+from confluence.schema.metadata import parse_horizon
+from confluence.store.format import NO_CUTOFF
+from confluence.stypes import US_PER_DAY
+from confluence.stypes import SemanticType as ST
+from tests.fixtures.bookstore import build_bookstore
+from tests.fixtures.graphs import DAY, Col, Tab, TaskSpec, build_store, random_store
+
+BASE = SamplerConfig(batch_size=8, seq_len=64, width=2, max_rows=32, row_buckets=(8, 32), text_buckets=(8, 32),
+                     split=SplitConfig(fractions=(0.6, 0.3, 0.1)))
+HORIZON = "10 days"
+# the rule, written out (not read from the module under test): which splits' labels each phase may show
+MAY_READ = {"train": ("train",), "val": ("train",), "test": ("train", "val")}
+
+
+@cache
+def history_store(seed: int):
+    """Shops (static) with sales (temporal) and a derived task with many labels per shop: the sales of the next
+    10 days, observed every 5 days; plus cell-masking tasks on both tables."""
+    rng = np.random.default_rng(seed)
+    n_shop, n_sale = int(rng.integers(4, 12)), int(rng.integers(60, 200))
+    shop = Tab("shop", [Col("shop_id", ST.IDENTIFIER, np.arange(n_shop)),
+                        Col("size", ST.NUMERICAL, rng.standard_normal(n_shop))], None)
+    day = rng.integers(0, 100, n_sale).astype(np.int64)
+    sale = Tab("sale", [Col("sale_id", ST.IDENTIFIER, np.arange(n_sale)),
+                        Col("shop", ST.IDENTIFIER, rng.integers(0, n_shop, n_sale), fk="shop"),
+                        Col("amount", ST.NUMERICAL, rng.standard_normal(n_sale)),
+                        Col("at", ST.TIMESTAMP, day * DAY)], "at")
+    query = ("WITH obs AS (SELECT unnest(generate_series(TIMESTAMP '1970-01-01', TIMESTAMP '1970-04-01', "
+             "INTERVAL 5 DAY)) AS obs_time) "
+             "SELECT s.shop_id, o.obs_time, (SELECT count(*) FROM sale x WHERE x.shop = s.shop_id AND x.at > "
+             "o.obs_time AND x.at <= o.obs_time + INTERVAL 10 DAY) AS target FROM shop s, obs o")
+    tasks = [TaskSpec("next_sales", "shop", ST.NUMERICAL, query=query, horizon=HORIZON),
+             TaskSpec("amount", "sale", ST.NUMERICAL, column="amount"),
+             TaskSpec("size", "shop", ST.NUMERICAL, column="size")]
+    from tests.fixtures.graphs import _ROOT
+
+    return build_store([shop, sale], tasks, _ROOT / f"history_{seed}", f"history{seed}")
+
+
+def _phases(sampler: Sampler, stream: BatchStream, e, n_train: int = 3):
+    """(context, build results) of training batches of `e`'s task and of its val and test passes."""
+    out = []
+    name = e.task.name
+    for ctx, split in (("train", "train"), ("val", "val"), ("test", "test")):
+        ids = sampler.seed_ids(split, name, e.db_idx)
+        for lo in range(0, min(len(ids), n_train * sampler.config.batch_size), sampler.config.batch_size):
+            out.append((ctx, sampler.build(name, ids[lo: lo + sampler.config.batch_size], e.db_idx, context=ctx)))
+    return out
+
+
+def _check(sampler: Sampler, e, ctx: str, res) -> int:
+    """Assert every property of one built batch; returns how many labels it showed."""
+    store = sampler.stores[e.db_idx]
+    t = e.task
+    horizon = store.meta["database"]["tasks"][t.name].get("horizon")
+    lt = label_times(t.obs_time, bool(t.is_derived), None if horizon is None else parse_horizon(horizon), t.name)
+    cfg = task_split(store, t.name, sampler.config.split)
+    allowed = np.concatenate([split_seed_ids(t.name, t.anchor_row, t.obs_time, cfg, sp) for sp in MAY_READ[ctx]])
+    x, shown = res.batch, 0
+    for b in range(x.batch_size):
+        if not x.seq_valid[b]:
+            continue
+        labs = res.labels[b][res.labels[b] >= 0]
+        seed, obs, anchor = int(x.seed_ids[b]), int(x.obs_times[b]), int(x.anchor_rows[b])
+        assert len(set(labs.tolist())) == len(labs)
+        for s in labs:
+            assert lt[s] <= obs, f"label {s} known at {lt[s]} shown at observation time {obs}"
+            assert s != seed
+            assert not (t.anchor_row[s] == anchor and t.obs_time[s] == obs)
+            if not t.is_derived:
+                assert t.anchor_row[s] != anchor
+            assert s in allowed, f"{ctx} context shows label {s} of another split"
+        # the label rows: after the walk's rows, one visible cell of the task's column (+ the observation time)
+        nr, n_lab = int(res.nrows[b]), len(labs)
+        walk_rows = nr - n_lab
+        assert (res.via[b, walk_rows:nr] == VIA_LABEL).all() and (res.via[b, :walk_rows] != VIA_LABEL).all()
+        rows_of = x.seq_row_ids[b, : int(res.n_real[b])]
+        lab_cells = rows_of >= walk_rows
+        assert lab_cells.sum() == n_lab * (2 if t.obs_col >= 0 else 1)
+        assert not x.is_target[b, : int(res.n_real[b])][lab_cells].any()
+        assert (x.column_ids[b, : int(res.n_real[b])][lab_cells & (x.semantic_types[b, : len(rows_of)] ==
+                                                                  t.target_stype)] == t.target_col).all()
+        assert x.is_target[b, 0] and x.column_ids[b, 0] == t.target_col  # the query is still there, hidden
+        for j, s in enumerate(labs):  # linked to its anchor row when that row is in the context
+            in_ctx = np.flatnonzero(res.rows[b, :walk_rows] == t.anchor_row[s])
+            if in_ctx.size:
+                assert x.fk_adj[b, walk_rows + j, in_ctx[0]]
+        # no cell of a walked row is after the observation time (the walk's own guarantee, unchanged)
+        if obs != NO_CUTOFF:
+            ages = x.row_age[b, : int(res.n_real[b])]
+            assert (ages[ages != -1.0] >= 0).all()
+        shown += n_lab
+    return shown
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@given(k=st.integers(1, 6), width=st.integers(1, 4), temporal=st.booleans(), sseed=st.integers(0, 3))
+def test_labels_respect_time_own_label_and_splits(seed, k, width, temporal, sseed):
+    store = history_store(seed)
+    split = (SplitConfig(mode="temporal", t_val=40 * US_PER_DAY, t_test=70 * US_PER_DAY) if temporal
+             else SplitConfig(seed=sseed, fractions=(0.6, 0.2, 0.2)))
+    cfg = replace(BASE, labels=k, width=width, split=split)
+    with Sampler([store], cfg, seed=sseed) as sampler, BatchStream(sampler) as stream:
+        total = 0
+        for e in sampler.entries:
+            for ctx, res in _phases(sampler, stream, e):
+                total += _check(sampler, e, ctx, res)
+    assert total > 0  # the property is not vacuous
+
+
+def test_the_stream_asks_for_each_phases_labels():
+    """Training batches read train labels; a split's pass the labels of that split's phase (same batches as built
+    directly with that context)."""
+    store = history_store(0)
+    cfg = replace(BASE, labels=4, prefetch=0, tasks=("next_sales", "amount"),
+                  split=SplitConfig(mode="temporal", t_val=40 * US_PER_DAY, t_test=70 * US_PER_DAY))
+    with BatchStream(Sampler([store], cfg, seed=1)) as stream:
+        sampler = stream.sampler
+        asked: list[str] = []
+        real = sampler.label_args
+
+        def spy(data, db_idx, context):
+            asked.append(context)
+            return real(data, db_idx, context)
+
+        sampler.label_args = spy
+        for _ in range(4):
+            stream.next_train()
+        assert set(asked) == {"train"}
+        for split in ("val", "test"):
+            ids = sampler.seed_ids(split, "next_sales")[:8]
+            got = next(stream.split(split, "next_sales"))
+            want = sampler.build("next_sales", ids, context=split).batch
+            for k, v in want.arrays().items():
+                np.testing.assert_array_equal(got.arrays()[k], v, err_msg=f"{split} {k}")
+
+
+def test_anchor_predictions_never_show_the_anchors_own_tuple():
+    """An ad-hoc anchor task (predict --anchors, the service) may read every label known at its time."""
+    store = history_store(0)
+    with Sampler([store], replace(BASE, labels=4), seed=1) as sampler:
+        e = sampler.entry("next_sales")
+        rows, obs = e.task.anchor_row[-8:], e.task.obs_time[-8:]
+        res = sampler.build(sampler.anchor_task("next_sales", rows, obs), np.arange(8), context="all")
+        horizon = parse_horizon(HORIZON)
+        assert (res.labels >= 0).sum() > 0
+        for b in range(8):
+            for s in res.labels[b][res.labels[b] >= 0]:
+                assert e.task.obs_time[s] + horizon <= obs[b]
+                assert not (e.task.anchor_row[s] == rows[b] and e.task.obs_time[s] == obs[b])
+
+
+def test_the_anchors_own_earlier_labels_come_first():
+    store = history_store(1)
+    with Sampler([store], replace(BASE, labels=3), seed=0) as sampler:
+        e = sampler.entry("next_sales")
+        late = np.flatnonzero(e.task.obs_time >= 60 * US_PER_DAY)
+        res = sampler.build("next_sales", late[:8], context="all")
+        h = parse_horizon(HORIZON)
+        for b in range(8):
+            s = int(late[b])
+            own = np.flatnonzero((e.task.anchor_row == e.task.anchor_row[s]) & (e.task.obs_time + h <= e.task.obs_time[s]))
+            want = own[np.argsort(-e.task.obs_time[own], kind="stable")][:3]
+            np.testing.assert_array_equal(np.sort(res.labels[b][: len(want)]), np.sort(want))
+
+
+def test_a_derived_task_without_a_horizon_is_named():
+    store = random_store(5, n_tables=3, max_rows=30)  # cell-masking tasks only: fine without horizons
+    Sampler([store], replace(BASE, labels=2)).close()
+    from tests.fixtures.graphs import _ROOT
+
+    shop = Tab("shop", [Col("shop_id", ST.IDENTIFIER, np.arange(3)), Col("t", ST.TIMESTAMP, np.arange(3) * DAY)], "t")
+    no_h = build_store([shop], [TaskSpec("later", "shop", ST.BOOLEAN, query=(
+        "SELECT shop_id, t AS obs_time, shop_id > 0 AS target FROM shop"))], _ROOT / "no_horizon", "no_horizon")
+    with pytest.raises(ConfluenceError, match="'no_horizon/later' is a derived task without a horizon"):
+        Sampler([no_h], replace(BASE, labels=2))
+    Sampler([no_h], BASE).close()  # labels = 0 needs none
+
+
+def test_bad_label_settings_are_named():
+    from confluence.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="labels"):
+        replace(BASE, labels=40)  # 2 x 40 cells do not fit beside a walk in S = 64
+    with pytest.raises(ConfigError, match="labels"):
+        replace(BASE, labels=-1)
+
+
+def _digest(stores, cfg) -> str:
+    h = hashlib.sha256()
+    with BatchStream(Sampler(stores, cfg, seed=3)) as s:
+        batches = [s.next_train() for _ in range(6)]
+        for e in s.tasks:
+            for sp in ("val", "test"):
+                batches += list(s.split(sp, e.task.name, e.db_idx))
+        for b in batches:
+            for k, v in sorted(b.arrays().items()):
+                h.update(k.encode())
+                h.update(np.ascontiguousarray(v).tobytes())
+    return h.hexdigest()
+
+
+def test_without_labels_batches_are_byte_identical_to_before_labelled_context(tmp_path):
+    """Digests of these batches as built at 57972cc, before labelled context existed (same stores, same config)."""
+    from confluence.store import Store
+
+    assert _digest([random_store(21, n_tables=5, max_rows=80)], BASE) == \
+        "c06043464e64a296adb8e8a8fc65a25ca97b393c1435bbe13725f106b5ad00a0"
+    book = Store.open(build_bookstore(tmp_path, "tiny", dim=8))
+    assert _digest([book], replace(BASE, seq_len=96)) == \
+        "ac806dc432582a27bd4842ca047bbcb3eb25cb6d392536b53f511bba04397227"
