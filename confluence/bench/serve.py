@@ -124,6 +124,7 @@ def bench_serve(checkpoint: Path, db: Path, *, task: str | None = None, clients:
     """Start the server, measure each client count in turn (after `warmup` requests), stop the server."""
     if requests < 1 or anchors_per_request < 1 or any(c < 1 for c in clients):
         raise ConfluenceError("requests, anchors per request and client counts must be 1 or more")
+    load_start = os.getloadavg()[0]
     store = Store.open(db)
     task = task or store.tasks[0].name
     store.task(task)
@@ -161,6 +162,7 @@ def bench_serve(checkpoint: Path, db: Path, *, task: str | None = None, clients:
     return {
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
+        "loadavg_1min": [load_start, os.getloadavg()[0]],  # other jobs on the machine, at start and end
         "task": task, "anchors_per_request": anchors_per_request, "batch_size": health["batch_size"],
         "max_wait_ms": max_wait_ms, "startup_s": startup, "checkpoint_step": card["step"],
         "parameters": card["parameters"], "store": card["store"]["name"], "levels": levels,
