@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import shutil
 import warnings
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from confluence.cli.main import app
 from confluence.errors import MetadataError
 from confluence.evaluation.baselines import split_ids
 from confluence.evaluation.evaluate import evaluate
+from confluence.evaluation.inference import load_model
 from confluence.evaluation.relbench import relbench_results
 from confluence.preprocess.pipeline import preprocess
 from confluence.sampler import Sampler, SamplerConfig, SplitConfig
@@ -155,6 +157,11 @@ def run(dataset):
     return dataset["tmp"] / "run"
 
 
+@pytest.fixture(scope="module")
+def model(run):
+    return load_model(run)  # once for the Python evaluations (the CLI loads its own)
+
+
 def _file_rows(root: Path, task: str) -> dict[tuple[int, int], str]:
     """(entity key, observation time in epoch µs) -> the split file the row came from."""
     key, time = TASK_KEYS[task]
@@ -260,7 +267,7 @@ def _sklearn(stype: SemanticType, y: np.ndarray, p: np.ndarray, train_std: float
 
 
 @pytest.mark.slow
-def test_evaluate_writes_relbench_results(dataset, run):
+def test_evaluate_writes_relbench_results(dataset, run, model):
     out = dataset["tmp"] / "relbench.json"
     res = CliRunner().invoke(app, ["evaluate", "--checkpoint", str(run), "--db", str(dataset["store"]),
                                    "--relbench-json", str(out), "--no-progress"])
@@ -268,7 +275,7 @@ def test_evaluate_writes_relbench_results(dataset, run):
     doc = json.loads(out.read_text())
     assert doc["dataset"] == "rel-toy" and doc["checkpoint_step"] == 24
     assert sorted(doc["tasks"]) == sorted(RB_TASKS)  # the RelBench tasks, not the cell-masking ones
-    by_split = {s: evaluate(run, dataset["store"], split=s, tasks=list(RB_TASKS), max_seeds=None, keep_rows=True)
+    by_split = {s: evaluate(model, dataset["store"], split=s, tasks=list(RB_TASKS), max_seeds=None, keep_rows=True)
                 for s in ("val", "test")}
     files = {t: _file_rows(dataset["root"], t) for t in RB_TASKS}
     for task, stype in RB_TASKS.items():
@@ -286,14 +293,14 @@ def test_evaluate_writes_relbench_results(dataset, run):
     assert "gbdt" not in doc["baselines"]
 
 
-def test_hidden_test_labels_are_predicted_not_scored(tmp_path, dataset, run):
+def test_hidden_test_labels_are_predicted_not_scored(tmp_path, dataset, model):
     root = write_relbench_folder(tmp_path / "rel-toy", hidden_test=True)
     meta, _, _, meta_path = _draft(root, tmp_path)
     assert "hidden labels" in meta.tasks["item-sales"].reason
     store = preprocess(root, meta_path, tmp_path / "store", encoder=HashEncoder(D_T), progress=False)
     n_test = sum(s == "test" for s in _file_rows(dataset["root"], "item-sales").values())
     assert len(split_ids(Store.open(store), "item-sales", "test")) == n_test  # the rows exist, for prediction
-    by_split = {s: evaluate(run, store, split=s, tasks=["item-sales"], max_seeds=None, keep_rows=True)
+    by_split = {s: evaluate(model, store, split=s, tasks=["item-sales"], max_seeds=None, keep_rows=True)
                 for s in ("val", "test")}
     assert "no labels in split 'test'" in by_split["test"]["item-sales"]["info"]["note"]
     assert "model" not in by_split["test"]["item-sales"]
@@ -308,3 +315,17 @@ def test_relbench_json_needs_val_or_test(dataset, run):
     res = CliRunner().invoke(app, ["evaluate", "--checkpoint", str(run), "--db", str(dataset["store"]),
                                    "--relbench-json", str(dataset["tmp"] / "x.json"), "--split", "train"])
     assert res.exit_code == 1 and "--relbench-json reports val and test" in res.output
+
+
+def test_task_folders_that_cannot_keep_their_split_are_left_out_saying_why(tmp_path, dataset):
+    root = shutil.copytree(dataset["root"], tmp_path / "rel-toy")
+    churn = root / "tasks" / "user-churn"
+    train, val = pq.read_table(churn / "train.parquet"), pq.read_table(churn / "val.parquet")
+    early = train.slice(0, 1).cast(val.schema)  # a train row put in val (the files differ in time unit)
+    pq.write_table(pa.concat_tables([val, early]), churn / "val.parquet")
+    (root / "tasks" / "item-sales" / "test.parquet").unlink()
+    meta, warned, _, _ = _draft(root, tmp_path)
+    why = {w.column: str(w) for w in warned if w.code == "relbench_task_skipped"}
+    assert "train.parquet reaches" in why["user-churn"] and "not split by time" in why["user-churn"]
+    assert "no test.parquet" in why["item-sales"]
+    assert "user-churn" not in meta.tasks and "item-sales" not in meta.tasks and "review-rating" in meta.tasks

@@ -98,6 +98,7 @@ def evaluate_cmd(
     """Per-task metrics of a checkpoint beside the trivial baselines (majority / mean / median) on the same rows."""
     from confluence.errors import ConfluenceError
     from confluence.evaluation.evaluate import evaluate, write_json
+    from confluence.evaluation.inference import load_model
     from confluence.toolkit.progress import Reporter
 
     splits = [split]
@@ -119,8 +120,9 @@ def evaluate_cmd(
             splits = list(RELBENCH_SPLITS)
         by_split = {}
         with Reporter(enabled=not no_progress) as rep:
+            model = load_model(checkpoint) if len(splits) > 1 else checkpoint  # loaded once for both splits
             for s in splits:
-                by_split[s] = evaluate(checkpoint, db, split=s, tasks=task or None, max_seeds=max_seeds or None,
+                by_split[s] = evaluate(model, db, split=s, tasks=task or None, max_seeds=max_seeds or None,
                                        gbdt=gbdt, batch_size=batch_size, threads=threads, progress=rep,
                                        clip_numbers=clip_numbers, keep_rows=bool(relbench_json))
     except ConfluenceError as exc:

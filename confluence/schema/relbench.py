@@ -73,13 +73,16 @@ class RelbenchDraft:
         if static:
             self.left_out.append(f"the cell-masking tasks of the static tables {', '.join(static)} (without a time,"
                                  " their contexts would show rows of the validation and test period)")
+        before: dict[str, int] = {}  # table -> its rows before the validation cut-off (one scan per table)
         for name, task in tasks.items():
             tcol = tables[task.anchor_table].temporal_column
             if tcol is None:
                 continue
-            (n,) = raw.fetchall(f"SELECT count(*) FROM {quote_ident(task.anchor_table)}"
-                                f" WHERE epoch_ns({quote_ident(tcol)}) < {self.val_us * 1000}")[0]
-            if n == 0:
+            if task.anchor_table not in before:
+                before[task.anchor_table] = raw.fetchall(
+                    f"SELECT count(*) FROM {quote_ident(task.anchor_table)}"
+                    f" WHERE epoch_ns({quote_ident(tcol)}) < {self.val_us * 1000}")[0][0]
+            if before[task.anchor_table] == 0:
                 self.left_out.append(f"cell-masking task {name} (no row of {task.anchor_table} is before the"
                                      f" validation cut-off {iso(self.val_us)})")
                 continue
