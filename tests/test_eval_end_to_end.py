@@ -152,7 +152,7 @@ def test_anchor_predictions_see_the_requested_observation_time(shop, monkeypatch
     store = Store.open(store_path)
     assert store.task("buys_next_30d").obs_column_idx >= 0
     seen = []
-    monkeypatch.setattr(Predictor, "_run", lambda self, task, ids, progress=None: seen.append(task))
+    monkeypatch.setattr(Predictor, "_run", lambda self, task, ids, progress=None, context="train": seen.append(task))
     obs = np.array([1_590_969_600_000_000, 1_600_000_000_000_000], np.int64)  # 2020-06-01, 2020-09-13
     Predictor(load_model(run), store).anchor_outputs("buys_next_30d", np.array([0, 1]), obs)
     mean, std = store.timestamp_stats

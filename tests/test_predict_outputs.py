@@ -57,8 +57,8 @@ def _patch_heads(monkeypatch, make):
     """Replace the model's head outputs by `make(real_outputs)` (the sampler and model still run)."""
     real = Predictor._run
 
-    def run(self, task, ids, progress=None):
-        return make(real(self, task, ids, progress))
+    def run(self, task, ids, progress=None, context="train"):
+        return make(real(self, task, ids, progress, context))
 
     monkeypatch.setattr(Predictor, "_run", run)
 

@@ -132,7 +132,8 @@ def evaluate(
             train_std = float(np.std(train_vals)) if stype == SemanticType.NUMERICAL and train_vals.size else None
             if progress is not None:
                 progress.step(f"{task}: model", len(eval_ids))
-            out = predictor.task_outputs(task, eval_ids, progress.advance if progress is not None else None)
+            out = predictor.task_outputs(task, eval_ids, progress.advance if progress is not None else None,
+                                         context=split)
             keep = ~truth.is_null
             pred = model_point_predictions(predictor, task, out, keep, clip_numbers)
             model = model_metrics(stype, truth.values, truth.is_null, pred, out.null_logit, train_std)

@@ -115,14 +115,15 @@ class Predictor:
         nl, num, bl, ts, cl = (np.asarray(r)[:m] for r in res)
         return HeadOutputs(nl, num, bl, ts, cl[:, :k])
 
-    def _run(self, task: str | TaskData, seed_ids: np.ndarray, progress: Any = None) -> HeadOutputs:
+    def _run(self, task: str | TaskData, seed_ids: np.ndarray, progress: Any = None,
+             context: str = "train") -> HeadOutputs:
         data = task if isinstance(task, TaskData) else self.stream.sampler.entry(task).task
         n = len(seed_ids)
         k = int(data.cat_count) if int(data.target_stype) == int(SemanticType.CATEGORICAL) else 0
         out = HeadOutputs(np.zeros(n, np.float32), np.zeros(n, np.float32), np.zeros(n, np.float32),
                           np.zeros((n, D_TIME), np.float32), np.zeros((n, k), np.float32))
         lo = 0
-        for batch in self.stream.ordered(task, np.asarray(seed_ids, dtype=np.int64)):
+        for batch in self.stream.ordered(task, np.asarray(seed_ids, dtype=np.int64), context=context):
             part = self.forward(batch)
             m = len(part.null_logit)
             out.null_logit[lo: lo + m], out.num_pred[lo: lo + m] = part.null_logit, part.num_pred
@@ -134,18 +135,22 @@ class Predictor:
                 progress(m)
         return out
 
-    def task_outputs(self, task: str, seed_ids: np.ndarray, progress: Any = None) -> HeadOutputs:
-        """Head outputs for seeds of a task of the store (seed indices into its task arrays)."""
-        return self._run(task, np.asarray(seed_ids, dtype=np.int64), progress)
+    def task_outputs(self, task: str, seed_ids: np.ndarray, progress: Any = None,
+                     context: str = "train") -> HeadOutputs:
+        """Head outputs for seeds of a task of the store (seed indices into its task arrays). `context`: the split
+        being predicted, whose labels a labelled context may show (`confluence.sampler.labels.CONTEXT_SPLITS`:
+        "test" shows train and validation labels; the default "train" only train labels)."""
+        return self._run(task, np.asarray(seed_ids, dtype=np.int64), progress, context)
 
     def anchor_outputs(self, task: str, anchor_rows: np.ndarray, obs_times: np.ndarray,
                        progress: Any = None) -> HeadOutputs:
         """Head outputs for arbitrary anchor rows (global row indices) and observation times of a task.
 
         The target is unknown (null); the context follows the same temporal rule as training: no row created after
-        the observation time is visible."""
+        the observation time is visible, and a labelled context shows any label known by then (never the
+        anchor's own tuple)."""
         custom = self.stream.sampler.anchor_task(task, anchor_rows, obs_times)
-        return self._run(custom, np.arange(len(anchor_rows), dtype=np.int64), progress)
+        return self._run(custom, np.arange(len(anchor_rows), dtype=np.int64), progress, context="all")
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:

@@ -345,7 +345,7 @@ def predict(
         if anchors is not None:
             head = predictor.anchor_outputs(task, rows, obs, advance)
         else:
-            head = predictor.task_outputs(task, ids, advance)
+            head = predictor.task_outputs(task, ids, advance, context=split or "test")
         train_ids = predictor.seed_ids("train", task) if clip_numbers else None
     finally:
         predictor.close()
