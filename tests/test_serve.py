@@ -311,7 +311,8 @@ def test_the_cli_serves_and_exits_cleanly_on_sigterm(run, tiny_store, tmp_path):
     port = free_port()
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "confluence.cli.main", "serve", "--checkpoint", str(run),
-                             "--db", str(tiny_store), "--port", str(port), "--max-wait-ms", "1"],
+                             "--db", str(tiny_store), "--port", str(port), "--max-wait-ms", "1",
+                             "--compile-cache", str(tmp_path / "jax")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     try:
         client = Client(f"http://127.0.0.1:{port}")
@@ -326,6 +327,7 @@ def test_the_cli_serves_and_exits_cleanly_on_sigterm(run, tiny_store, tmp_path):
         assert proc.returncode == 0, err
         assert time.monotonic() - t0 < 15
         assert "serving step 0" in err and "stopped" in err and "Traceback" not in err, err
+        assert any((tmp_path / "jax").iterdir())  # the compiled model kept for a restart
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -33,6 +34,9 @@ def _server_class():
     return Server
 
 
+DEFAULT_COMPILE_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "confluence" / "jax"
+
+
 def serve_cmd(
     checkpoint: Path = typer.Option(..., "--checkpoint", help="Trained run directory, its checkpoints/ folder, or "
                                     "one step_* checkpoint directory."),
@@ -54,11 +58,15 @@ def serve_cmd(
     warm_up: bool = typer.Option(True, "--warm-up/--no-warm-up", help="Compile the model for every batch "
                                  "shape before /health says ready (--no-warm-up: start sooner, compile each "
                                  "shape when a request first needs it)."),
+    compile_cache: str = typer.Option(str(DEFAULT_COMPILE_CACHE), "--compile-cache", metavar="DIR",
+                                      help="Keep the compiled model here, so a restart skips compiling; 'off': "
+                                           "do not."),
     log_level: str = typer.Option("info", "--log-level", help="critical | error | warning | info | debug"),
 ) -> None:
     """Serve predictions over HTTP: POST /predict, GET /health, /tasks, /model, and the OpenAPI page /docs."""
     from confluence.errors import ConfluenceError
     from confluence.serving.app import create_app
+    from confluence.serving.service import use_compile_cache
 
     levels = ("critical", "error", "warning", "info", "debug")
     if log_level not in levels:
@@ -71,6 +79,7 @@ def serve_cmd(
     logger.setLevel(log_level.upper())
     typer.echo(f"loading {checkpoint} and {db} ...", err=True)
     try:
+        use_compile_cache(compile_cache)
         app = create_app(checkpoint, db, batch_size=batch_size, max_wait_ms=max_wait_ms, max_anchors=max_anchors,
                          top_k=top_k, clip_numbers=clip_numbers, warm_up=warm_up)
     except (ConfluenceError, OSError) as exc:
