@@ -246,6 +246,8 @@ BAD = [
     ({"task": "order_status", "anchors": [{"key": 100}, {"key": 101, "observation_time": "yesterday"}]}, 422,
      "anchors[1]: observation_time 'yesterday' is not a timestamp"),
     ({"task": "order_status", "anchors": [{"key": 1.5}]}, 422, "anchors[0].key: a key is an integer or a string"),
+    ({"task": "order_status", "anchors": [{"key": 100}, {"key": 2**70}]}, 422,
+     "anchors[1]: key 1180591620717411303424 is out of the 64-bit integer range"),
     ({"task": "order_status", "anchors": [{"kee": 100}]}, 422, "anchors[0].key: Field required"),
     ({"task": "order_status", "anchors": [{"key": 100}], "top_k": -1}, 422, "top_k: Input should be greater"),
     ({"anchors": [{"key": 100}]}, 422, "task: Field required"),
@@ -289,7 +291,8 @@ def test_health_tasks_model_and_the_openapi_page(server, run, tiny_store):
     assert card["config"]["model"]["d_model"] == 16 and card["config"]["sampler"]["seq_len"] == 48
     status, spec = server.get("/openapi.json")
     assert status == 200 and {"/predict", "/health", "/tasks", "/model"} <= set(spec["paths"])
-    assert {"PredictRequest", "PredictResponse", "Anchor"} <= set(spec["components"]["schemas"])
+    assert {"PredictRequest", "PredictResponse", "Anchor", "Health", "TaskInfo", "ModelCard"} <= \
+        set(spec["components"]["schemas"])
     assert "422" in spec["paths"]["/predict"]["post"]["responses"]
     status, page = server.get("/docs")
     assert status == 200 and "swagger" in page.lower()

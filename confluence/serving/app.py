@@ -104,6 +104,25 @@ class TaskInfo(BaseModel):
     description: str
 
 
+class StoreInfo(BaseModel):
+    name: str
+    path: str
+    d_t: int = Field(description="Size of the store's text embeddings (the checkpoint's d_t).")
+    tasks: int
+
+
+class ModelCard(BaseModel):
+    checkpoint: str = Field(description="The checkpoint directory served.")
+    checkpoint_sha256: str = Field(description="sha256 over the checkpoint's files (name, NUL, bytes; name order).")
+    step: int = Field(description="Training step of the checkpoint.")
+    saved_at: str | None = Field(description="When the checkpoint was written (ISO 8601, UTC).")
+    parameters: int = Field(description="Number of model parameters.")
+    trained_on: list[str] = Field(description="Databases the run trained on.")
+    config: dict[str, Any] = Field(description="The run's model settings, and a summary of its sampler, loss and "
+                                               "schedule.")
+    store: StoreInfo
+
+
 def _field(loc: tuple[Any, ...]) -> str:
     """('body', 'anchors', 0, 'key') -> 'anchors[0].key'."""
     out = ""
@@ -187,7 +206,8 @@ def build_app(service: PredictionService) -> FastAPI:
     async def tasks() -> list[dict[str, Any]]:
         return service.tasks
 
-    @app.get("/model", summary="The model card: checkpoint, its sha256, step, parameters, config, store")
+    @app.get("/model", response_model=ModelCard,
+             summary="The model card: checkpoint, its sha256, step, parameters, config, store")
     async def model() -> dict[str, Any]:
         return service.card
 

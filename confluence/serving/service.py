@@ -220,6 +220,9 @@ class PredictionService:
             raise RequestError(f"anchors: {len(keys)} anchors, at most {self.settings.max_anchors} per request "
                                f"(the server's --max-anchors)", status=413)
         k = self.settings.top_k if top_k is None else top_k
+        for i, key in enumerate(keys):
+            if isinstance(key, int) and not -(2**63) <= key < 2**63:
+                raise RequestError(f"anchors[{i}]: key {key} is out of the 64-bit integer range")
         try:
             key_arr = pa.array(keys) if all(isinstance(x, int) for x in keys) else pa.array([str(x) for x in keys])
             time_arr = None if times is None else pa.array(times, pa.string())
