@@ -204,6 +204,7 @@ class Batcher:
         self.max_wait_s = max_wait_s
         self.stats = Stats()
         self.ready = threading.Event()
+        self.stopping = threading.Event()  # set by stop(); a long warm-up checks it between compilations
         self._warm_up = warm_up
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="confluence-batcher", daemon=True)
@@ -222,6 +223,7 @@ class Batcher:
 
     def stop(self, timeout: float = 30.0) -> None:
         """Answer what is queued, then end the thread."""
+        self.stopping.set()
         if self._thread.is_alive():
             self._queue.put(_STOP)
             self._thread.join(timeout)

@@ -204,6 +204,8 @@ class PredictionService:
         log.info("compiling the model for %d batch shape(s) (rows, texts): %s", len(shapes), shapes)
         t0 = time.perf_counter()
         for i, (r, u) in enumerate(shapes):
+            if self.batcher.stopping.is_set():  # shut down while compiling: stop soon, not after every shape
+                return
             self.predictor.forward(reshaped(batch, r, u))
             self.compiled = (i + 1, len(shapes))
         log.info("compiled in %.1f s", time.perf_counter() - t0)
