@@ -230,3 +230,50 @@ def test_without_labels_batches_are_byte_identical_to_before_labelled_context(tm
     book = Store.open(build_bookstore(tmp_path, "tiny", dim=8))
     assert _digest([book], replace(BASE, seq_len=96)) == \
         "ac806dc432582a27bd4842ca047bbcb3eb25cb6d392536b53f511bba04397227"
+
+
+def test_sample_show_renders_the_labelled_rows():
+    from typer.testing import CliRunner
+
+    from confluence.cli.main import app
+
+    store = history_store(2)
+    e_ids = np.flatnonzero(store.task_arrays("next_sales").obs_time >= 50 * US_PER_DAY)
+    r = CliRunner().invoke(app, ["sample", "show", "--db", str(store.path), "--task", "next_sales", "--seed-index",
+                                 str(int(e_ids[0])), "--set", "sampler.labels=4", "--phase", "all"])
+    assert r.exit_code == 0, r.output
+    assert "label #" in r.output and "LABEL (a known answer, visible)" in r.output and " label " in r.output
+    bad = CliRunner().invoke(app, ["sample", "show", "--db", str(store.path), "--task", "next_sales", "--set",
+                                   "sampler.labels=4", "--phase", "later"])
+    assert bad.exit_code == 1 and "unknown label context 'later'" in bad.output
+
+
+def test_no_sibling_labels_through_an_excluded_foreign_key():
+    """A sale's tier is its shop's (tier = shop id mod 3) and the task hides the sale's shop: siblings through that
+    foreign key would give the tier away, so the labels are exactly the task's most recent ones (phase 4)."""
+    from tests.fixtures.graphs import _ROOT
+
+    rng = np.random.default_rng(4)
+    n_shop, n_sale = 6, 150
+    shop = Tab("shop", [Col("shop_id", ST.IDENTIFIER, np.arange(n_shop))], None)
+    sale_shop = rng.integers(0, n_shop, n_sale)
+    sale = Tab("sale", [Col("sale_id", ST.IDENTIFIER, np.arange(n_sale)),
+                        Col("shop", ST.IDENTIFIER, sale_shop, fk="shop"),
+                        Col("tier", ST.CATEGORICAL, sale_shop % 3),
+                        Col("at", ST.TIMESTAMP, rng.integers(0, 100, n_sale).astype(np.int64) * DAY)], "at")
+    store = build_store([shop, sale], [TaskSpec("tier", "sale", ST.CATEGORICAL, column="tier", exclude=["shop"])],
+                        _ROOT / "cut_siblings", "cut_siblings")
+    k = 5
+    with Sampler([store], replace(BASE, labels=k, split=SplitConfig(fractions=(0.7, 0.2, 0.1))), seed=2) as sampler:
+        t = sampler.entry("tier").task
+        pool = sampler.seed_ids("train", "tier")
+        lt = t.obs_time[pool]
+        by_time = pool[np.lexsort((pool, lt))][::-1]
+        ids = sampler.seed_ids("train", "tier")[:8]
+        res = sampler.build("tier", ids, context="train")
+        for b, s in enumerate(ids):
+            walk_rows = int(res.nrows[b]) - int((res.labels[b] >= 0).sum())
+            in_ctx = set(res.rows[b, :walk_rows].tolist())
+            scan = [c for c in by_time if t.obs_time[c] <= t.obs_time[s]][: 16 * k]
+            want = [c for c in scan if t.anchor_row[c] != t.anchor_row[s] and t.anchor_row[c] not in in_ctx][:k]
+            assert res.labels[b][res.labels[b] >= 0].tolist() == want

@@ -23,6 +23,9 @@ def show(
     epoch: int = typer.Option(0, "--epoch", help="pass over the data (contexts are re-drawn each epoch)"),
     max_cells: int = typer.Option(200, "--max-cells", help="print at most this many cells"),
     raw: bool = typer.Option(False, "--raw", help="show the model's inputs (z-scores, row indices) only"),
+    phase: str = typer.Option("train", "--phase",
+                              help="with labelled context (sampler.labels): the phase whose labels the context may "
+                                   "show: train, val, test or all"),
 ) -> None:
     """Print one sequence: its rows (by primary key), cells (values as in the data, model inputs beside) and the
     three attention masks, as the model sees them: `--checkpoint RUN` as that run was trained, `--config R` as
@@ -32,7 +35,6 @@ def show(
 
     from confluence.cli.train_cmds import run_config
     from confluence.errors import ConfluenceError
-    from confluence.sampler.data import SamplerData
     from confluence.sampler.sampler import Sampler
     from confluence.sampler.show import render_sequence
     from confluence.store import Store
@@ -52,10 +54,10 @@ def show(
             sconf = cfg.sampler
         store = Store.open(db)
         store.task(task)  # a clear error naming the store's tasks
-        data = SamplerData.from_store(store)
-        sampler = Sampler([data], overlay(sconf, {"batch_size": 1, "tasks": None}),
+        sampler = Sampler([store], overlay(sconf, {"batch_size": 1, "tasks": None}),
                           seed=cfg.seed if seed is None else seed)
-        res = sampler.build(task, np.array([seed_index]), epoch=epoch)
+        data = sampler.data[0]
+        res = sampler.build(task, np.array([seed_index]), epoch=epoch, context=phase)
         text = render_sequence(res, data, 0, task_name=task, max_cells=max_cells, store=None if raw else store)
     except ConfluenceError as exc:
         typer.echo(f"error: {exc}", err=True)

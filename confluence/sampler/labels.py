@@ -25,6 +25,7 @@ from numba import njit
 
 from confluence.batch import ROW_AGE_UNKNOWN
 from confluence.errors import ConfluenceError
+from confluence.sampler.walk import is_cut
 from confluence.schema.metadata import parse_horizon
 from confluence.store.format import NO_CUTOFF, NULL_TIME, STATIC_TIME
 from confluence.stypes import D_TIME, US_PER_DAY, SemanticType
@@ -180,6 +181,8 @@ def choose_labels_chunk(
     lab_obs: np.ndarray,
     p_ptr: np.ndarray,
     p_idx: np.ndarray,
+    p_col: np.ndarray,  # i32[E]: each parent edge's foreign-key column
+    cut_cols: np.ndarray,  # the task's excluded / target columns: no sibling through them (they could give it away)
     seg_ptr: np.ndarray,
     seg_off: np.ndarray,
     c_idx: np.ndarray,
@@ -229,11 +232,14 @@ def choose_labels_chunk(
                                                               is_cell, hkeys, hvals, cap):
                         out[b, n] = s
                         n += 1
-        # 3) siblings: anchors sharing a parent with the seed's anchor, latest children first
+        # 3) siblings: anchors sharing a parent with the seed's anchor, latest children first (never through an
+        # excluded foreign key: siblings through it would tell the hidden parent, e.g. a flight's carrier)
         a = anchors[b]
         for e in range(p_ptr[a], p_ptr[a + 1]):
             if n >= k:
                 break
+            if is_cut(p_col[e], cut_cols):
+                continue
             p = p_idx[e]
             for sg in range(seg_ptr[p], seg_ptr[p + 1]):
                 c0 = seg_off[sg]
