@@ -40,6 +40,7 @@ from confluence.serving.batching import Stats, head_outputs
 from confluence.serving.service import json_rows
 from confluence.store import Store
 from confluence.toolkit.checkpoint import save_checkpoint
+from tests.fixtures.graphs import random_store
 from tests.fixtures.model import tiny_run_config
 
 STORE_SAMPLER = {"seq_len": 48, "max_rows": 16, "row_buckets": [16], "text_buckets": [64], "width": 4}
@@ -232,6 +233,28 @@ def test_merged_requests_get_what_each_would_get_alone(run, tiny_store):
             want = predictor.anchor_outputs("book_genre", r, o)
             for name in heads:
                 np.testing.assert_allclose(getattr(got, name), getattr(want, name), rtol=1e-5, atol=1e-6)
+    finally:
+        predictor.close()
+
+
+def test_merged_requests_keep_the_labelled_context_of_new_anchors(tmp_path):
+    """With labelled context (sampler.labels > 0) an anchor's context shows every label known by its time, as
+    `predict --anchors` builds it; merged requests keep that (a context of train labels only would differ)."""
+    store = random_store(0)
+    cfg = tiny_run_config(model={"d_t": store.d_t}, sampler={**STORE_SAMPLER, "labels": 3})
+    params = eqx.filter(RelationalTransformer(cfg.model, key=jax.random.key(0)), eqx.is_inexact_array)
+    save_checkpoint(tmp_path / "run", 0, params, None, {"config": cfg.to_dict()})
+    predictor = Predictor(load_model(tmp_path / "run"), store, batch_size=4)
+    try:
+        for task in store.tasks:
+            arrays = store.task_arrays(task.name)
+            ids = np.linspace(0, len(arrays.anchor_row) - 1, 5).astype(np.int64)
+            rows, obs = np.asarray(arrays.anchor_row)[ids], np.asarray(arrays.obs_time)[ids]
+            requests = [(rows, obs), (rows[::-1].copy(), obs[::-1].copy())]
+            for (r, o), got in zip(requests, head_outputs(predictor, task.name, requests), strict=True):
+                want = predictor.anchor_outputs(task.name, r, o)
+                np.testing.assert_allclose(got.null_logit, want.null_logit, rtol=1e-5, atol=1e-6)
+                np.testing.assert_allclose(got.num_pred, want.num_pred, rtol=1e-5, atol=1e-6)
     finally:
         predictor.close()
 

@@ -2,7 +2,7 @@
 
 A request's sequences are built exactly as `Predictor.anchor_outputs` builds them (anchor `i` of the request is
 seed `i` of its own ad-hoc task, so the sampler's random walk for it is the one `confluence predict --anchors`
-takes for the same file). Only then are the valid sequences of several requests packed into one batch of the
+takes for the same file; a labelled context shows every label known by the anchor's time). Only then are the valid sequences of several requests packed into one batch of the
 predictor's batch size (`merge_sequences`) for a single forward pass, and the outputs split back per request. So a
 request's predictions do not depend on what else was in the batch (up to float rounding, since shapes differ).
 
@@ -32,6 +32,8 @@ from confluence.stypes import SemanticType
 log = logging.getLogger("confluence.serving")
 
 _TEXT = int(SemanticType.TEXT)
+# the labelled context of new anchors, as `Predictor.anchor_outputs` builds it: every label known by their time
+ANCHOR_CONTEXT = "all"
 _SPECIAL = {"fk_adj", "text_batch_embeddings", "text_embed_ids", "seq_valid"}
 
 
@@ -165,7 +167,7 @@ def head_outputs(predictor: Predictor, task: str, anchors: list[tuple[np.ndarray
 
     for j, (rows, obs) in enumerate(anchors):
         custom = sampler.anchor_task(task, rows, obs)
-        for batch in stream.ordered(custom, np.arange(len(rows), dtype=np.int64)):
+        for batch in stream.ordered(custom, np.arange(len(rows), dtype=np.int64), context=ANCHOR_CONTEXT):
             m, a = int(batch.seq_valid.sum()), 0
             while a < m:
                 take = min(m - a, bsz - filled)
