@@ -25,6 +25,7 @@ from numba import njit
 
 from confluence.batch import ROW_AGE_UNKNOWN
 from confluence.errors import ConfluenceError
+from confluence.sampler.linearize import _slot
 from confluence.sampler.walk import is_cut
 from confluence.schema.metadata import parse_horizon
 from confluence.store.format import NO_CUTOFF, NULL_TIME, STATIC_TIME
@@ -111,9 +112,21 @@ def build_label_index(task: Any, pool: np.ndarray, label_time: np.ndarray, tab_r
     )
 
 
-@njit(nogil=True, cache=True, inline="always")
-def _slot(key: int, cap: int) -> int:
-    return int((np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)) & (cap - 1)
+@njit(nogil=True, cache=True)
+def _row_map(rows: np.ndarray, b: int, nr: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Sequence b's rows as an open-addressing table (global row -> sequence-local index), as linearize builds it."""
+    cap = 16
+    while cap < 2 * nr:
+        cap *= 2
+    hkeys = np.full(cap, -1, dtype=np.int64)
+    hvals = np.empty(cap, dtype=np.int32)
+    for i in range(nr):
+        h = _slot(rows[b, i], cap)
+        while hkeys[h] != -1:
+            h = (h + 1) & (cap - 1)
+        hkeys[h] = rows[b, i]
+        hvals[h] = i
+    return hkeys, hvals, cap
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -194,17 +207,7 @@ def choose_labels_chunk(
     a_hi = a_lo + a_ptr.shape[0] - 1
     for b in range(lo, hi):
         nr = nrows[b]
-        cap = 16
-        while cap < 2 * nr:
-            cap *= 2
-        hkeys = np.full(cap, -1, dtype=np.int64)
-        hvals = np.empty(cap, dtype=np.int32)
-        for i in range(nr):
-            h = _slot(rows[b, i], cap)
-            while hkeys[h] != -1:
-                h = (h + 1) & (cap - 1)
-            hkeys[h] = rows[b, i]
-            hvals[h] = i
+        hkeys, hvals, cap = _row_map(rows, b, nr)
         n = 0
         ob = obs[b]
         # 1) the anchor's own earlier labels, latest first
@@ -320,17 +323,7 @@ def append_labels_chunk(
     the anchor's parents that are (a sibling's label hangs from the parent it shares with the seed's anchor)."""
     for b in range(lo, hi):
         nr = nrows[b]
-        cap = 16
-        while cap < 2 * nr:
-            cap *= 2
-        hkeys = np.full(cap, -1, dtype=np.int64)
-        hvals = np.empty(cap, dtype=np.int32)
-        for i in range(nr):
-            h = _slot(rows[b, i], cap)
-            while hkeys[h] != -1:
-                h = (h + 1) & (cap - 1)
-            hkeys[h] = rows[b, i]
-            hvals[h] = i
+        hkeys, hvals, cap = _row_map(rows, b, nr)
         pos = n_real[b]
         ne = n_edges[b]
         for j in range(n_labels[b]):
