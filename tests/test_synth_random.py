@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from confluence.errors import ConfigError, ConfluenceError
 from confluence.preprocess.pipeline import preprocess
 from confluence.sampler.config import SamplerConfig
 from confluence.sampler.sampler import Sampler
+from confluence.schema.metadata import parse_horizon
 from confluence.schema.validate import load_and_validate
 from confluence.sources import open_source
 from confluence.store import Store
@@ -112,6 +114,10 @@ def check_invariants(root: Path) -> None:
     temporal_child = any(meta["tables"][fk["table"]].get("temporal_column") for fk in drawn["foreign_keys"])
     if temporal_child:
         assert "derived" in kinds
+    for name, kind in drawn["tasks"].items():  # derived tasks say when their label is known (labelled context)
+        if kind == "derived":
+            ahead = "obs_time + INTERVAL" in meta["tasks"][name]["query"]  # its query reads rows after obs_time
+            assert (parse_horizon(meta["tasks"][name]["horizon"]) > 0) == ahead, name
 
 
 def preprocess_and_sample(root: Path, out: Path, encoder) -> Store:
@@ -121,7 +127,9 @@ def preprocess_and_sample(root: Path, out: Path, encoder) -> Store:
     for fk in drawn["foreign_keys"]:  # preprocessing counts exactly the dangling keys the generator planted
         assert store.meta["graph"]["dangling"].get(f"{fk['table']}.{fk['column']}", 0) == fk["dangling"]
     sampler = Sampler([store], CONFIG)
+    labelled = Sampler([store], replace(CONFIG, labels=3))  # every task can show labelled rows
     for info in store.tasks:
+        labelled.build(info.name, np.arange(min(4, info.num_seeds))).batch.validate()
         assert info.num_seeds > 0, info.name
         ids = np.arange(min(4, info.num_seeds))
         res = sampler.build(info.name, ids)

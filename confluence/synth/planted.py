@@ -357,7 +357,7 @@ def planted_metadata(spec: PlantedSpec) -> dict[str, Any]:
     for task, (_, col, stype, _, desc) in DERIVED_QUERIES.items():
         tasks[task] = {"query": derived_query(task), "anchor_table": "customers", "anchor_key": "customer_id",
                        "target_column": col, "target_stype": stype, "observation_time_column": "obs_time",
-                       "description": desc}
+                       "horizon": "0 seconds", "description": desc}  # each target looks back from obs_time
     return {
         "name": f"planted{spec.seed}",
         "description": f"planted-signal database (confluence synth planted, {spec})",

@@ -710,7 +710,9 @@ def _derived_tasks(tables: list[_Table], rng: np.random.Generator) -> dict[str, 
                 return name, None, None
             spec = {"query": _derived_query(pattern, target, child, fk, parent, window, obs),
                     "anchor_table": parent.name, "anchor_key": parent.pk, "target_column": target,
-                    "target_stype": stype, "observation_time_column": "obs_time", "description": desc}
+                    "target_stype": stype, "observation_time_column": "obs_time",
+                    # known `window` days after obs_time when the query looks ahead, at obs_time otherwise
+                    "horizon": f"{window} days" if pattern.endswith("_next") else "0 seconds", "description": desc}
             return name, spec, con.sql(spec["query"]).to_arrow_table().column(target).drop_null()
 
         tasks: dict[str, Any] = {}
