@@ -186,6 +186,10 @@ def test_draft_makes_one_task_per_entity_task_folder(dataset):
                                                                                      "timestamp")
     assert (churn.split.val_time, churn.split.test_time) == ("2021-07-01 00:00:00", "2021-10-01 00:00:00")
     assert "only 0 and 1" in churn.reason
+    # the horizon (labelled context) is RelBench's timedelta, the step between observation times; an autocomplete
+    # target is known at its row's time
+    assert churn.horizon == meta.tasks["item-sales"].horizon == "30 days" and "horizon 30 days" in churn.reason
+    assert meta.tasks["review-rating"].horizon == "0 seconds"
     # the link-prediction folder is left out, with a warning saying why
     assert "user-item-purchase" not in meta.tasks
     skipped = [w for w in dataset["warned"] if w.code == "relbench_task_skipped"]

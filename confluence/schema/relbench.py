@@ -180,6 +180,16 @@ def _draft_task(raw: RawDatabase, tables: dict[str, TableMeta], folder: TaskFold
     if "test" not in labelled:
         notes.append(f"test.parquet has no '{target}' column (hidden labels): its rows are kept for prediction;"
                      " evaluation on test has nothing to score")
+    autocomplete = target in table.columns
+    horizon = "0 seconds" if autocomplete else _horizon(raw, folder, tcol)
+    if autocomplete:
+        notes.append("horizon 0 seconds (an autocomplete target is known at its row's time)")
+    elif horizon is None:
+        notes.append("its horizon is unknown (its observation times are not steps of one span): set the task's"
+                     " horizon by hand for labelled context (sampler.labels)")
+    else:
+        notes.append(f"horizon {horizon}, the most common step between its observation times (RelBench steps them"
+                     " by the task's timedelta, the span its target looks ahead)")
     counts = ", ".join(f"{s} {span[s][2]}" for s in SPLIT_FILES)
     reason = (f"RelBench task folder tasks/{folder.name} ({counts} rows): anchor {entity_table}.{entity_col}"
               f" (fkey_col_to_pkey_table), observation time '{tcol}' (time_col), target '{target}'. {why}. Split:"
@@ -190,8 +200,28 @@ def _draft_task(raw: RawDatabase, tables: dict[str, TableMeta], folder: TaskFold
         name=folder.name, query=query, anchor_table=entity_table, anchor_key=entity_col, target_column=target,
         target_stype=stype, observation_time_column=tcol,
         description=f"RelBench task {folder.name}: {target} of a {entity_table} row, known after the observation time",
-        split=TaskSplit(val_time=iso(val_us), test_time=iso(test_us), column=split_col), reason=reason)
+        split=TaskSplit(val_time=iso(val_us), test_time=iso(test_us), column=split_col), horizon=horizon,
+        reason=reason)
     return task, val_us, test_us
+
+
+def _horizon(raw: RawDatabase, folder: TaskFolder, tcol: str) -> str | None:
+    """The task's horizon as metadata text ("90 days"): RelBench draws a task's observation times `timedelta` apart
+    and labels each with what happens in the next `timedelta`, so the most common step between consecutive distinct
+    observation times (the shortest on a tie) is that span. None with one observation time or irregular ones."""
+    c = quote_ident(tcol)
+    times = " UNION ".join(f"SELECT DISTINCT epoch_ns({c}) // 1000 AS t FROM {view_name(folder.name, s)}"
+                           f" WHERE {c} IS NOT NULL" for s in SPLIT_FILES)
+    rows = raw.fetchall(f"SELECT step, count(*) AS n FROM (SELECT t - lag(t) OVER (ORDER BY t) AS step FROM ({times}))"
+                        " WHERE step IS NOT NULL GROUP BY step ORDER BY n DESC, step LIMIT 1")
+    if not rows or (rows[0][1] < 2 and raw.fetchall(f"SELECT count(*) FROM ({times})")[0][0] > 2):
+        return None  # one observation time, or irregular ones (no step repeats)
+    step = int(rows[0][0])
+    for unit, us in (("days", 86_400_000_000), ("hours", 3_600_000_000), ("minutes", 60_000_000),
+                     ("seconds", 1_000_000)):
+        if step % us == 0:
+            return f"{step // us} {unit}"
+    return f"{max(1, round(step / 1_000_000))} seconds"
 
 
 def _span(raw: RawDatabase, folder: TaskFolder, split: str, tcol: str) -> tuple[int, int, int]:
