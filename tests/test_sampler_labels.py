@@ -277,3 +277,36 @@ def test_no_sibling_labels_through_an_excluded_foreign_key():
             scan = [c for c in by_time if t.obs_time[c] <= t.obs_time[s]][: 16 * k]
             want = [c for c in scan if t.anchor_row[c] != t.anchor_row[s] and t.anchor_row[c] not in in_ctx][:k]
             assert res.labels[b][res.labels[b] >= 0].tolist() == want
+
+
+def test_evaluate_answers_a_task_the_checkpoint_never_trained_on(tmp_path):
+    """`confluence evaluate --checkpoint C --db D --task T` for a task C never trained on: scored beside the trivial
+    baselines with its labelled history as context, and reported as not trained on (zero-shot)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from confluence.cli.main import app
+    from confluence.training.loop import open_stream, train
+    from tests.fixtures.model import tiny_run_config
+
+    store = history_store(0)
+    cfg = tiny_run_config(sampler={"batch_size": 4, "seq_len": 64, "max_rows": 32, "row_buckets": [8, 32],
+                                   "text_buckets": [8, 32], "labels": 4, "tasks": ["amount"],
+                                   "split": {"mode": "temporal", "t_val": 40 * US_PER_DAY,
+                                             "t_test": 70 * US_PER_DAY}},
+                          loop={"max_steps": 4, "ckpt_every": 4, "val_every": 4})
+    with open_stream([store], cfg) as stream:
+        train(cfg, stream, tmp_path / "run", progress=False)
+    out = tmp_path / "m.json"
+    res = CliRunner().invoke(app, ["evaluate", "--checkpoint", str(tmp_path / "run"), "--db", str(store.path),
+                                   "--split", "test", "--task", "next_sales", "--task", "amount", "--json", str(out),
+                                   "--no-progress"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(out.read_text())
+    zero_shot, trained = got["next_sales"], got["amount"]
+    assert zero_shot["info"].get("trained_on_task") is False, got
+    assert trained["info"]["trained_on_task"] is True
+    assert zero_shot["info"]["context_labels"] == 4 and zero_shot["info"]["n_eval"] > 0
+    assert np.isfinite(zero_shot["model"]["mae"]) and "baseline" in zero_shot
+    assert "not trained on" in res.output.split("next_sales", 1)[1].split("\n", 1)[0]

@@ -43,8 +43,10 @@ def results_lines(results: dict, title: str) -> list[str]:
         words = ", ".join(t for t, _ in verdict(r, stype)) if "model" in r else ""
         n = n_scored(r)
         trivial_name = (r.get("baseline") or {}).get("name")
+        unseen = info.get("trained_on_task") is False  # zero-shot: the checkpoint never trained on this task
         lines += ["", f"[bold]{task}[/] ({stype.label}, n = {n if n is not None else '?'}"
-                  + (f", trivial = {trivial_name}" if trivial_name else "") + ")"]
+                  + (f", trivial = {trivial_name}" if trivial_name else "") + ")"
+                  + (" [yellow]not trained on[/]" if unseen else "")]
         if words:
             lines.append(f"    verdict: {words}")
         metrics = [m for m in (r.get("model") or r["baseline"]) if m not in ("n", "name")]

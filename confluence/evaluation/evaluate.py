@@ -155,7 +155,10 @@ def evaluate(
                 entry.update(reference(task, eval_ids, store))
             entry["info"] = {"stype": stype.label, "split": split, "n_eval": int(len(eval_ids)),
                              "n_eval_non_null": int((~truth.is_null).sum()), "n_train": int(len(train_ids)),
-                             "checkpoint_step": loaded.step}
+                             "checkpoint_step": loaded.step,
+                             # zero-shot when the checkpoint never trained on this task; its labelled rows per context
+                             "trained_on_task": loaded.trained_on(store.name, task),
+                             "context_labels": int(loaded.config.sampler.labels)}
             if keep_rows:
                 trivial_preds = M.trivial_predictions(stype, train_vals, int(keep.sum()),
                                                       num_classes=truth.num_classes or None)

@@ -38,6 +38,12 @@ class LoadedModel:
     config: RunConfig
     step: int
     path: Path
+    # the "database/task" keys the run drew training batches of (its stream position); empty if it records none
+    trained_tasks: frozenset[str] = frozenset()
+
+    def trained_on(self, database: str, task: str) -> bool:
+        """Whether the run's training batches included `task` of `database` (else answering it is zero-shot)."""
+        return f"{database}/{task}" in self.trained_tasks
 
 
 def load_model(checkpoint: str | Path) -> LoadedModel:
@@ -49,7 +55,9 @@ def load_model(checkpoint: str | Path) -> LoadedModel:
     model = RelationalTransformer(cfg.model, key=jax.random.key(0))
     params, static = eqx.partition(model, eqx.is_inexact_array)
     params, _ = load_state(ck.path, params)
-    return LoadedModel(model=eqx.combine(params, static), config=cfg, step=ck.step, path=ck.path)
+    streams = (ck.meta.get("stream") or {}).get("streams") or {}  # per task: batches drawn so far
+    drawn = frozenset(k for k, v in streams.items() if int(v.get("epoch", 0)) or int(v.get("batch", 0)))
+    return LoadedModel(model=eqx.combine(params, static), config=cfg, step=ck.step, path=ck.path, trained_tasks=drawn)
 
 
 @dataclass
