@@ -237,7 +237,7 @@ class BatchBuilder:
                 choose_labels_chunk(
                     lo, hi, k_lab, anchors, obs, own, rows, nrows, lab.is_cell, lab.a_lo, lab.a_ptr, lab.a_ids,
                     lab.a_lt, lab.t_ids, lab.t_lt, lab.anchor_row, lab.obs_time, d.parent_indptr, d.parent_indices,
-                    d.parent_column, task.cut_cols, self._segs.seg_ptr, self._segs.seg_off, self._segs.c_idx, self._segs.c_time, lab_out, n_lab,
+                    d.parent_column, task.cut_cols, self._segs.seg_ptr, self._segs.seg_off, self._segs.c_idx, self._segs.c_time, states, lab_out, n_lab,
                 )
                 append_labels_chunk(
                     lo, hi, s_len, lab_out, n_lab, obs, ages_on, task.target_stype, task.target_col, task.obs_col,

@@ -8,11 +8,11 @@ the context (else to those of its parents that are). A label is known from its *
 
 For each seed, up to `sampler.labels` labels are chosen, in this order: the anchor's own earlier labels (latest
 first); the latest label of each other anchor the walk reached, then of anchors sharing a parent with the seed's
-anchor (siblings); then the task's most recent labels. Never the seed's own label (same seed, or same anchor
-and observation time; for a cell-masking task, any label of the seed's own row), never a label whose label time
-is after the seed's observation time, and only labels of the splits a phase may read (`CONTEXT_SPLITS`): training
-and validation contexts read train labels, test contexts train and validation labels, predictions for new anchors
-every label. A cell-masking task's label of a row already in the context is skipped (its cell is already there).
+anchor (siblings); then labels drawn at random among the task's most recent ones (all of a static table's). Never
+the seed's own label (same seed, or same anchor and observation time; for a cell-masking task, any label of the
+seed's own row), never a label whose label time is after the seed's observation time, and only labels of the
+splits a phase may read (`CONTEXT_SPLITS`): training and validation contexts read train labels, test contexts
+train and validation labels, predictions for new anchors every label. A cell-masking task's label of a row already in the context is skipped (its cell is already there).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from numba import njit
 from confluence.batch import ROW_AGE_UNKNOWN
 from confluence.errors import ConfluenceError
 from confluence.sampler.linearize import _slot
+from confluence.sampler.rng import below
 from confluence.sampler.walk import is_cut
 from confluence.schema.metadata import parse_horizon
 from confluence.store.format import NO_CUTOFF, NULL_TIME, STATIC_TIME
@@ -200,10 +201,12 @@ def choose_labels_chunk(
     seg_off: np.ndarray,
     c_idx: np.ndarray,
     c_time: np.ndarray,
+    states: np.ndarray,  # u64[B]: the sequences' random states after the walk (the recent phase's draws)
     out: np.ndarray,  # i64[B, k]: chosen label seeds (-1: none)
     n_out: np.ndarray,  # i32[B]
 ) -> None:
     """Choose up to k labels per sequence lo..hi-1 (module doc: own, reached, siblings, recent)."""
+    st = np.empty(1, dtype=np.uint64)
     a_hi = a_lo + a_ptr.shape[0] - 1
     for b in range(lo, hi):
         nr = nrows[b]
@@ -263,13 +266,18 @@ def choose_labels_chunk(
                                                               is_cell, hkeys, hvals, cap):
                         out[b, n] = s
                         n += 1
-        # 4) the task's most recent labels known at the observation time
-        j = np.searchsorted(t_lt, ob, side="right") - 1
+        # 4) labels drawn at random among the task's _SCAN * k most recent ones known at the observation time, and
+        # those tied in time with the oldest of them (a fixed latest few would show every sequence the same labels,
+        # e.g. on a static table, where all labels tie)
+        j = np.searchsorted(t_lt, ob, side="right")
+        window = min(j, _SCAN * k)
+        if window > 0:
+            window = j - np.searchsorted(t_lt[:j], t_lt[j - window], side="left")
+        st[0] = states[b]
         budget = _SCAN * k
-        while j >= 0 and budget > 0 and n < k:
+        while window > 0 and budget > 0 and n < k:
             budget -= 1
-            s = t_ids[j]
-            j -= 1
+            s = t_ids[j - 1 - below(st, window)]
             if not _chosen(out, b, n, s) and _allowed(s, b, own_seed, anchors, obs, lab_anchor, lab_obs, is_cell,
                                                       hkeys, hvals, cap):
                 out[b, n] = s
