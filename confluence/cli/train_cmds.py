@@ -42,6 +42,9 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
         resume: bool = typer.Option(False, "--resume", help="Continue from the run directory's last checkpoint."),
         force: bool = typer.Option(False, "--force", help="Replace a run already in --out (deleted first)."),
         init_from: Path | None = typer.Option(None, "--init-from", help="Initialise parameters from a checkpoint."),
+        heldout_db: list[Path] = typer.Option([], "--heldout-db", metavar="STORE",
+                                              help="A database never trained on whose tasks' validation losses are "
+                                                   "logged (heldout/...): transfer to a new database; repeatable."),
         set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a setting, e.g. --set optim.lr_adamw=1e-3."),
         coordinator: str | None = typer.Option(None, "--coordinator", help="Multi-host: coordinator host:port."),
         num_processes: int | None = typer.Option(None, "--num-processes", help="Multi-host: number of processes."),
@@ -61,7 +64,7 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
         try:
             from confluence.toolkit.checkpoint import latest_checkpoint, read_checkpoint
             from confluence.training.config import RunConfig, describe_changes
-            from confluence.training.loop import open_stream, prepare_run_dir, train
+            from confluence.training.loop import open_heldout_stream, open_stream, prepare_run_dir, train
 
             cfg = run_config(config, set_, max_steps)
             main = jax.process_index() == 0
@@ -74,11 +77,15 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
             if main:
                 typer.echo(f"training: {describe_schedule(cfg)}")
             stream = open_stream(db, cfg)
+            held = None
             try:
+                held = open_heldout_stream(heldout_db, cfg) if heldout_db else None
                 res = train(cfg, stream, out, resume=resume, init_from=init_from, progress=not no_progress,
-                            force=force)
+                            force=force, heldout=held)
             finally:
                 stream.close()
+                if held is not None:
+                    held.close()
         except ConfluenceError as exc:
             _fail(str(exc))
         typer.echo(f"trained to step {res.step}; last train loss {res.last_loss}; run directory {out}")

@@ -7,7 +7,7 @@ import json
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -105,16 +105,25 @@ def train(
     progress: bool = True,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
     force: bool = False,
+    heldout: BatchStream | None = None,
 ) -> TrainResult:
     """Train until `cfg.loop.max_steps` on `stream`'s training batches. `resume` continues the run's last checkpoint
     exactly (same batches, same schedule position); `init_from` starts from another run's parameters.
-    `on_step(step, scalars)` is called after every step.
+    `on_step(step, scalars)` is called after every step. `heldout` (`open_heldout_stream`): databases the run never
+    trains on, whose tasks' validation losses are logged beside the training databases' (`heldout/<db>/<task>/loss`
+    and their mean `heldout/loss`): how well what is learnt transfers to a new database (pretraining).
 
     A directory that already holds a run is never overwritten silently: without `resume` it is an error unless
     `force` (which deletes that run first); `resume` without a checkpoint to resume is an error too."""
     out_dir = Path(out_dir)
     prepare_run_dir(out_dir, resume=resume, force=force)
     _check_stream(cfg, stream)
+    if heldout is not None:
+        _check_stream(cfg, heldout)
+        clash = sorted({s.name for s in heldout.stores} & {s.name for s in stream.stores})
+        if clash:
+            raise ConfluenceError(f"held-out database(s) {clash} are also training databases: a held-out loss "
+                                  "would not measure transfer")
     mesh = mesh or make_mesh()
     loop = cfg.loop
     stop_at = loop.max_steps
@@ -140,22 +149,35 @@ def train(
     params, opt_state = replicate(params, mesh), replicate(opt_state, mesh)
     tables = [DbTables.from_store(s, cfg.loss.max_k, cfg.model.category_codes) for s in stream.stores]
     dev_tables = [replicate((t.column_embeddings, t.categorical_embeddings), mesh) for t in tables]
+    held_tables = [replicate((t.column_embeddings, t.categorical_embeddings), mesh) for t in
+                   (DbTables.from_store(s, cfg.loss.max_k, cfg.model.category_codes)
+                    for s in (heldout.stores if heldout is not None else []))]
     log = ScalarLog(out_dir / "scalars.csv" if main else None, truncate_after_step=step if resume else None)
 
     def checkpoint(at: int) -> None:
-        meta = {"config": cfg.to_dict(), "stream": stream.position(), "databases": [s.name for s in stream.stores]}
+        meta = {"config": cfg.to_dict(), "stream": stream.position(), "databases": [s.name for s in stream.stores],
+                "heldout_databases": [s.name for s in heldout.stores] if heldout is not None else []}
         save_checkpoint(out_dir, at, params, opt_state, meta, keep=loop.keep_checkpoints)
 
-    def validate() -> dict[str, float]:
+    def val_losses(s: BatchStream, tabs: list[Any], prefix: str) -> dict[str, float]:
         res = {}
-        for e in stream.tasks:
+        for e in s.tasks:
             tot, n = 0.0, 0.0
-            for b in stream.split("val", e.task.name, e.db_idx, max_batches=loop.val_batches):
-                loss, w = trainer.eval_loss(params, shard_inputs(batch_to_inputs(b), mesh), *dev_tables[e.db_idx])
+            for b in s.split("val", e.task.name, e.db_idx, max_batches=loop.val_batches):
+                loss, w = trainer.eval_loss(params, shard_inputs(batch_to_inputs(b), mesh), *tabs[e.db_idx])
                 tot += _scalar(loss) * _scalar(w)
                 n += _scalar(w)
             if n:
-                res[f"val/{e.key}/loss"] = tot / n
+                res[f"{prefix}/{e.key}/loss"] = tot / n
+        return res
+
+    def validate() -> dict[str, float]:
+        res = val_losses(stream, dev_tables, "val")
+        if heldout is not None:
+            held = val_losses(heldout, held_tables, "heldout")
+            if held:
+                held["heldout/loss"] = float(np.mean(list(held.values())))
+            res |= held
         return res
 
     result = TrainResult(step=step, params=None, last_loss=None)
@@ -219,6 +241,13 @@ def train(
         plot_scalars(out_dir / "scalars.csv", out_dir / "scalars.png")
     result.step, result.params = step, params
     return result
+
+
+def open_heldout_stream(paths: list[Path], cfg: RunConfig) -> BatchStream:
+    """A stream over held-out databases for `train(heldout=...)`: the run's sampler settings, but every task of
+    those databases (the run's task list and weights name its training databases' tasks)."""
+    return BatchStream.open(paths, replace(cfg.sampler, tasks=None, task_weights=None), seed=cfg.seed,
+                            rank=jax.process_index(), world_size=jax.process_count())
 
 
 def open_stream(paths: list[Path], cfg: RunConfig) -> BatchStream:
