@@ -41,3 +41,49 @@ def test_a_held_out_database_that_is_also_trained_on_is_refused(tmp_path):
             open_heldout_stream([history_store(0).path], cfg) as held:
         with pytest.raises(ConfluenceError, match="history0.*also training"):
             train(cfg, stream, tmp_path / "run", progress=False, heldout=held)
+
+
+def test_a_run_exported_as_a_pretrained_model_loads_by_name_and_is_checked(tmp_path, monkeypatch):
+    """`export_pretrained` ships a run's parameters with a card of sha256; `pretrained:NAME` loads them wherever a
+    checkpoint is accepted (evaluate, --init-from); a damaged file or an unknown name is an error saying so."""
+    import confluence.pretrained as P
+    from confluence.evaluation.evaluate import evaluate
+    from confluence.evaluation.inference import load_model
+
+    cfg = tiny_run_config(sampler=SAMPLER, loop={"max_steps": 4, "ckpt_every": 4, "val_every": 4})
+    with open_stream([history_store(0).path], cfg) as stream:
+        train(cfg, stream, tmp_path / "run", progress=False)
+    root = tmp_path / "shipped"
+    root.mkdir()
+    monkeypatch.setattr(P, "ROOT", root)
+    dest = P.export_pretrained(tmp_path / "run", "tiny", {"corpus": "history0", "hardware": "test"}, root=root)
+    assert P.available(root) == ["tiny"] and P.card("tiny", root)["step"] == 4
+    with pytest.raises(ConfluenceError, match="already exists"):
+        P.export_pretrained(tmp_path / "run", "tiny", {}, root=root)
+    loaded = load_model("pretrained:tiny")
+    direct = load_model(tmp_path / "run")
+    for a, b in zip(jax_leaves(loaded.model), jax_leaves(direct.model), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert loaded.trained_on("history0", "next_sales")  # the card's model knows what it was trained on
+    res = evaluate("pretrained:tiny", history_store(1).path, split="val", max_seeds=16)  # another database
+    assert np.isfinite(res["next_sales"]["model"]["mae"]) and res["next_sales"]["info"]["trained_on_task"] is False
+    with open_stream([history_store(1).path], cfg) as stream:  # fine-tuning starts from the shipped parameters
+        tuned = train(cfg, stream, tmp_path / "tuned", progress=False, init_from="pretrained:tiny")
+    assert tuned.step == 4
+    with pytest.raises(ConfluenceError, match="no pretrained model pretrained:nope; shipped: pretrained:tiny"):
+        load_model("pretrained:nope")
+    P._verified.cache_clear()
+    with open(dest / "state.eqx", "r+b") as f:  # one byte changed
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 1]))
+    with pytest.raises(ConfluenceError, match="state.eqx has sha256 .* damaged"):
+        load_model("pretrained:tiny")
+
+
+def jax_leaves(model):
+    import equinox as eqx
+    import jax
+
+    return [np.asarray(x) for x in jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array))]

@@ -57,6 +57,7 @@ def load_model(checkpoint: str | Path) -> LoadedModel:
     params, _ = load_state(ck.path, params)
     streams = (ck.meta.get("stream") or {}).get("streams") or {}  # per task: batches drawn so far
     drawn = frozenset(k for k, v in streams.items() if int(v.get("epoch", 0)) or int(v.get("batch", 0)))
+    drawn |= frozenset(ck.meta.get("trained_tasks") or ())  # a shipped model records them (`confluence.pretrained`)
     return LoadedModel(model=eqx.combine(params, static), config=cfg, step=ck.step, path=ck.path, trained_tasks=drawn)
 
 

@@ -99,7 +99,12 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def resolve_checkpoint(path: Path) -> Path:
-    """A run directory (its LATEST checkpoint), a `checkpoints/` directory, or a checkpoint directory."""
+    """A run directory (its LATEST checkpoint), a `checkpoints/` directory, a checkpoint directory, or the name of a
+    shipped model, `pretrained:NAME` (`confluence.pretrained`; its files checked against its card's sha256)."""
+    from confluence.pretrained import checkpoint_path, is_pretrained
+
+    if is_pretrained(path):
+        return checkpoint_path(path)
     path = Path(path)
     for root in (path / "checkpoints", path):
         latest = root / LATEST

@@ -53,6 +53,26 @@ def _check_stream(cfg: RunConfig, stream: BatchStream) -> None:
                                   f"d_t={cfg.model.d_t}; set model.d_t to match the store")
 
 
+def _init_params(cfg: RunConfig, init_from: Path | str, like: Any) -> Any:
+    """Parameters of checkpoint `init_from` (a path or `pretrained:NAME`) for this run's model; when they do not fit,
+    the error names the model settings in which the checkpoint differs."""
+    from dataclasses import fields
+
+    from confluence.toolkit.checkpoint import CheckpointError
+
+    try:
+        params, _ = load_state(init_from, like)
+        return params
+    except CheckpointError as exc:
+        saved = RunConfig.from_dict(read_checkpoint(init_from).meta.get("config", {})).model
+        diffs = [f"model.{f.name} = {getattr(saved, f.name)!r} there, {getattr(cfg.model, f.name)!r} here"
+                 for f in fields(saved) if getattr(saved, f.name) != getattr(cfg.model, f.name)]
+        if not diffs:
+            raise
+        raise ConfluenceError(f"--init-from {init_from}: its model does not fit this run's ({'; '.join(diffs)}); "
+                              "use a recipe with the same model settings or --set them") from exc
+
+
 def saved_position(meta: dict[str, Any]) -> dict[str, Any]:
     """The stream position a checkpoint holds (also of checkpoints written before the batch stream existed)."""
     if "stream" in meta:
@@ -141,7 +161,7 @@ def train(
         step = ck.step
         stream.restore(saved_position(ck.meta))
     elif init_from is not None:
-        params, _ = load_state(Path(init_from), params)
+        params = _init_params(cfg, init_from, params)
     main = jax.process_index() == 0  # only process 0 writes the run directory (logs, config, checkpoints)
     if main:
         (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))

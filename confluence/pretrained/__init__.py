@@ -1,0 +1,131 @@
+"""Pretrained checkpoints shipped inside the package, loadable by name: `--checkpoint pretrained:small`,
+`--init-from pretrained:small` (docs/pretrained.md, the model card).
+
+A shipped model is a directory `confluence/pretrained/<name>/` holding a checkpoint's parameters (`state.eqx`,
+without optimizer state: a fine-tuning run starts its own), its `meta.json` (training config, step, databases) and
+`card.json`: how it was made (corpus, steps, hardware, wall time, command) and the sha256 of each file, checked
+every time the model is loaded, so a damaged or swapped file is an error, never a silently different model.
+`export_pretrained` makes one from a run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from confluence.errors import ConfluenceError
+
+PREFIX = "pretrained:"
+ROOT = Path(__file__).resolve().parent
+CARD = "card.json"
+SHIPPED_FILES = ("state.eqx", "meta.json")
+MAX_BYTES = 25 * 2**20  # what the repository accepts for a shipped model
+
+
+def is_pretrained(spec: str | os.PathLike[str]) -> bool:
+    """Whether `spec` names a shipped model (`pretrained:NAME`) rather than a path."""
+    return str(spec).startswith(PREFIX)
+
+
+def available(root: Path | None = None) -> list[str]:
+    """The names of the shipped models."""
+    root = root or ROOT
+    return sorted(p.name for p in root.iterdir() if (p / CARD).is_file())
+
+
+def card(name: str, root: Path | None = None) -> dict[str, Any]:
+    """The model card of shipped model `name` (card.json)."""
+    return json.loads((_dir(name, root) / CARD).read_text())
+
+
+def _dir(name: str, root: Path | None) -> Path:
+    root = root or ROOT
+    d = root / name
+    if not name or "/" in name or not (d / CARD).is_file():
+        names = ", ".join(f"{PREFIX}{n}" for n in available(root)) or "none"
+        raise ConfluenceError(f"no pretrained model {PREFIX}{name}; shipped: {names}")
+    return d
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@cache
+def _verified(d: Path) -> Path:
+    want = json.loads((d / CARD).read_text()).get("sha256") or {}
+    for f in SHIPPED_FILES:
+        if f not in want:
+            raise ConfluenceError(f"pretrained model {d.name}: its card.json records no sha256 of {f}")
+        if not (d / f).is_file():
+            raise ConfluenceError(f"pretrained model {d.name}: {f} is missing from {d}")
+        got = sha256(d / f)
+        if got != want[f]:
+            raise ConfluenceError(f"pretrained model {d.name}: {d / f} has sha256 {got[:16]}..., its card records "
+                                  f"{want[f][:16]}...: the file is damaged or not the one shipped; reinstall")
+    return d
+
+
+def checkpoint_path(spec: str | os.PathLike[str], root: Path | None = None) -> Path:
+    """The checkpoint directory of `pretrained:NAME`, after checking its files against the card's sha256."""
+    name = str(spec)[len(PREFIX):] if is_pretrained(spec) else str(spec)
+    return _verified(_dir(name, root))
+
+
+def export_pretrained(run: Path, name: str, info: dict[str, Any], root: Path | None = None,
+                      overwrite: bool = False) -> Path:
+    """Ship the latest checkpoint of `run` as `pretrained:<name>` under `root`: its parameters only (no optimizer
+    state), its meta.json and a card with `info` (corpus, hardware, wall time, command, results) and the files'
+    sha256. Written to a temporary directory and renamed, so a half-written model never loads; an existing one
+    is replaced only with `overwrite`."""
+    import equinox as eqx
+    import jax
+
+    from confluence.model.transformer import RelationalTransformer
+    from confluence.toolkit.checkpoint import META_FILE, STATE_FILE, load_state, read_checkpoint
+    from confluence.training.config import RunConfig
+
+    if not name or "/" in name or name.startswith("."):
+        raise ConfluenceError(f"pretrained model name {name!r}: use letters, digits, '-' or '_'")
+    root = root or ROOT
+    dest = root / name
+    if dest.exists() and not overwrite:
+        raise ConfluenceError(f"pretrained model {name} already exists at {dest}; pass overwrite to replace it")
+    ck = read_checkpoint(Path(run))
+    cfg = RunConfig.from_dict(ck.meta["config"])
+    like, _ = eqx.partition(RelationalTransformer(cfg.model, key=jax.random.key(0)), eqx.is_inexact_array)
+    params, _ = load_state(ck.path, like)
+    tmp = root / f".tmp-{name}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    eqx.tree_serialise_leaves(tmp / STATE_FILE, params)
+    meta = {k: v for k, v in ck.meta.items() if k != "stream"}  # the stream position is the run's, not the model's
+    meta["trained_tasks"] = sorted(k for k, v in ((ck.meta.get("stream") or {}).get("streams") or {}).items()
+                                   if int(v.get("epoch", 0)) or int(v.get("batch", 0)))
+    (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
+    size = sum((tmp / f).stat().st_size for f in SHIPPED_FILES)
+    if size > MAX_BYTES:
+        shutil.rmtree(tmp)
+        raise ConfluenceError(f"pretrained model {name}: {size / 2**20:.1f} MiB, more than the {MAX_BYTES >> 20} MiB "
+                              "a shipped model may take")
+    full = {"name": name, "step": ck.step, "source_run": str(Path(run)), **info,
+            "bytes": size, "sha256": {f: sha256(tmp / f) for f in SHIPPED_FILES}}
+    (tmp / CARD).write_text(json.dumps(full, indent=2) + "\n")
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(tmp, dest)
+    _verified.cache_clear()
+    return dest
+
+
+__all__ = ["PREFIX", "available", "card", "checkpoint_path", "export_pretrained", "is_pretrained"]
