@@ -4,6 +4,7 @@ fall as the model learns what transfers; a held-out database that is also traine
 from __future__ import annotations
 
 import csv
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -56,8 +57,19 @@ def test_a_run_exported_as_a_pretrained_model_loads_by_name_and_is_checked(tmp_p
     root = tmp_path / "shipped"
     root.mkdir()
     monkeypatch.setattr(P, "ROOT", root)
-    dest = P.export_pretrained(tmp_path / "run", "tiny", {"corpus": "history0", "hardware": "test"}, root=root)
+    from typer.testing import CliRunner
+
+    from confluence.cli.main import app
+
+    info = tmp_path / "info.json"
+    info.write_text('{"corpus": "history0", "hardware": "test"}')
+    res = CliRunner().invoke(app, ["pretrained", "export", str(tmp_path / "run"), "--name", "tiny", "--info",
+                                   str(info), "--to", str(root)])
+    assert res.exit_code == 0, res.output
+    dest = root / "tiny"
     assert P.available(root) == ["tiny"] and P.card("tiny", root)["step"] == 4
+    res = CliRunner().invoke(app, ["pretrained", "show", "pretrained:tiny"])
+    assert res.exit_code == 0 and '"corpus": "history0"' in res.output and "checked" in res.output
     with pytest.raises(ConfluenceError, match="already exists"):
         P.export_pretrained(tmp_path / "run", "tiny", {}, root=root)
     loaded = load_model("pretrained:tiny")
@@ -87,3 +99,36 @@ def jax_leaves(model):
     import jax
 
     return [np.asarray(x) for x in jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array))]
+
+
+def test_the_pretrain_command_trains_on_a_corpus_and_validates_on_its_held_out_members(tmp_path):
+    """`confluence pretrain --corpus DIR`: the corpus's train members are the training databases, its held-out
+    members are only validated on; a half-built corpus is refused before anything trains."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from confluence.cli.main import app
+    from confluence.corpus import build_corpus, open_corpus
+    from tests.fixtures.bookstore import HashEncoder
+
+    corpus = build_corpus(tmp_path / "corpus", 4, rows=0.05, heldout=0.25, encoder=HashEncoder(8), progress=False)
+    assert len(corpus.heldout_stores) == 1 and len(corpus.train_stores) == 3
+    cfg = tiny_run_config(sampler=SAMPLER, loop={"max_steps": 3, "ckpt_every": 3, "val_every": 3})
+    recipe = tmp_path / "tiny.json"
+    recipe.write_text(json.dumps(cfg.to_dict()))
+    res = CliRunner().invoke(app, ["pretrain", "--corpus", str(tmp_path / "corpus"), "--out", str(tmp_path / "run"),
+                                   "--config", str(recipe), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert "on 3 database(s), 1 held out" in res.output and "heldout/loss" in res.output
+    meta = json.loads(next((tmp_path / "run" / "checkpoints").glob("step_*/meta.json")).read_text())
+    held = [m for m in open_corpus(tmp_path / "corpus").members if m.role == "heldout"]
+    assert len(meta["databases"]) == 3 and len(meta["heldout_databases"]) == 1 and len(held) == 1
+    assert not set(meta["databases"]) & set(meta["heldout_databases"])
+    import shutil
+
+    shutil.rmtree(corpus.train_stores[0])  # a member missing: refused, naming it
+    res = CliRunner().invoke(app, ["pretrain", "--corpus", str(tmp_path / "corpus"), "--out", str(tmp_path / "r2"),
+                                   "--config", str(recipe), "--no-progress"])
+    assert res.exit_code == 1 and "not built" in res.output and Path(corpus.train_stores[0]).name in res.output
+    assert not (tmp_path / "r2").exists()

@@ -15,6 +15,7 @@ from confluence.cli import (
     data_cmds,
     demo_cmds,
     eval_cmds,
+    pretrained_cmds,
     sampler_cmds,
     schema_cmds,
     serve_cmds,
@@ -38,7 +39,7 @@ app.add_typer(bench_app, name="bench")
 app.add_typer(text_app, name="text")
 
 for _area in (schema_cmds, data_cmds, sampler_cmds, train_cmds, eval_cmds, textenc_cmds, text_cmds, bench_cmds,
-              demo_cmds, synth_cmds, serve_cmds, corpus_cmds):
+              demo_cmds, synth_cmds, serve_cmds, corpus_cmds, pretrained_cmds):
     _area.register(app, bench_app, text_app)
 
 

@@ -62,32 +62,75 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
             jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
                                        process_id=process_id)
         try:
-            from confluence.toolkit.checkpoint import latest_checkpoint, read_checkpoint
-            from confluence.training.config import RunConfig, describe_changes
-            from confluence.training.loop import open_heldout_stream, open_stream, prepare_run_dir, train
-
-            cfg = run_config(config, set_, max_steps)
-            main = jax.process_index() == 0
-            if resume or not force:  # refuse before the stores are opened; --force deletes only in train()
-                prepare_run_dir(out, resume=resume, force=False)
-            if resume and main and latest_checkpoint(out) is not None:
-                saved = RunConfig.from_dict(read_checkpoint(out).meta.get("config", {}))
-                for line in describe_changes(saved, cfg):
-                    typer.echo(f"resume: setting changed since the checkpoint: {line}")
-            if main:
-                typer.echo(f"training: {describe_schedule(cfg)}")
-            stream = open_stream(db, cfg)
-            held = None
-            try:
-                held = open_heldout_stream(heldout_db, cfg) if heldout_db else None
-                res = train(cfg, stream, out, resume=resume, init_from=init_from, progress=not no_progress,
-                            force=force, heldout=held)
-            finally:
-                stream.close()
-                if held is not None:
-                    held.close()
+            res = _run(run_config(config, set_, max_steps), out, db, heldout_db, resume=resume, force=force,
+                       init_from=init_from, no_progress=no_progress)
         except ConfluenceError as exc:
             _fail(str(exc))
-        typer.echo(f"trained to step {res.step}; last train loss {res.last_loss}; run directory {out}")
-        for k, v in sorted(res.val_losses.items()):
-            typer.echo(f"  {k}: {v:.4f}")
+        _report(res, out)
+
+    @app.command("pretrain")
+    def pretrain_cmd(
+        corpus: Path = typer.Option(..., "--corpus", help="Corpus directory (`confluence corpus build`): trains on "
+                                                          "its train members, validates on its held-out ones too."),
+        out: Path = typer.Option(..., "--out", help="Run directory (checkpoints, scalars.csv, config.json)."),
+        config: str = typer.Option("pretrain-small", "--config", help="Recipe (pretrain-small, pretrain-base) or a "
+                                                                      ".toml / .json file."),
+        max_steps: int | None = typer.Option(None, "--max-steps", min=1,
+                                             help="Run length (sets loop.max_steps; the schedule follows)."),
+        resume: bool = typer.Option(False, "--resume", help="Continue from the run directory's last checkpoint."),
+        force: bool = typer.Option(False, "--force", help="Replace a run already in --out (deleted first)."),
+        init_from: Path | None = typer.Option(None, "--init-from", help="Start from a checkpoint's parameters "
+                                                                         "(e.g. pretrained:small, to continue it)."),
+        set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a setting."),
+        no_progress: bool = typer.Option(False, "--no-progress", help="No console progress bar."),
+    ) -> None:
+        """Pretrain on a corpus of databases: database-first task sampling with labelled context (the recipe),
+        validation losses of the corpus's held-out databases logged as heldout/... (docs/pretraining.md)."""
+        try:
+            from confluence.corpus import open_corpus
+
+            found = open_corpus(corpus)
+            if not found.train_stores:
+                raise ConfluenceError(f"corpus {corpus}: no training member")
+            res = _run(run_config(config, set_, max_steps), out, found.train_stores, found.heldout_stores,
+                       resume=resume, force=force, init_from=init_from, no_progress=no_progress)
+        except ConfluenceError as exc:
+            _fail(str(exc))
+        _report(res, out)
+
+
+def _run(cfg, out: Path, db: list[Path], heldout_db: list[Path], *, resume: bool, force: bool,
+         init_from: Path | None, no_progress: bool):
+    """Open the stores and train (`train` / `pretrain`): a run directory is checked before any store is opened."""
+    import jax
+
+    from confluence.toolkit.checkpoint import latest_checkpoint, read_checkpoint
+    from confluence.training.config import RunConfig, describe_changes
+    from confluence.training.loop import open_heldout_stream, open_stream, prepare_run_dir, train
+
+    main = jax.process_index() == 0
+    if resume or not force:  # refuse before the stores are opened; --force deletes only in train()
+        prepare_run_dir(out, resume=resume, force=False)
+    if resume and main and latest_checkpoint(out) is not None:
+        saved = RunConfig.from_dict(read_checkpoint(out).meta.get("config", {}))
+        for line in describe_changes(saved, cfg):
+            typer.echo(f"resume: setting changed since the checkpoint: {line}")
+    if main:
+        typer.echo(f"training: {describe_schedule(cfg)}"
+                   + (f" on {len(db)} database(s), {len(heldout_db)} held out" if heldout_db else ""))
+    stream = open_stream(db, cfg)
+    held = None
+    try:
+        held = open_heldout_stream(heldout_db, cfg) if heldout_db else None
+        return train(cfg, stream, out, resume=resume, init_from=init_from, progress=not no_progress, force=force,
+                     heldout=held)
+    finally:
+        stream.close()
+        if held is not None:
+            held.close()
+
+
+def _report(res, out: Path) -> None:
+    typer.echo(f"trained to step {res.step}; last train loss {res.last_loss}; run directory {out}")
+    for k, v in sorted(res.val_losses.items()):
+        typer.echo(f"  {k}: {v:.4f}")
