@@ -42,6 +42,7 @@ from confluence.store import Store
 from confluence.toolkit.checkpoint import save_checkpoint
 from tests.fixtures.graphs import random_store
 from tests.fixtures.model import tiny_run_config
+from tests.fixtures.net import free_port
 
 STORE_SAMPLER = {"seq_len": 48, "max_rows": 16, "row_buckets": [16], "text_buckets": [64], "width": 4}
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,12 +57,6 @@ def run(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("serve") / "run"
     save_checkpoint(path, 0, params, None, {"config": cfg.to_dict()})
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Client:

@@ -17,7 +17,6 @@ import filecmp
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -39,6 +38,7 @@ from confluence.sources import DataWarning, open_source, redact_url
 from confluence.sources.pg_url import parse_url
 from confluence.sources.postgres import open_postgres
 from tests.fixtures.bookstore import HashEncoder, bookstore_tables, write_bookstore, write_metadata
+from tests.fixtures.net import free_port
 
 USER = "confluence"
 PASSWORD = "pw:s3cret@x"  # needs percent-encoding in a URL: both spellings must stay out of every message
@@ -57,12 +57,6 @@ def _pg_bindir() -> Path | None:
     return dirs[0] if dirs else None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     """A PostgreSQL server in a temporary directory; `url()` names one of its databases."""
 
@@ -70,7 +64,7 @@ class Server:
         self.bindir = bindir
         self.dir = Path(tempfile.mkdtemp(prefix="confluence-pg-"))
         self.data = self.dir / "data"
-        self.port = _free_port()
+        self.port = free_port()
         # initdb refuses to run as root: then the server runs as Debian's `postgres` user, owning the directory
         self.as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
         (self.dir / "pw").write_text(PASSWORD + "\n")
@@ -376,7 +370,7 @@ def test_tiny_schema_gives_the_parquet_store(server, tmp_path):
 def test_errors_name_the_server_and_the_problem_never_the_password(server, case, expected):
     url = {"password": server.url(password="wrong-pass"), "database": server.url("nosuchdb"),
            "schema": server.url(schema="nope"), "empty": server.url(schema="nothing"),
-           "port": server.url().replace(str(server.port), str(_free_port())), "numeric": server.url("badnum")}[case]
+           "port": server.url().replace(str(server.port), str(free_port())), "numeric": server.url("badnum")}[case]
     with pytest.raises(DataError) as info:
         open_source(url)
     msg = str(info.value)

@@ -3,7 +3,6 @@
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 
 from confluence.toolkit.logs import TENSORBOARD_DIR, ScalarLog, read_scalars
+from tests.fixtures.net import free_port
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 
@@ -62,12 +62,6 @@ def test_no_events_when_disabled_or_not_the_main_process(tmp_path):
     assert not (tmp_path / TENSORBOARD_DIR).exists()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get(url: str):
     with urllib.request.urlopen(url, timeout=5) as r:
         return json.loads(r.read())
@@ -84,7 +78,7 @@ def test_tensorboard_serves_a_training_runs_curves(tiny_store, tmp_path):
         train(cfg, s, run, progress=False)
     csv = read_scalars(run / "scalars.csv")
     exe = shutil.which("tensorboard") or str(__import__("pathlib").Path(sys.executable).with_name("tensorboard"))
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([exe, "--logdir", str(run), "--port", str(port), "--host", "127.0.0.1",
                              "--load_fast", "false", "--reload_interval", "1"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

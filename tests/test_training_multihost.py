@@ -2,7 +2,6 @@
 its own batch-local text table: the data-parallel step equals one process stepping on the concatenated batch."""
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -16,6 +15,7 @@ from confluence.model.inputs import BATCH_AXIS_FIELDS, DbTables, batch_to_inputs
 from confluence.toolkit.mesh import make_mesh, replicate
 from confluence.training.step import shard_inputs
 from tests.fixtures.model import tiny_db, tiny_model, tiny_run_config, tiny_trainer
+from tests.fixtures.net import free_port
 
 TASKS = (0, 3)
 
@@ -51,12 +51,6 @@ WORKER = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _concat(b0, b1):
     """One B=4 batch from two local B=2 batches: text tables stacked, the second half's text ids shifted."""
     i0, i1 = batch_to_inputs(b0), batch_to_inputs(b1)
@@ -75,7 +69,7 @@ def test_two_processes_equal_one_process_on_the_concatenated_batch(tmp_path):
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(root))
     env.pop("XLA_FLAGS", None)
-    port, out = str(_free_port()), tmp_path / "params.npz"
+    port, out = str(free_port()), tmp_path / "params.npz"
     procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(pid), port, str(out)], cwd=root, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for pid in (0, 1)]
     logs = [p.communicate(timeout=600)[0] for p in procs]
