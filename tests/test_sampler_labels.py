@@ -319,3 +319,25 @@ def test_evaluate_answers_a_task_the_checkpoint_never_trained_on(tmp_path):
     assert zero_shot["info"]["context_labels"] == 4 and zero_shot["info"]["n_eval"] > 0
     assert np.isfinite(zero_shot["model"]["mae"]) and "baseline" in zero_shot
     assert "not trained on" in res.output.split("next_sales", 1)[1].split("\n", 1)[0]
+
+
+def test_a_derived_task_without_an_observation_time_needs_no_horizon():
+    """A derived task with no observation-time column (a function of its anchor row, e.g. upper(country)) is
+    observed at the row's time: its labels are known then, like a cell's, without a horizon."""
+    from confluence.sampler.labels import task_horizon
+
+    store = build_bookstore(_ROOT_DIR() / "no_obs_horizon", "small", dim=8)
+    from confluence.store import Store
+
+    s = Store.open(store)
+    assert task_horizon(s, "country_upper") == 0  # no observation time, no horizon given
+    assert task_horizon(s, "orders_next_30d") == 0  # "0 seconds", as its metadata says
+    with Sampler([s], replace(BASE, labels=3, tasks=("country_upper",))) as sampler:
+        res = sampler.build("country_upper", sampler.seed_ids("train", "country_upper")[-8:], context="train")
+        assert (res.labels >= 0).any()
+
+
+def _ROOT_DIR():
+    from tests.fixtures.graphs import _ROOT
+
+    return _ROOT

@@ -44,10 +44,15 @@ _UNKNOWN_AGE = np.float32(ROW_AGE_UNKNOWN)
 
 
 def task_horizon(store: Any, task: str) -> int | None:
-    """The horizon (µs) the metadata of `task` declares, None when it declares none."""
+    """The horizon (µs) the metadata of `task` declares; 0 for a derived task without an observation-time column
+    (a function of its anchor row, observed at the row's time: its label is known then, as a cell's); None when a
+    task with an observation time declares none."""
     meta = getattr(store, "meta", None)
     tasks = ((meta or {}).get("database") or {}).get("tasks") or {}
-    text = (tasks.get(task) or {}).get("horizon")
+    spec = tasks.get(task) or {}
+    text = spec.get("horizon")
+    if text is None and spec and not spec.get("observation_time_column"):
+        return 0
     return None if text is None else parse_horizon(text)
 
 
