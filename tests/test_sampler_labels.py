@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from confluence.errors import ConfluenceError
+from confluence.errors import ConfigError, ConfluenceError
 from confluence.sampler import BatchStream, Sampler, SamplerConfig, SplitConfig
 from confluence.sampler.labels import VIA_LABEL, label_times
 from confluence.sampler.splits import split_seed_ids, task_split
@@ -341,3 +341,40 @@ def _ROOT_DIR():
     from tests.fixtures.graphs import _ROOT
 
     return _ROOT
+
+
+def test_labels_off_hides_the_labels_of_a_share_of_training_contexts_only():
+    """`labels_off = p`: about a share p of training contexts show no label (drawn per seed and epoch, so the same
+    batch twice is the same); the others, and every walk, are exactly those of `labels_off = 0`; validation and
+    test contexts always show their labels."""
+    store = history_store(1)
+    split = SplitConfig(mode="temporal", t_val=40 * US_PER_DAY, t_test=70 * US_PER_DAY)
+    on, off = replace(BASE, labels=4, split=split), replace(BASE, labels=4, labels_off=0.5, split=split)
+    with Sampler([store], on, seed=3) as a, Sampler([store], off, seed=3) as b:
+        ids = a.seed_ids("train", "next_sales")
+        hidden = shown = 0
+        for lo in range(0, min(len(ids), 64), 8):
+            chunk = ids[lo: lo + 8]
+            full, part = a.build("next_sales", chunk, context="train"), b.build("next_sales", chunk, context="train")
+            again = b.build("next_sales", chunk, context="train")
+            np.testing.assert_array_equal(part.labels, again.labels)
+            for i in range(len(chunk)):
+                n = int(res_n(part, i))
+                walk = int(full.nrows[i]) - int(res_n(full, i))
+                np.testing.assert_array_equal(part.rows[i, :walk], full.rows[i, :walk])  # the walk is unchanged
+                if n == 0 and res_n(full, i) > 0:
+                    hidden += 1
+                elif n:
+                    shown += 1
+                    np.testing.assert_array_equal(part.labels[i], full.labels[i])
+        assert hidden >= 8 and shown >= 8  # about half of the 64 contexts each way
+        for split in ("val", "test"):
+            sids = a.seed_ids(split, "next_sales")[:8]
+            np.testing.assert_array_equal(a.build("next_sales", sids, context=split).labels,
+                                          b.build("next_sales", sids, context=split).labels)
+    with pytest.raises(ConfigError, match="labels_off"):
+        replace(BASE, labels=4, labels_off=1.0)
+
+
+def res_n(res, i: int) -> int:
+    return int((res.labels[i] >= 0).sum())

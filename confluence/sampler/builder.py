@@ -24,7 +24,7 @@ from confluence.sampler.data import SamplerData, TaskData, readonly
 from confluence.sampler.labels import LabelIndex, append_labels_chunk, choose_labels_chunk
 from confluence.sampler.linearize import fill_adjacency, linearize_chunk
 from confluence.sampler.perms import perms_chunk
-from confluence.sampler.rng import sequence_states, stream_key
+from confluence.sampler.rng import hash_unit, sequence_states, stream_key
 from confluence.sampler.textgather import dedup_text, gather_rows
 from confluence.sampler.walk import anchor_cells_chunk, walk_chunk
 from confluence.stypes import D_TIME, SemanticType
@@ -130,13 +130,15 @@ class BatchBuilder:
 
     # ---- the build
     def build(self, task: TaskData, seed_ids: np.ndarray, epoch: int = 0, n_valid: int | None = None,
-              serial: bool = False, labels: LabelIndex | None = None, own_seeds: bool = True) -> BuildResult:
+              serial: bool = False, labels: LabelIndex | None = None, own_seeds: bool = True,
+              labels_off: float = 0.0) -> BuildResult:
         """One batch of `batch_size` sequences for `seed_ids` (at most batch_size; the rest are filler).
 
         `serial`: build it entirely in the calling thread (how the batch stream builds whole batches in the pool's
         workers); otherwise the sequences are split over the pool. The result is the same either way.
         `labels`: the labels the contexts may show (`sampler.labels` of them per sequence, `confluence.sampler.
-        labels`); `own_seeds`: `seed_ids` index the labels' task (False: an ad-hoc anchor task)."""
+        labels`); `own_seeds`: `seed_ids` index the labels' task (False: an ad-hoc anchor task); `labels_off`: the
+        share of these sequences shown no labels (drawn per seed and epoch; `sampler.labels_off`, training only)."""
         cfg, d = self.config, self.data
         seed_ids = np.asarray(seed_ids, dtype=np.int64)
         bsz = cfg.batch_size
@@ -166,6 +168,8 @@ class BatchBuilder:
         s_walk = s_len - k_lab * (2 if task.obs_col >= 0 else 1)
         rows_walk = max_rows - k_lab
         lab_out = np.full((bsz, max(k_lab, 1)), -1, dtype=np.int64)
+        no_labels = (hash_unit(stream_key("labels_off", self.seed, epoch, self.db_idx, task.index), seed_ids)
+                     < labels_off) if k_lab > 0 and labels_off > 0 else None
         n_lab = np.zeros(bsz, dtype=np.int32)
         own = seed_ids if own_seeds else np.full(bsz, -1, dtype=np.int64)
         rows = np.zeros((bsz, max_rows), dtype=np.int64)
@@ -239,6 +243,9 @@ class BatchBuilder:
                     lab.a_lt, lab.t_ids, lab.t_lt, lab.anchor_row, lab.obs_time, d.parent_indptr, d.parent_indices,
                     d.parent_column, task.cut_cols, self._segs.seg_ptr, self._segs.seg_off, self._segs.c_idx, self._segs.c_time, states, lab_out, n_lab,
                 )
+                if no_labels is not None:  # this chunk's sequences drawn to be shown no labels (the walk unchanged)
+                    off = np.flatnonzero(no_labels[lo:hi]) + lo
+                    lab_out[off], n_lab[off] = -1, 0
                 append_labels_chunk(
                     lo, hi, s_len, lab_out, n_lab, obs, ages_on, task.target_stype, task.target_col, task.obs_col,
                     lab.anchor_row, lab.label_time, lab.tgt_f32, lab.tgt_ts, lab.tgt_u32, lab.tgt_bits,

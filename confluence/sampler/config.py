@@ -51,6 +51,9 @@ class SamplerConfig:
     # labelled task rows per context (in-context learning, `confluence.sampler.labels`): 0 keeps contexts without
     # labels; k reserves room for k rows of 1-2 cells each at the end of the sequence
     labels: int = 0
+    # the share of *training* contexts shown no labels (drawn per sequence and epoch): a model that always sees its
+    # task's labels may learn to copy them instead of reading the rows (measured: docs/RESULTS.md); 0 = always shown
+    labels_off: float = 0.0
     child_counts: Literal["none", "anchor", "all"] = "none"  # "anchor" / "all": the anchor / every row also shows,
     # per foreign key pointing at its table, how many rows referenced it by the observation time
     row_buckets: tuple[int, ...] = (16, 32, 64, 128, 256)  # R is padded up to one of these
@@ -74,6 +77,8 @@ class SamplerConfig:
         if not isinstance(self.labels, int) or not 0 <= 2 * self.labels < min(self.seq_len, 2 * self.max_rows):
             raise ConfigError("labels", f"must be an integer with 2 x labels below seq_len ({self.seq_len}) and "
                                         f"labels below max_rows ({self.max_rows}), got {self.labels!r}")
+        if not isinstance(self.labels_off, int | float) or not 0.0 <= float(self.labels_off) < 1.0:
+            raise ConfigError("labels_off", f"must be a share in [0, 1), got {self.labels_off!r}")
         if self.width < 0:
             raise ConfigError("width", f"must be >= 0, got {self.width}")
         if not 0 <= self.recent <= self.width:

@@ -147,7 +147,10 @@ class Sampler:
         if self.config.labels == 0:
             return {}
         base = next(e.task for e in self.entries if e.db_idx == db_idx and e.task.name == data.name)
-        return {"labels": self.label_index(data.name, db_idx, context), "own_seeds": data is base}
+        out = {"labels": self.label_index(data.name, db_idx, context), "own_seeds": data is base}
+        if context == "train" and self.config.labels_off > 0:  # training contexts only; evaluation shows them all
+            out["labels_off"] = float(self.config.labels_off)
+        return out
 
     def account(self, res: BuildResult) -> None:
         """Add a build's phase timings to the totals (`timings`, `cpu_timings`)."""
