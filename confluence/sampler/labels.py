@@ -25,7 +25,7 @@ from numba import njit
 
 from confluence.batch import ROW_AGE_UNKNOWN
 from confluence.errors import ConfluenceError
-from confluence.sampler.linearize import _slot
+from confluence.sampler.linearize import local_row, row_map
 from confluence.sampler.rng import below
 from confluence.sampler.walk import is_cut
 from confluence.schema.metadata import parse_horizon
@@ -118,34 +118,6 @@ def build_label_index(task: Any, pool: np.ndarray, label_time: np.ndarray, tab_r
     )
 
 
-@njit(nogil=True, cache=True)
-def _row_map(rows: np.ndarray, b: int, nr: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """Sequence b's rows as an open-addressing table (global row -> sequence-local index), as linearize builds it."""
-    cap = 16
-    while cap < 2 * nr:
-        cap *= 2
-    hkeys = np.full(cap, -1, dtype=np.int64)
-    hvals = np.empty(cap, dtype=np.int32)
-    for i in range(nr):
-        h = _slot(rows[b, i], cap)
-        while hkeys[h] != -1:
-            h = (h + 1) & (cap - 1)
-        hkeys[h] = rows[b, i]
-        hvals[h] = i
-    return hkeys, hvals, cap
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _local(hkeys: np.ndarray, hvals: np.ndarray, cap: int, row: int) -> int:
-    """Sequence-local index of global `row`, -1 when it is not in the context."""
-    h = _slot(row, cap)
-    while hkeys[h] != -1:
-        if hkeys[h] == row:
-            return hvals[h]
-        h = (h + 1) & (cap - 1)
-    return -1
-
-
 @njit(nogil=True, cache=True, inline="always")
 def _chosen(out: np.ndarray, b: int, n: int, s: int) -> bool:
     for q in range(n):
@@ -163,7 +135,7 @@ def _allowed(s: int, b: int, own_seed: np.ndarray, anchors: np.ndarray, obs: np.
     a = lab_anchor[s]
     if a == anchors[b] and (is_cell or lab_obs[s] == obs[b]):
         return False
-    if is_cell and _local(hkeys, hvals, cap, a) >= 0:
+    if is_cell and local_row(hkeys, hvals, cap, a) >= 0:
         return False
     return True
 
@@ -215,7 +187,7 @@ def choose_labels_chunk(
     a_hi = a_lo + a_ptr.shape[0] - 1
     for b in range(lo, hi):
         nr = nrows[b]
-        hkeys, hvals, cap = _row_map(rows, b, nr)
+        hkeys, hvals, cap = row_map(rows, b, nr)
         n = 0
         ob = obs[b]
         # 1) the anchor's own earlier labels, latest first
@@ -336,14 +308,14 @@ def append_labels_chunk(
     the anchor's parents that are (a sibling's label hangs from the parent it shares with the seed's anchor)."""
     for b in range(lo, hi):
         nr = nrows[b]
-        hkeys, hvals, cap = _row_map(rows, b, nr)
+        hkeys, hvals, cap = row_map(rows, b, nr)
         pos = n_real[b]
         ne = n_edges[b]
         for j in range(n_labels[b]):
             s = labels[b, j]
             li = nr + j
             a = lab_anchor[s]
-            loc = _local(hkeys, hvals, cap, a)
+            loc = local_row(hkeys, hvals, cap, a)
             rows[b, li] = a
             hops[b, li] = 0
             via[b, li] = VIA_LABEL
@@ -383,7 +355,7 @@ def append_labels_chunk(
                 ne += 1
             else:  # the anchor is not in the context: link the label to the anchor's parents that are
                 for e in range(p_ptr[a], p_ptr[a + 1]):
-                    pl = _local(hkeys, hvals, cap, p_idx[e])
+                    pl = local_row(hkeys, hvals, cap, p_idx[e])
                     if pl >= 0:
                         code = (li << 16) | pl
                         if not _chosen(edges, b, ne, code):

@@ -33,6 +33,35 @@ def _slot(key: int, cap: int) -> int:
 
 
 @njit(nogil=True, cache=True)
+def row_map(rows: np.ndarray, b: int, nr: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Sequence b's first `nr` rows as a small open-addressing hash table (global row -> sequence-local index):
+    (keys, values, capacity), read with `local_row`."""
+    cap = 16
+    while cap < 2 * nr:
+        cap *= 2
+    hkeys = np.full(cap, -1, dtype=np.int64)
+    hvals = np.empty(cap, dtype=np.int32)
+    for i in range(nr):
+        h = _slot(rows[b, i], cap)
+        while hkeys[h] != -1:
+            h = (h + 1) & (cap - 1)
+        hkeys[h] = rows[b, i]
+        hvals[h] = i
+    return hkeys, hvals, cap
+
+
+@njit(nogil=True, cache=True, inline="always")
+def local_row(hkeys: np.ndarray, hvals: np.ndarray, cap: int, row: int) -> int:
+    """Sequence-local index of global `row` in a `row_map`, -1 when it is not in the context."""
+    h = _slot(row, cap)
+    while hkeys[h] != -1:
+        if hkeys[h] == row:
+            return hvals[h]
+        h = (h + 1) & (cap - 1)
+    return -1
+
+
+@njit(nogil=True, cache=True)
 def linearize_chunk(
     lo: int,
     hi: int,
@@ -104,18 +133,7 @@ def linearize_chunk(
     for b in range(lo, hi):
         nr = nrows[b]
         ne = 0
-        # sequence-local row map: a small open-addressing hash table (global row -> local id)
-        cap = 16
-        while cap < 2 * nr:
-            cap *= 2
-        hkeys = np.full(cap, -1, dtype=np.int64)
-        hvals = np.empty(cap, dtype=np.int32)
-        for i in range(nr):
-            h = _slot(rows[b, i], cap)
-            while hkeys[h] != -1:
-                h = (h + 1) & (cap - 1)
-            hkeys[h] = rows[b, i]
-            hvals[h] = i
+        hkeys, hvals, cap = row_map(rows, b, nr)  # sequence-local row map (global row -> local id)
         # the target cell
         sid = seed_ids[b]
         semantic_types[b, 0] = target_stype
@@ -209,19 +227,16 @@ def linearize_chunk(
                 p = p_idx[e]
                 if i == 0 and is_cut(p_col[e], cut_cols):
                     continue  # no anchor -> parent edge through an excluded foreign key, even if reached otherwise
-                h = _slot(p, cap)
-                while hkeys[h] != -1:
-                    if hkeys[h] == p:
-                        code = (i << 16) | hvals[h]
-                        dup = False
-                        for q in range(row_first, ne):
-                            if edges[b, q] == code:
-                                dup = True
-                        if not dup:
-                            edges[b, ne] = code
-                            ne += 1
-                        break
-                    h = (h + 1) & (cap - 1)
+                loc = local_row(hkeys, hvals, cap, p)
+                if loc >= 0:
+                    code = (i << 16) | loc
+                    dup = False
+                    for q in range(row_first, ne):
+                        if edges[b, q] == code:
+                            dup = True
+                    if not dup:
+                        edges[b, ne] = code
+                        ne += 1
         n_real[b] = pos
         n_edges[b] = ne
         for j in range(pos, seq_len):
