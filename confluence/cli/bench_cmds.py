@@ -10,15 +10,11 @@ from typing import Annotated
 
 import typer
 
+from confluence.cli.common import fail
 from confluence.errors import ConfluenceError
 
 GPU_SEQ_LENS = (1024, 2048, 4096)
 CPU_SEQ_LENS = (128,)
-
-
-def _fail(exc: Exception) -> None:
-    typer.echo(f"error: {exc}", err=True)
-    raise typer.Exit(code=1)
 
 
 def _write_json(path: Path | None, data: dict) -> None:
@@ -54,7 +50,7 @@ def bench_preprocess_cmd(
         res = bench_preprocess(work, tpch_dir=tpch_dir, tpch_scale=tpch_scale, skip_tpch=skip_tpch,
                   memory_limit_mb=memory_limit_mb, threads=threads, log=lambda r: typer.echo(json.dumps(r)))
     except ConfluenceError as exc:
-        _fail(exc)
+        fail(exc)
     _write_json(json_out, res)
 
 
@@ -120,7 +116,7 @@ def bench_sampler_cmd(
         data = SamplerData.from_store(Store.open(db or demo_store(work)))
         best = compare_threads(data, sconf, threads, batches=batches, repeat=repeat)
     except ConfluenceError as exc:
-        _fail(exc)
+        fail(exc)
     for th, res in best.items():
         typer.echo(
             f"{res['database']}: {res['sequences_per_s']:,.0f} sequences/s, {res['cells_per_s']:,.0f} real cells/s, "
@@ -158,7 +154,7 @@ def bench_train_cmd(
     try:
         cfg = run_config(config, set_)
     except ConfluenceError as exc:
-        _fail(exc)
+        fail(exc)
     d = result_dict(bench_train(cfg, config, steps=steps, windows=windows, breakdown=breakdown,
                                 peak_flops=None if peak_tflops is None else peak_tflops * 1e12))
     for k, v in d.items():
@@ -325,12 +321,12 @@ def bench_learnability_cmd(
     from confluence.toolkit.config import parse_sets
 
     if out.exists() and any(out.iterdir()):
-        _fail(ConfluenceError(f"{out}: not empty; choose a new --out (a finished benchmark is never overwritten)"))
+        fail(ConfluenceError(f"{out}: not empty; choose a new --out (a finished benchmark is never overwritten)"))
     try:
         report = run_learnability(out, spec=PlantedSpec(seed=seed, customers=customers, noise=noise), config=config,
                                   sets=parse_sets(set_), steps=steps, max_seeds=max_seeds, gbdt=gbdt, split=split)
     except ConfluenceError as exc:
-        _fail(exc)
+        fail(exc)
     typer.echo(format_table(report["tasks"]))
     typer.echo(f"timings: {report['timings']}; report: {out / 'learnability.json'}")
     if json_out is not None:
@@ -360,7 +356,7 @@ def bench_serve_cmd(
                           anchors_per_request=anchors_per_request, batch_size=batch_size, max_wait_ms=max_wait_ms,
                           log=typer.echo)
     except ConfluenceError as exc:
-        _fail(exc)
+        fail(exc)
     typer.echo(f"{res['store']} / {res['task']}, step {res['checkpoint_step']}, {res['anchors_per_request']} "
                f"anchor(s) per request, batch size {res['batch_size']}, {res['machine']}, 1-min load average "
                f"{res['loadavg_1min'][0]:.1f} -> {res['loadavg_1min'][1]:.1f}")

@@ -7,12 +7,8 @@ from pathlib import Path
 
 import typer
 
+from confluence.cli.common import fail
 from confluence.errors import ConfluenceError
-
-
-def _fail(exc: ConfluenceError) -> typer.Exit:
-    typer.echo(f"error: {exc}", err=True)
-    return typer.Exit(code=1)
 
 
 def build_cmd(
@@ -44,7 +40,7 @@ def build_cmd(
                               encoder=text_encoder, embedding_cache=embedding_cache, overwrite=overwrite,
                               progress=not no_progress)
     except ConfluenceError as exc:
-        raise _fail(exc) from None
+        fail(exc)
     warned = sum(len(w) for w in corpus.warnings.values())
     typer.echo(f"built {len(corpus.built)}, skipped {len(corpus.skipped)} (already complete) of "
                f"{len(corpus.members)} member(s) in {time.perf_counter() - start:.1f} s: {out}")
@@ -63,7 +59,7 @@ def show_cmd(corpus_dir: Path = typer.Argument(..., help="A corpus directory (wh
         corpus = open_corpus(corpus_dir, require_complete=False)
         rows = describe(corpus)
     except ConfluenceError as exc:
-        raise _fail(exc) from None
+        fail(exc)
     s = corpus.spec
     tpch = f", TPC-H at {', '.join(f'{x:g}' for x in s.tpch)}" if s.tpch else ""
     typer.echo(f"corpus {corpus_dir}: {s.databases} random database(s) (seed {s.seed}, rows {s.rows:g}, heldout "

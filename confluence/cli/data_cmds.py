@@ -7,12 +7,8 @@ from pathlib import Path
 
 import typer
 
+from confluence.cli.common import fail
 from confluence.errors import ConfluenceError
-
-
-def _fail(exc: ConfluenceError) -> None:
-    typer.echo(f"error: {exc}", err=True)
-    raise typer.Exit(code=1)
 
 
 def preprocess_cmd(
@@ -52,7 +48,7 @@ def preprocess_cmd(
         store = Store.open(path)
     except ConfluenceError as exc:
         _warnings(found)
-        _fail(exc)
+        fail(exc)
     typer.echo(f"wrote {path} in {time.perf_counter() - start:.1f} s")
     print_summary(store)
     _warnings(found)
@@ -71,7 +67,7 @@ def inspect_cmd(store_dir: Path = typer.Argument(..., help="A processed store di
     try:
         store = Store.open(store_dir)
     except ConfluenceError as exc:
-        _fail(exc)
+        fail(exc)
     print_summary(store)
 
 

@@ -8,10 +8,7 @@ from pathlib import Path
 
 import typer
 
-
-def _fail(exc: Exception) -> typer.Exit:
-    typer.echo(f"error: {exc}", err=True)
-    return typer.Exit(1)
+from confluence.cli.common import fail
 
 
 def results_lines(results: dict, title: str) -> list[str]:
@@ -128,7 +125,7 @@ def evaluate_cmd(
                                        gbdt=gbdt, batch_size=batch_size, threads=threads, progress=rep,
                                        clip_numbers=clip_numbers, keep_rows=bool(relbench_json))
     except ConfluenceError as exc:
-        raise _fail(exc) from None
+        fail(exc)
     for s in splits:
         print_results(by_split[s], f"{db} — split {s}")
     if json_out:
@@ -175,7 +172,7 @@ def predict_cmd(
                             threads=threads, max_seeds=max_seeds or None, top_k=top_k, progress=rep,
                             clip_numbers=clip_numbers)
     except (ConfluenceError, OSError) as exc:
-        raise _fail(exc) from None
+        fail(exc)
     typer.echo(f"wrote {table.num_rows} predictions to {out}")
 
 
@@ -199,7 +196,7 @@ def baseline_cmd(
             results = run_baselines(db, tasks=task or None, split=split, max_train=max_train,
                                     max_seeds=max_seeds or None, progress=rep)
     except ConfluenceError as exc:
-        raise _fail(exc) from None
+        fail(exc)
     print_results(results, f"{db} — baselines, split {split}")
     if json_out:
         typer.echo(f"wrote {write_json(results, json_out)}")

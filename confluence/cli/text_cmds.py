@@ -6,12 +6,8 @@ from pathlib import Path
 
 import typer
 
+from confluence.cli.common import fail
 from confluence.errors import ConfluenceError
-
-
-def _fail(exc: ConfluenceError) -> None:
-    typer.echo(f"error: {exc}", err=True)
-    raise typer.Exit(1)
 
 
 def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) -> None:
@@ -25,7 +21,7 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
         try:
             path = write_stdlib_corpus(out)
         except ConfluenceError as exc:
-            _fail(exc)
+            fail(exc)
         import pyarrow.parquet as pq
 
         typer.echo(f"wrote {pq.read_metadata(path).num_rows} docstrings to {path}")
@@ -48,7 +44,7 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
             m = prepare_corpus(corpus, out, max_seq_len=max_seq_len, vocab_size=vocab_size, tokenizer=tokenizer,
                                column=column, source=source, shard_size=shard_size)
         except ConfluenceError as exc:
-            _fail(exc)
+            fail(exc)
         typer.echo(f"{m.num_documents} documents -> {m.num_samples} samples x {m.max_seq_len} tokens "
                    f"({m.num_tokens} tokens, vocab {m.vocab_size}) in {out}")
 
@@ -80,7 +76,7 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
 
             res = train_text(data, out, cfg, progress=show)
         except ConfluenceError as exc:
-            _fail(exc)
+            fail(exc)
         typer.echo(f"trained to step {res.steps} in {res.seconds:.1f}s; checkpoints in {res.run_dir / 'checkpoints'}")
 
     @text_app.command("embed")
@@ -97,7 +93,7 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
         try:
             enc = load_lejepa_encoder(run)
         except ConfluenceError as exc:
-            _fail(exc)
+            fail(exc)
         emb = enc.encode(texts)
         if out is not None:
             np.save(out, emb)
@@ -117,7 +113,7 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
         try:
             typer.echo(f"wrote {plot_curves(run, out)}")
         except ConfluenceError as exc:
-            _fail(exc)
+            fail(exc)
 
     @text_app.command("probe")
     def probe_cmd(
@@ -132,7 +128,7 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
         try:
             rows = run_probe(corpus, encoders, max_docs=max_docs, min_per_class=min_per_class)
         except ConfluenceError as exc:
-            _fail(exc)
+            fail(exc)
         r0 = rows[0]
         typer.echo(f"{r0['num_classes']} packages, {r0['num_train']} train / {r0['num_test']} test documents")
         typer.echo(f"{'encoder':<40} {'dim':>5} {'probe acc':>10} {'kNN@1':>8} {'MRR':>7}")

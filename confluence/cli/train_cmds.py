@@ -6,12 +6,8 @@ from pathlib import Path
 
 import typer
 
+from confluence.cli.common import fail
 from confluence.errors import ConfluenceError
-
-
-def _fail(msg: str) -> None:
-    typer.echo(f"error: {msg}", err=True)
-    raise typer.Exit(code=1)
 
 
 def run_config(config: str, sets: list[str], max_steps: int | None = None):
@@ -65,7 +61,7 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
             res = _run(run_config(config, set_, max_steps), out, db, heldout_db, resume=resume, force=force,
                        init_from=init_from, no_progress=no_progress)
         except ConfluenceError as exc:
-            _fail(str(exc))
+            fail(str(exc))
         _report(res, out)
 
     @app.command("pretrain")
@@ -95,7 +91,7 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
             res = _run(run_config(config, set_, max_steps), out, found.train_stores, found.heldout_stores,
                        resume=resume, force=force, init_from=init_from, no_progress=no_progress)
         except ConfluenceError as exc:
-            _fail(str(exc))
+            fail(str(exc))
         _report(res, out)
 
 
