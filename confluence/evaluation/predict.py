@@ -182,18 +182,29 @@ def _to_times(col: pa.Array) -> pa.Array:
             return pa.concat_arrays([_to_times(col.slice(i, 1)) for i in range(len(col))])
 
 
+_CAST_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError)
+
+
+def _convert(col: pa.Array, convert: Callable[[pa.Array], pa.Array], bad_value: Callable[[int], str],
+             bad_type: str) -> pa.Array:
+    """`convert(col)`; when Arrow cannot, a ConfluenceError naming the first value that fails on its own
+    (`bad_value(i)`), or `bad_type` when each converts alone."""
+    try:
+        return convert(col)
+    except _CAST_ERRORS:
+        for i in range(len(col)):
+            try:
+                convert(col.slice(i, 1))
+            except _CAST_ERRORS:
+                raise ConfluenceError(bad_value(i)) from None
+        raise ConfluenceError(bad_type) from None
+
+
 def observation_times(col: pa.Array, where: Callable[[int], str]) -> np.ndarray:
     """An `observation_time` column (timestamps, dates, or ISO 8601 strings with or without a zone offset) as epoch
     µs, NULL -> no cut-off. A value that is no time raises a ConfluenceError naming its place, `where(i)`."""
-    try:
-        times = _to_times(col)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        for i in range(len(col)):
-            try:
-                _to_times(col.slice(i, 1))
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                raise ConfluenceError(f"{where(i)}: observation_time {col[i].as_py()!r} is not a timestamp") from None
-        raise ConfluenceError(f"column 'observation_time' of type {col.type} is not a timestamp") from None
+    times = _convert(col, _to_times, lambda i: f"{where(i)}: observation_time {col[i].as_py()!r} is not a timestamp",
+                     f"column 'observation_time' of type {col.type} is not a timestamp")
     return np.asarray(times.cast(pa.int64()).fill_null(NO_CUTOFF).to_numpy(zero_copy_only=False), np.int64)
 
 
@@ -201,16 +212,9 @@ def _cast_keys(keys: pa.Array, to: pa.DataType, table: str, where: Callable[[int
     """Keys as the store's key type; a ConfluenceError names the first key that cannot be one."""
     if keys.type == to:
         return keys
-    try:
-        return keys.cast(to)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        for i in range(len(keys)):
-            try:
-                keys.slice(i, 1).cast(to)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                raise ConfluenceError(f"{where(i)}: key {keys[i].as_py()!r} cannot be a key of '{table}' (its keys "
-                                      f"are {to})") from None
-        raise ConfluenceError(f"keys of type {keys.type} cannot be keys of '{table}' (its keys are {to})") from None
+    return _convert(keys, lambda k: k.cast(to),
+                    lambda i: f"{where(i)}: key {keys[i].as_py()!r} cannot be a key of '{table}' (its keys are {to})",
+                    f"keys of type {keys.type} cannot be keys of '{table}' (its keys are {to})")
 
 
 class KeyIndex:
