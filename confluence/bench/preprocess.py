@@ -10,20 +10,14 @@ from __future__ import annotations
 
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from importlib.resources import files
 from pathlib import Path
 
 from confluence.errors import ConfluenceError
-
-
-def tpch_metadata_path() -> Path:
-    """The reviewed metadata of TPC-H (tables, keys, stypes and a few tasks) shipped with the benchmarks."""
-    return Path(str(files("confluence.bench").joinpath("tpch.metadata.json")))
+from confluence.synth.tpch import ensure_tpch, tpch_metadata_path
 
 
 def run_child(cmd: list[str]) -> dict[str, float]:
@@ -38,17 +32,6 @@ def run_child(cmd: list[str]) -> dict[str, float]:
         raise ConfluenceError(f"command failed ({code}): {' '.join(cmd)}\n{out[-2000:]}")
     return {"wall_s": round(wall, 2), "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
             "cpu_s": round(usage.ru_utime + usage.ru_stime, 2)}
-
-
-def ensure_tpch(directory: Path, scale: float) -> Path:
-    """Generate TPC-H Parquet with tpchgen-cli (offline) unless it is there already."""
-    if (directory / "lineitem.parquet").is_file():
-        return directory
-    exe = shutil.which("tpchgen-cli") or str(Path(sys.executable).with_name("tpchgen-cli"))
-    if not Path(exe).is_file() and not shutil.which(exe):
-        raise ConfluenceError("TPC-H needs tpchgen-cli: pip install -e '.[bench]' (or pass --skip-tpch)")
-    subprocess.run([exe, "parquet", "-s", str(scale), f"--output-dir={directory}"], check=True)
-    return directory
 
 
 def preprocess_bench(name: str, source: Path, metadata: Path, out: Path, memory_limit_mb: int,

@@ -15,7 +15,6 @@ import fcntl
 import json
 import os
 import shutil
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -37,6 +36,7 @@ from confluence.corpus.spec import (
 )
 from confluence.errors import ConfluenceError
 from confluence.preprocess.embeddings import encoder_info
+from confluence.synth.tpch import ensure_tpch, tpch_metadata_path, tpchgen_path
 from confluence.textenc.base import TextEncoder
 from confluence.textenc.registry import load_encoder
 from confluence.toolkit.progress import Reporter
@@ -113,13 +113,6 @@ def build_corpus(
                           "others are complete and kept; run again to retry):\n"
                           + "\n".join(f"  - {m.label}: {why}" for m, why in failed)) from None
     return Corpus(root, spec, members, built=tuple(m.name for m in todo), skipped=skipped, warnings=done)
-
-
-def tpchgen_path() -> str | None:
-    """The `tpchgen-cli` executable `confluence.bench.preprocess.ensure_tpch` will run (on PATH or beside this
-    Python), or None when it is not installed."""
-    beside = Path(sys.executable).with_name("tpchgen-cli")
-    return shutil.which("tpchgen-cli") or (str(beside) if beside.is_file() else None)
 
 
 def _check_directory(root: Path) -> None:
@@ -249,8 +242,6 @@ def _random_raw(m: Member, rows: float) -> tuple[Path, Path]:
 def _tpch_raw(m: Member) -> tuple[Path, Path]:
     """TPC-H Parquet of member `m` (generated into a temporary directory renamed into place if absent); the
     folder and the shipped TPC-H metadata."""
-    from confluence.bench.preprocess import ensure_tpch, tpch_metadata_path
-
     if not m.raw.exists():
         tmp = m.raw.parent / f".tmp-{m.name}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
