@@ -55,9 +55,8 @@ def load_model(checkpoint: str | Path) -> LoadedModel:
     model = RelationalTransformer(cfg.model, key=jax.random.key(0))
     params, static = eqx.partition(model, eqx.is_inexact_array)
     params, _ = load_state(ck.path, params)
-    streams = (ck.meta.get("stream") or {}).get("streams") or {}  # per task: batches drawn so far
-    drawn = frozenset(k for k, v in streams.items() if int(v.get("epoch", 0)) or int(v.get("batch", 0)))
-    drawn |= frozenset(ck.meta.get("trained_tasks") or ())  # a shipped model records them (`confluence.pretrained`)
+    # a run's position says which tasks it drew batches of; a shipped model records them (`confluence.pretrained`)
+    drawn = BatchStream.drawn_tasks(ck.meta.get("stream")) | frozenset(ck.meta.get("trained_tasks") or ())
     return LoadedModel(model=eqx.combine(params, static), config=cfg, step=ck.step, path=ck.path, trained_tasks=drawn)
 
 

@@ -91,6 +91,7 @@ def export_pretrained(run: Path, name: str, info: dict[str, Any], root: Path | N
     import jax
 
     from confluence.model.transformer import RelationalTransformer
+    from confluence.sampler.stream import BatchStream
     from confluence.toolkit.checkpoint import META_FILE, STATE_FILE, load_state, read_checkpoint
     from confluence.training.config import RunConfig
 
@@ -110,8 +111,7 @@ def export_pretrained(run: Path, name: str, info: dict[str, Any], root: Path | N
     tmp.mkdir(parents=True)
     eqx.tree_serialise_leaves(tmp / STATE_FILE, params)
     meta = {k: v for k, v in ck.meta.items() if k != "stream"}  # the stream position is the run's, not the model's
-    meta["trained_tasks"] = sorted(k for k, v in ((ck.meta.get("stream") or {}).get("streams") or {}).items()
-                                   if int(v.get("epoch", 0)) or int(v.get("batch", 0)))
+    meta["trained_tasks"] = sorted(BatchStream.drawn_tasks(ck.meta.get("stream")))
     (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
     size = sum((tmp / f).stat().st_size for f in SHIPPED_FILES)
     if size > MAX_BYTES:

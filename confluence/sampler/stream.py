@@ -174,6 +174,12 @@ class BatchStream:
         """JSON-able position after the last training batch handed out: enough to continue the same sequence."""
         return copy.deepcopy(self._position)
 
+    @staticmethod
+    def drawn_tasks(position: dict[str, Any]) -> frozenset[str]:
+        """The "database/task" keys of a `position()` that training batches were drawn from (a run's trained tasks)."""
+        streams = (position or {}).get("streams") or {}
+        return frozenset(k for k, v in streams.items() if int(v.get("epoch", 0)) or int(v.get("batch", 0)))
+
     def restore(self, position: dict[str, Any]) -> None:
         """Continue the training stream from `position` (from `position()`, e.g. of a checkpoint)."""
         missing = sorted(set(self._position["streams"]) - set(position.get("streams", {})))
