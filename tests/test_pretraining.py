@@ -40,8 +40,11 @@ def test_a_held_out_database_that_is_also_trained_on_is_refused(tmp_path):
     cfg = tiny_run_config(sampler=SAMPLER)
     with open_stream([history_store(0).path], cfg) as stream, \
             open_heldout_stream([history_store(0).path], cfg) as held:
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run" / "config.json").write_text("{}")  # a run already there: --force must not delete it
         with pytest.raises(ConfluenceError, match="history0.*also training"):
-            train(cfg, stream, tmp_path / "run", progress=False, heldout=held)
+            train(cfg, stream, tmp_path / "run", progress=False, heldout=held, force=True)
+    assert (tmp_path / "run" / "config.json").read_text() == "{}"
 
 
 def test_a_run_exported_as_a_pretrained_model_loads_by_name_and_is_checked(tmp_path, monkeypatch):

@@ -136,14 +136,14 @@ def train(
     A directory that already holds a run is never overwritten silently: without `resume` it is an error unless
     `force` (which deletes that run first); `resume` without a checkpoint to resume is an error too."""
     out_dir = Path(out_dir)
-    prepare_run_dir(out_dir, resume=resume, force=force)
-    _check_stream(cfg, stream)
+    _check_stream(cfg, stream)  # bad input is refused before --force deletes anything
     if heldout is not None:
         _check_stream(cfg, heldout)
         clash = sorted({s.name for s in heldout.stores} & {s.name for s in stream.stores})
         if clash:
             raise ConfluenceError(f"held-out database(s) {clash} are also training databases: a held-out loss "
                                   "would not measure transfer")
+    prepare_run_dir(out_dir, resume=resume, force=force)
     mesh = mesh or make_mesh()
     loop = cfg.loop
     stop_at = loop.max_steps
@@ -167,11 +167,12 @@ def train(
         (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
 
     params, opt_state = replicate(params, mesh), replicate(opt_state, mesh)
-    tables = [DbTables.from_store(s, cfg.loss.max_k, cfg.model.category_codes) for s in stream.stores]
-    dev_tables = [replicate((t.column_embeddings, t.categorical_embeddings), mesh) for t in tables]
-    held_tables = [replicate((t.column_embeddings, t.categorical_embeddings), mesh) for t in
-                   (DbTables.from_store(s, cfg.loss.max_k, cfg.model.category_codes)
-                    for s in (heldout.stores if heldout is not None else []))]
+    def device_tables(stores: list[Any]) -> list[Any]:
+        tabs = (DbTables.from_store(s, cfg.loss.max_k, cfg.model.category_codes) for s in stores)
+        return [replicate((t.column_embeddings, t.categorical_embeddings), mesh) for t in tabs]
+
+    dev_tables = device_tables(stream.stores)
+    held_tables = device_tables(heldout.stores) if heldout is not None else []
     log = ScalarLog(out_dir / "scalars.csv" if main else None, truncate_after_step=step if resume else None)
 
     def checkpoint(at: int) -> None:
