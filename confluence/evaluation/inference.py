@@ -101,7 +101,8 @@ class Predictor:
         self.stream = BatchStream(Sampler([self.store], sconf, seed=cfg.seed))
         # a store's categorical target may have more categories than any the checkpoint saw: widen the block
         self.max_k = pow2_at_least(max(cfg.loss.max_k, target_max_k(self.store)), minimum=cfg.loss.max_k)
-        tables = DbTables.from_store(self.store, self.max_k, cfg.model.category_codes)
+        tables = DbTables.from_store(self.store, self.max_k, cfg.model.category_codes,
+                                     cfg.model.category_codes_by)
         self.col_tab, self.cat_tab = jnp.asarray(tables.column_embeddings), jnp.asarray(tables.categorical_embeddings)
 
     @property

@@ -33,6 +33,10 @@ class ModelConfig:
     # > 0: add this multiple of a fixed per-category identity code to each category's text embedding (model.inputs.
     # identity_codes); 0 is seed 002's text embedding alone, the default (docs/decisions.md says why).
     category_codes: float = 0.0
+    # what a category's identity code is keyed by: "row" (its row of the database's category table, the first
+    # measured form) or "value" (its value string: the same string has the same code in every column and task,
+    # so a derived task's answer and the visible cell it copies share a code; docs/decisions.md)
+    category_codes_by: Literal["row", "value"] = "row"
     # > 0: numbers also enter through F learned periodic features (sin / cos of 2 pi c x, Gorishniy et al. 2022)
     # added to the seed's linear z-score encoder; 0 is seed 002's linear encoder alone
     numeric_frequencies: int = 0
@@ -51,6 +55,7 @@ class ModelConfig:
         if self.d_model % self.n_heads:
             raise ConfigError("d_model", f"{self.d_model} is not divisible by n_heads={self.n_heads}")
         one_of("compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
+        one_of("category_codes_by", self.category_codes_by, ("row", "value"))
         non_negative(self, "category_codes", "numeric_frequencies", "numeric_by_column_init")
 
     @property

@@ -13,7 +13,10 @@ forward pass can mix the truth in, under any XLA fusion or backend.
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -85,9 +88,12 @@ class DbTables:
 
     @classmethod
     def build(cls, name: str, column_embeddings: np.ndarray, categorical_embeddings: np.ndarray, max_k: int,
-              model_max_k: int, category_codes: float = 0.0) -> DbTables:
+              model_max_k: int, category_codes: float = 0.0,
+              category_values: Sequence[str] | None = None) -> DbTables:
         """Pad the tables; raises ValueError naming the database if its max_K exceeds the step's static max_K.
-        `category_codes` > 0 adds that multiple of each category's identity code (`category_codes`)."""
+        `category_codes` > 0 adds that multiple of each category's identity code: keyed by its value string
+        (`value_codes`) when `category_values` (one string per row of the category table) is given, else by its
+        row (`identity_codes`)."""
         if column_embeddings.ndim != 2 or categorical_embeddings.ndim != 2:
             raise ValueError(f"database {name!r}: embedding tables must be 2-D [rows, D_t]")
         if column_embeddings.shape[1] != categorical_embeddings.shape[1] and categorical_embeddings.shape[0]:
@@ -104,15 +110,22 @@ class DbTables:
         cat = np.zeros((pow2_at_least(vc + model_max_k), d_t), np.float16)
         cat[:vc] = categorical_embeddings
         if category_codes and vc:
+            if category_values is not None and len(category_values) != vc:
+                raise ValueError(f"database {name!r}: {len(category_values)} category values for a category table "
+                                 f"of {vc} rows")
+            codes = identity_codes(vc, d_t) if category_values is None else value_codes(category_values, d_t)
             cat[:vc] = (categorical_embeddings.astype(np.float32)
-                        + np.float32(category_codes) * identity_codes(vc, d_t)).astype(np.float16)
+                        + np.float32(category_codes) * codes).astype(np.float16)
         return cls(name, col, cat, c, vc, max_k)
 
     @classmethod
-    def from_store(cls, store: Any, model_max_k: int, category_codes: float = 0.0) -> DbTables:
-        """The padded tables of a processed store (`confluence.store.Store`, or anything with its reader API)."""
+    def from_store(cls, store: Any, model_max_k: int, category_codes: float = 0.0,
+                   category_codes_by: str = "row") -> DbTables:
+        """The padded tables of a processed store (`confluence.store.Store`, or anything with its reader API);
+        `category_codes_by` = "row" | "value" (`ModelConfig.category_codes_by`)."""
+        values = category_values(store) if category_codes and category_codes_by == "value" else None
         return cls.build(store.name, np.asarray(store.column_embeddings), np.asarray(store.categorical_embeddings),
-                         target_max_k(store), model_max_k, category_codes)
+                         target_max_k(store), model_max_k, category_codes, values)
 
 
 IDENTITY_SEED = 20261123
@@ -129,6 +142,47 @@ def identity_codes(n: int, d: int) -> np.ndarray:
     still carries what the value means. The codes carry no meaning of their own and are not learned."""
     x = np.random.default_rng(IDENTITY_SEED).standard_normal((n, d), dtype=np.float32)
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def value_codes(values: Sequence[str], d: int) -> np.ndarray:
+    """[len(values), d] fixed pseudo-random unit vectors, one per value *string*: the same string gets the same
+    code in every column, task and database.
+
+    Why (beside `identity_codes`' reason): a derived task's categories form their own block of the category table,
+    so with row-keyed codes the channel "web" of an order and the answer "web" of "the channel of the latest order"
+    carry unrelated codes and the model must learn to map one onto the other; keyed by the value, copying a visible
+    cell's category is the identity. Distinct values of one column still get distinct codes."""
+    return np.stack([_value_code(str(v), d) for v in values]) if len(values) else np.zeros((0, d), np.float32)
+
+
+@lru_cache(maxsize=1 << 16)
+def _value_code(value: str, d: int) -> np.ndarray:
+    seed = int.from_bytes(hashlib.sha256(f"{IDENTITY_SEED}:{value}".encode()).digest()[:8], "little")
+    x = np.random.default_rng(seed).standard_normal(d, dtype=np.float32)
+    x /= max(float(np.linalg.norm(x)), 1e-12)
+    x.setflags(write=False)
+    return x
+
+
+def category_values(store: Any) -> list[str]:
+    """The value string of each row of a store's category table (from its columns' and tasks' category lists);
+    raises ValueError naming the store when a row has none (a store the category lists do not cover)."""
+    n = int(np.asarray(store.categorical_embeddings).shape[0])
+    out: list[str | None] = [None] * n
+    stats = [c.stats for c in store.columns] + [t.stats for t in store.tasks]
+    for st in stats:
+        cats = st.get("categories") if isinstance(st, dict) else None
+        if cats is None or "cat_emb_start" not in st:
+            continue
+        start = int(st["cat_emb_start"])
+        for i, v in enumerate(cats):
+            if 0 <= start + i < n:
+                out[start + i] = str(v)
+    missing = [i for i, v in enumerate(out) if v is None]
+    if missing:
+        raise ValueError(f"store {store.name!r}: category-table row {missing[0]} has no value string in the store's "
+                         f"metadata ({len(missing)} rows without one); rebuild the store")
+    return [str(v) for v in out]
 
 
 def target_max_k(store: Any) -> int:

@@ -168,7 +168,7 @@ def train(
 
     params, opt_state = replicate(params, mesh), replicate(opt_state, mesh)
     def device_tables(stores: list[Any]) -> list[Any]:
-        tabs = (DbTables.from_store(s, cfg.loss.max_k, cfg.model.category_codes) for s in stores)
+        tabs = (DbTables.from_store(s, cfg.loss.max_k, cfg.model.category_codes, cfg.model.category_codes_by) for s in stores)
         return [replicate((t.column_embeddings, t.categorical_embeddings), mesh) for t in tabs]
 
     dev_tables = device_tables(stream.stores)
