@@ -24,6 +24,7 @@ from confluence.sampler.data import SamplerData, TaskData, readonly
 from confluence.sampler.labels import LabelIndex, append_labels_chunk, choose_labels_chunk
 from confluence.sampler.linearize import fill_adjacency, linearize_chunk
 from confluence.sampler.perms import perms_chunk
+from confluence.sampler.relabel import relabel, relabel_draw
 from confluence.sampler.rng import hash_unit, sequence_states, stream_key
 from confluence.sampler.textgather import dedup_text, gather_rows
 from confluence.sampler.walk import anchor_cells_chunk, walk_chunk
@@ -131,14 +132,15 @@ class BatchBuilder:
     # ---- the build
     def build(self, task: TaskData, seed_ids: np.ndarray, epoch: int = 0, n_valid: int | None = None,
               serial: bool = False, labels: LabelIndex | None = None, own_seeds: bool = True,
-              labels_off: float = 0.0) -> BuildResult:
+              labels_off: float = 0.0, relabel_share: float = 0.0) -> BuildResult:
         """One batch of `batch_size` sequences for `seed_ids` (at most batch_size; the rest are filler).
 
         `serial`: build it entirely in the calling thread (how the batch stream builds whole batches in the pool's
         workers); otherwise the sequences are split over the pool. The result is the same either way.
         `labels`: the labels the contexts may show (`sampler.labels` of them per sequence, `confluence.sampler.
         labels`); `own_seeds`: `seed_ids` index the labels' task (False: an ad-hoc anchor task); `labels_off`: the
-        share of these sequences shown no labels (drawn per seed and epoch; `sampler.labels_off`, training only)."""
+        share of these sequences shown no labels (drawn per seed and epoch; `sampler.labels_off`, training only);
+        `relabel_share`: the share whose task answers are re-coded (`confluence.sampler.relabel`, training only)."""
         cfg, d = self.config, self.data
         seed_ids = np.asarray(seed_ids, dtype=np.int64)
         bsz = cfg.batch_size
@@ -265,6 +267,9 @@ class BatchBuilder:
 
         t0 = time.perf_counter()
         self._parallel(bsz, phase1, serial)
+        draw = relabel_draw(self.seed, epoch, self.db_idx, task, seed_ids, relabel_share)
+        if draw.any():
+            relabel(out, task, draw, self.seed, epoch, self.db_idx, seed_ids)
         wall = time.perf_counter() - t0
         # one fused section: its wall time is attributed to the phases by their CPU shares
         cpu1 = {k: cpu_parts[k].sum() for k in ("walk", "linearize", "permutations")}

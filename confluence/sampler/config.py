@@ -54,6 +54,10 @@ class SamplerConfig:
     # the share of *training* contexts shown no labels (drawn per sequence and epoch): a model that always sees its
     # task's labels may learn to copy them instead of reading the rows (measured: docs/RESULTS.md); 0 = always shown
     labels_off: float = 0.0
+    # the share of *training* contexts whose task answers are re-coded consistently in every cell of the context (a
+    # permutation of the classes, swapped booleans, an affine map of z-scored numbers: `confluence.sampler.relabel`),
+    # so that only the context's labelled rows say what the answers are; 0 = never
+    relabel: float = 0.0
     child_counts: Literal["none", "anchor", "all"] = "none"  # "anchor" / "all": the anchor / every row also shows,
     # per foreign key pointing at its table, how many rows referenced it by the observation time
     row_buckets: tuple[int, ...] = (16, 32, 64, 128, 256)  # R is padded up to one of these
@@ -79,6 +83,8 @@ class SamplerConfig:
                                         f"labels below max_rows ({self.max_rows}), got {self.labels!r}")
         if not isinstance(self.labels_off, int | float) or not 0.0 <= float(self.labels_off) < 1.0:
             raise ConfigError("labels_off", f"must be a share in [0, 1), got {self.labels_off!r}")
+        if not isinstance(self.relabel, int | float) or not 0.0 <= float(self.relabel) <= 1.0:
+            raise ConfigError("relabel", f"must be a share in [0, 1], got {self.relabel!r}")
         if self.width < 0:
             raise ConfigError("width", f"must be >= 0, got {self.width}")
         if not 0 <= self.recent <= self.width:

@@ -143,11 +143,15 @@ class Sampler:
 
     def label_args(self, data: TaskData, db_idx: int, context: str) -> dict[str, Any]:
         """The builder's `labels` / `own_seeds` for a batch of `data` (a served task's, or an ad-hoc anchor task
-        built from one by `anchor_task`, whose seeds are not the task's)."""
+        built from one by `anchor_task`, whose seeds are not the task's), and in training contexts the shares of
+        `labels_off` and `relabel`."""
+        out: dict[str, Any] = {}
+        if context == "train" and self.config.relabel > 0:  # training contexts only, like labels_off
+            out["relabel_share"] = float(self.config.relabel)
         if self.config.labels == 0:
-            return {}
+            return out
         base = next(e.task for e in self.entries if e.db_idx == db_idx and e.task.name == data.name)
-        out = {"labels": self.label_index(data.name, db_idx, context), "own_seeds": data is base}
+        out.update(labels=self.label_index(data.name, db_idx, context), own_seeds=data is base)
         if context == "train" and self.config.labels_off > 0:  # training contexts only; evaluation shows them all
             out["labels_off"] = float(self.config.labels_off)
         return out
