@@ -20,6 +20,19 @@ def fsync_path(path: str | Path) -> None:
         os.close(fd)
 
 
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file beside it and a rename: `path` is the old file or the whole
+    new one, never a half-written one."""
+    path = Path(path)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def sqlite_type(t: pa.DataType) -> str:
     """The SQLite column declaration for an Arrow type (used when writing test and benchmark SQLite files)."""
     if pa.types.is_timestamp(t):

@@ -3,8 +3,8 @@
 trivial and GBDT baselines with a verdict, the plots people look at (predicted vs actual, calibration, confusion
 matrix; when `evaluate(keep_rows=True)` kept the rows), every metric (headline first), and the training curves.
 
-Plots are drawn with matplotlib's object API (`matplotlib.figure.Figure`, Agg canvas, no pyplot state) into PNG
-bytes in memory.
+Plots are drawn with matplotlib's object API (`confluence.toolkit.figures`: no pyplot state) into PNG bytes in
+memory.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import csv
 import html
-import io
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,10 +21,9 @@ import numpy as np
 
 from confluence.evaluation.metrics import HEADLINE
 from confluence.stypes import SemanticType
+from confluence.toolkit.figures import figure_png, new_figure
 
 if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
     from confluence.evaluation.evaluate import EvalRows
     from confluence.store import Store
 
@@ -61,21 +59,6 @@ def png_data_uri(png: bytes) -> str:
 
 def _img(png: bytes, alt: str) -> str:
     return f'<img src="{png_data_uri(png)}" alt="{html.escape(alt)}">'
-
-
-def _figure_png(fig: Figure, dpi: int = 90) -> bytes:
-    """Render a figure to PNG bytes in memory."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    return buf.getvalue()
-
-
-def _new_figure(w: float, h: float, rows: int = 1, cols: int = 1, **kw: Any) -> tuple[Figure, Any]:
-    """A pyplot-free figure (so the report never touches global matplotlib state) and its axes grid."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(w, h), layout="constrained")
-    return fig, fig.subplots(rows, cols, squeeze=False, **kw)
 
 
 # ---------------------------------------------------------------------------------------- task descriptions
@@ -260,7 +243,7 @@ def plot_predicted_vs_actual(truth: np.ndarray, preds: Mapping[str, np.ndarray],
     """Scatter of prediction against truth, one panel per scorer (model, GBDT), with the y = x line; timestamps
     as dates. The view holds the central 99% of the values; the title counts the points beyond it."""
     n = len(preds)
-    fig, axes = _new_figure(3.2 * n + 0.3, 3.3, 1, n, sharex=True, sharey=True)
+    fig, axes = new_figure(3.2 * n + 0.3, 3.3, 1, n, sharex=True, sharey=True)
     y = np.asarray(truth, np.float64)
     lo, hi = _view(y, *preds.values())
     for ax, (who, p) in zip(axes[0], preds.items(), strict=True):
@@ -282,7 +265,7 @@ def plot_predicted_vs_actual(truth: np.ndarray, preds: Mapping[str, np.ndarray],
         ax.set_xlabel(f"actual{unit}")
         ax.grid(alpha=0.3)
     axes[0, 0].set_ylabel(f"predicted{unit}")
-    return _figure_png(fig)
+    return figure_png(fig)
 
 
 def plot_calibration(truth: np.ndarray, probs: Mapping[str, np.ndarray], n_bins: int = 10) -> bytes:
@@ -291,7 +274,7 @@ def plot_calibration(truth: np.ndarray, probs: Mapping[str, np.ndarray], n_bins:
     from sklearn.calibration import calibration_curve
 
     y = np.asarray(truth).astype(bool)
-    fig, axes = _new_figure(5.0, 4.2, 2, 1, height_ratios=[3, 1], sharex=True)
+    fig, axes = new_figure(5.0, 4.2, 2, 1, height_ratios=[3, 1], sharex=True)
     ax, hist = axes[0, 0], axes[1, 0]
     top = 0.0
     for (who, p), color in zip(probs.items(), ("#1f5fa8", "#e08a00", "#555555"), strict=False):
@@ -313,7 +296,7 @@ def plot_calibration(truth: np.ndarray, probs: Mapping[str, np.ndarray], n_bins:
     hist.set_xlabel("predicted P(true)")
     hist.set_ylabel("rows", fontsize=8)
     hist.grid(alpha=0.3)
-    return _figure_png(fig)
+    return figure_png(fig)
 
 
 def _short(name: str, width: int = 20) -> str:
@@ -341,7 +324,7 @@ def plot_confusion(truth: np.ndarray, probs: np.ndarray, categories: list[str] |
     labels = [_short(names[i]) for i in keep] + (["other"] if pooled else [])
     share = cm / np.maximum(cm.sum(axis=1, keepdims=True), 1)
     size = 1.9 + 0.36 * m
-    fig, axes = _new_figure(size + 0.6, size)
+    fig, axes = new_figure(size + 0.6, size)
     ax = axes[0, 0]
     ax.imshow(share, cmap="Blues", vmin=0, vmax=1)
     for i in range(m):
@@ -355,7 +338,7 @@ def plot_confusion(truth: np.ndarray, probs: np.ndarray, categories: list[str] |
     ax.set_ylabel("actual")
     title = f"confusion matrix ({y.size} rows" + (f"; top {len(keep)} of {k} classes" if pooled else "") + ")"
     ax.set_title(title, fontsize=9)
-    return _figure_png(fig)
+    return figure_png(fig)
 
 
 def task_plot(stype: SemanticType, rows: EvalRows) -> tuple[bytes, str] | None:
@@ -416,7 +399,7 @@ def training_curves_png(csv_path: Path) -> bytes | None:
         return None
     cols = 2 if len(panels) > 1 else 1
     nrows = -(-len(panels) // cols)
-    fig, axes = _new_figure(6.4 * cols, 3.4 * nrows, nrows, cols)
+    fig, axes = new_figure(6.4 * cols, 3.4 * nrows, nrows, cols)
     for ax in axes.ravel()[len(panels):]:
         ax.set_visible(False)
     for ax, (title, keys) in zip(axes.ravel(), panels, strict=False):
@@ -429,7 +412,7 @@ def training_curves_png(csv_path: Path) -> bytes | None:
             ax.set_yscale("log")
             ax.legend(fontsize=6.5, ncol=2)
         ax.grid(alpha=0.3)
-    return _figure_png(fig)
+    return figure_png(fig)
 
 
 def _curve_label(key: str) -> str:

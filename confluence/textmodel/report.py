@@ -5,16 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from confluence.errors import ConfluenceError
+from confluence.toolkit.figures import new_figure, write_png
 from confluence.toolkit.logs import read_scalars
 
 
 def plot_curves(run: str | Path, out: str | Path) -> Path:
     """Plot every `train/` scalar of run/scalars.csv against the step into a small PNG at `out`."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     path = Path(run) / "scalars.csv"
     if not path.is_file():
         raise ConfluenceError(f"{run}: no scalars.csv; not a text-model run directory")
@@ -24,7 +20,7 @@ def plot_curves(run: str | Path, out: str | Path) -> Path:
     names = list(data)
     cols = 4
     nrows = -(-len(names) // cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(3.0 * cols, 2.2 * nrows), squeeze=False)
+    fig, axes = new_figure(3.0 * cols, 2.2 * nrows, nrows, cols)
     for ax, name in zip(axes.flat, names, strict=False):
         steps, values = zip(*data[name], strict=True)
         ax.plot(steps, values, lw=1.2)
@@ -34,9 +30,4 @@ def plot_curves(run: str | Path, out: str | Path) -> Path:
     for ax in list(axes.flat)[len(names):]:
         ax.axis("off")
     fig.supxlabel("step", fontsize=9)
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=80)
-    plt.close(fig)
-    return out
+    return write_png(fig, out, dpi=80)
