@@ -118,7 +118,8 @@ def export_pretrained(run: Path, name: str, info: dict[str, Any], root: Path | N
         shutil.rmtree(tmp)
         raise ConfluenceError(f"pretrained model {name}: {size / 2**20:.1f} MiB, more than the {MAX_BYTES >> 20} MiB "
                               "a shipped model may take")
-    full = {"name": name, "step": ck.step, "source_run": str(Path(run)), **info,
+    # the run directory's name only: a path on the exporting machine means nothing to the model's users
+    full = {"name": name, "step": ck.step, "source_run": Path(run).resolve().name, **info,
             "bytes": size, "sha256": {f: sha256(tmp / f) for f in SHIPPED_FILES}}
     (tmp / CARD).write_text(json.dumps(full, indent=2) + "\n")
     if dest.exists():
