@@ -169,3 +169,9 @@ def test_categorical_features_are_renumbered_to_consecutive_codes():
     np.testing.assert_array_equal(tr[:, 0], [1.0, 0.0, nan, 1.0])
     np.testing.assert_array_equal(ev[:, 0], [2.0, 0.0, nan])  # a value only eval has gets its own code
     np.testing.assert_array_equal(tr[:, 1], [1.5, 2.5, 3.5, 4.5])
+
+
+def test_duckdb_prints_no_progress_bar_of_its_own(stores):
+    """`--no-progress` is silent: the feature builder's DuckDB never draws its own bar (our Reporter shows progress)."""
+    con = FeatureBuilder(stores[0]).con
+    assert con.execute("SELECT current_setting('enable_progress_bar')").fetchone() == (False,)

@@ -73,6 +73,8 @@ class FeatureBuilder:
     def __init__(self, store: Any, threads: int | None = None):
         self.store = store
         self.con = duckdb.connect()
+        # progress is ours to show (`progress`, a Reporter): DuckDB's own bar printed through `--no-progress`
+        self.con.execute("SET enable_progress_bar = false")
         if threads:
             self.con.execute(f"SET threads = {int(threads)}")
         self._frames: dict[str, list[tuple[str, SemanticType]]] = {}
