@@ -378,3 +378,20 @@ def test_labels_off_hides_the_labels_of_a_share_of_training_contexts_only():
 
 def res_n(res, i: int) -> int:
     return int((res.labels[i] >= 0).sum())
+
+
+def test_task_labels_sets_one_tasks_number_of_labels():
+    """`task_labels` gives one task its own number of labelled rows: a task set to 0 gets exactly the batches of a
+    run without labels (the whole context for its rows), one set to 2 those of a run with 2, the rest `labels`."""
+    store = history_store(3)
+    per = replace(BASE, labels=4, task_labels={"next_sales": 0, "amount": 2})
+    ids = np.arange(BASE.batch_size)
+    for task, ref in (("next_sales", BASE), ("amount", replace(BASE, labels=2)), ("size", replace(BASE, labels=4))):
+        for context in ("train", "test"):
+            a = Sampler([store], per, seed=5).build(task, ids, context=context).batch
+            b = Sampler([store], ref, seed=5).build(task, ids, context=context).batch
+            for k, v in vars(a).items():
+                if isinstance(v, np.ndarray):
+                    np.testing.assert_array_equal(v, getattr(b, k), err_msg=f"{task} {context}: {k}")
+    with pytest.raises(ConfigError, match="task_labels"):
+        replace(BASE, labels=4, task_labels={"amount": 5})

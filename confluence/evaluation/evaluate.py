@@ -21,6 +21,7 @@ from confluence.errors import ConfluenceError
 from confluence.evaluation import metrics as M
 from confluence.evaluation.inference import HeadOutputs, LoadedModel, Predictor, load_model, sigmoid, softmax
 from confluence.evaluation.targets import decode_targets, numerical_predictions
+from confluence.sampler.config import labels_for
 from confluence.stypes import SemanticType
 from confluence.toolkit.progress import Reporter
 
@@ -158,7 +159,7 @@ def evaluate(
                              "checkpoint_step": loaded.step,
                              # zero-shot when the checkpoint never trained on this task; its labelled rows per context
                              "trained_on_task": loaded.trained_on(store.name, task),
-                             "context_labels": int(loaded.config.sampler.labels)}
+                             "context_labels": labels_for(loaded.config.sampler, store.name, task)}
             if keep_rows:
                 trivial_preds = M.trivial_predictions(stype, train_vals, int(keep.sum()),
                                                       num_classes=truth.num_classes or None)

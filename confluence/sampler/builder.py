@@ -19,7 +19,7 @@ import numpy as np
 
 from confluence.batch import ROW_AGE_UNKNOWN, TrainingBatch
 from confluence.errors import ConfluenceError
-from confluence.sampler.config import SamplerConfig, bucket_size, recent_for
+from confluence.sampler.config import SamplerConfig, bucket_size, labels_for, recent_for
 from confluence.sampler.data import SamplerData, TaskData, readonly
 from confluence.sampler.labels import LabelIndex, append_labels_chunk, choose_labels_chunk
 from confluence.sampler.linearize import fill_adjacency, linearize_chunk
@@ -165,7 +165,7 @@ class BatchBuilder:
         states = sequence_states(key, seed_ids)
         max_rows = cfg.max_rows
         s_len = cfg.seq_len
-        k_lab = cfg.labels if labels is not None else 0
+        k_lab = labels_for(cfg, d.name, task.name) if labels is not None else 0
         # the walk leaves room for the labelled rows: a row and 1-2 cells each
         s_walk = s_len - k_lab * (2 if task.obs_col >= 0 else 1)
         rows_walk = max_rows - k_lab

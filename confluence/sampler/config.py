@@ -51,6 +51,9 @@ class SamplerConfig:
     # labelled task rows per context (in-context learning, `confluence.sampler.labels`): 0 keeps contexts without
     # labels; k reserves room for k rows of 1-2 cells each at the end of the sequence
     labels: int = 0
+    # "task" or "db/task" -> labelled rows for that task's contexts instead of `labels` (0..labels): 0 gives a task
+    # whose rows say more than its labels the whole context (measured: docs/RESULTS.md)
+    task_labels: dict[str, int] | None = None
     # the share of *training* contexts shown no labels (drawn per sequence and epoch): a model that always sees its
     # task's labels may learn to copy them instead of reading the rows (measured: docs/RESULTS.md); 0 = always shown
     labels_off: float = 0.0
@@ -81,6 +84,9 @@ class SamplerConfig:
         if not isinstance(self.labels, int) or not 0 <= 2 * self.labels < min(self.seq_len, 2 * self.max_rows):
             raise ConfigError("labels", f"must be an integer with 2 x labels below seq_len ({self.seq_len}) and "
                                         f"labels below max_rows ({self.max_rows}), got {self.labels!r}")
+        for key, k in (self.task_labels or {}).items():
+            if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= self.labels:
+                raise ConfigError(f"task_labels[{key!r}]", f"must be an integer in 0..labels ({self.labels}), got {k!r}")
         if not isinstance(self.labels_off, int | float) or not 0.0 <= float(self.labels_off) < 1.0:
             raise ConfigError("labels_off", f"must be a share in [0, 1), got {self.labels_off!r}")
         if not isinstance(self.relabel, int | float) or not 0.0 <= float(self.relabel) <= 1.0:
@@ -113,6 +119,12 @@ def recent_for(cfg: SamplerConfig, db_name: str, task_name: str) -> int:
     """The `recent` setting for one task's sequences: `task_recent` by "db/task", then by "task", else `recent`."""
     given = cfg.task_recent or {}
     return int(given.get(f"{db_name}/{task_name}", given.get(task_name, cfg.recent)))
+
+
+def labels_for(cfg: SamplerConfig, db_name: str, task_name: str) -> int:
+    """The labelled rows of one task's contexts: `task_labels` by "db/task", then by "task", else `labels`."""
+    given = cfg.task_labels or {}
+    return int(given.get(f"{db_name}/{task_name}", given.get(task_name, cfg.labels)))
 
 
 def bucket_size(n: int, buckets: tuple[int, ...], cap: int | None = None) -> int:

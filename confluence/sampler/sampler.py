@@ -17,7 +17,7 @@ import numpy as np
 from confluence.batch import TrainingBatch
 from confluence.errors import ConfluenceError
 from confluence.sampler.builder import PHASES, BatchBuilder, BuildResult
-from confluence.sampler.config import SamplerConfig
+from confluence.sampler.config import SamplerConfig, labels_for
 from confluence.sampler.data import SamplerData, TaskData, obs_time_cells
 from confluence.sampler.labels import CONTEXT_SPLITS, LabelIndex, build_label_index, label_times, task_horizon
 from confluence.sampler.splits import split_index, split_seed_ids, task_split
@@ -65,7 +65,8 @@ class Sampler:
         self._label_cache: dict[tuple[int, str, str], LabelIndex] = {}
         if self.config.labels > 0:  # every served task must say when its labels are known (a clear error now)
             for e in self.entries:
-                self.label_index(e.task.name, e.db_idx, "train")
+                if labels_for(self.config, e.db_name, e.task.name) > 0:
+                    self.label_index(e.task.name, e.db_idx, "train")
         self.timings = dict.fromkeys(PHASES, 0.0)  # wall seconds per phase, over every build so far
         self.cpu_timings = dict.fromkeys(PHASES, 0.0)  # CPU seconds per phase (all worker threads)
 
@@ -114,6 +115,8 @@ class Sampler:
         if context not in CONTEXT_SPLITS:
             raise ConfluenceError(f"unknown label context {context!r} (expected one of: {', '.join(CONTEXT_SPLITS)})")
         e = self.entry(task, db)
+        if labels_for(self.config, e.db_name, e.task.name) == 0:
+            return None
         key = (e.db_idx, e.task.name, context)
         if key not in self._label_cache:
             store = self.stores[e.db_idx]
@@ -148,7 +151,7 @@ class Sampler:
         out: dict[str, Any] = {}
         if context == "train" and self.config.relabel > 0:  # training contexts only, like labels_off
             out["relabel_share"] = float(self.config.relabel)
-        if self.config.labels == 0:
+        if labels_for(self.config, self.data[db_idx].name, data.name) == 0:
             return out
         base = next(e.task for e in self.entries if e.db_idx == db_idx and e.task.name == data.name)
         out.update(labels=self.label_index(data.name, db_idx, context), own_seeds=data is base)

@@ -79,11 +79,11 @@ class BatchStream:
         return self.sampler.stores
 
     def check_task_keys(self) -> None:
-        """Per-task settings (`task_weights`, `task_recent`) must name tasks of the stores: a misspelt key would
+        """Per-task settings (`task_weights`, `task_recent`, `task_labels`) must name tasks of the stores: a misspelt key would
         silently do nothing. (Training checks; evaluation does not, since a checkpoint's settings may name tasks
         another database lacks.)"""
         known = {k for d in self.sampler.data for t in d.tasks for k in (t.name, f"{d.name}/{t.name}")}
-        for setting in ("task_weights", "task_recent"):
+        for setting in ("task_weights", "task_recent", "task_labels"):
             unknown = sorted(set(getattr(self.config, setting) or {}) - known)
             if unknown:
                 raise ConfigError(f"sampler.{setting}", f"unknown task(s) {unknown}; known: {sorted(known)}")

@@ -124,7 +124,7 @@ def describe_changes(saved: RunConfig, now: RunConfig) -> list[str]:
 def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in d.items():
-        if isinstance(v, Mapping) and k not in ("task_weights", "task_recent"):
+        if isinstance(v, Mapping) and k not in ("task_weights", "task_recent", "task_labels"):
             out.update(_flat(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
