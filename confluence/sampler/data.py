@@ -156,6 +156,9 @@ class SamplerData:
     # child-count columns of the store, (column, foreign-key column, parent table index), parent-table order
     count_columns: list[tuple[int, int, int]] = field(default_factory=list)
     has_foreign_keys: bool = False
+    # the store's metadata (its tasks' horizons and splits), so a sampler built from SamplerData alone (the
+    # sampler benchmark) reads what one built from the store reads
+    meta: dict[str, Any] | None = None
     _segments: dict[bool, ChildSegments] = field(default_factory=dict, repr=False)
     _counts: dict[bool, ChildCounts] = field(default_factory=dict, repr=False)
 
@@ -323,6 +326,7 @@ class SamplerData:
             tasks=tasks,
             count_columns=count_columns,
             has_foreign_keys=any(getattr(c, "foreign_key", None) for c in store.columns),
+            meta=getattr(store, "meta", None),
         )
 
 
