@@ -93,3 +93,17 @@ def test_store_category_values_cover_the_table_and_key_codes_across_blocks(tmp_p
 def test_codes_key_is_validated():
     with pytest.raises(ConfigError, match="category_codes_by"):
         ModelConfig(category_codes_by="column")
+
+
+def test_a_store_whose_category_lists_miss_a_row_is_a_clear_error():
+    from types import SimpleNamespace
+
+    from confluence.errors import StoreError
+    from confluence.model.inputs import category_values
+
+    col = SimpleNamespace(stats={"categories": ["a", "b"], "cat_emb_start": 0})
+    store = SimpleNamespace(name="shop", categorical_embeddings=np.zeros((3, 4)), columns=[col], tasks=[])
+    with pytest.raises(StoreError, match=r"store 'shop': category-table row 2 has no value string"):
+        category_values(store)
+    store.categorical_embeddings = np.zeros((2, 4))
+    assert category_values(store) == ["a", "b"]

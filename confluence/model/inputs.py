@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from confluence.batch import SEQ_FIELDS, TrainingBatch
-from confluence.errors import ConfluenceError
+from confluence.errors import ConfluenceError, StoreError
 from confluence.stypes import SemanticType
 
 SCALAR_FIELDS = ("target_stype", "cat_block_start", "cat_count", "task_idx", "db_idx")
@@ -166,7 +166,7 @@ def _value_code(value: str, d: int) -> np.ndarray:
 
 def category_values(store: Any) -> list[str]:
     """The value string of each row of a store's category table (from its columns' and tasks' category lists);
-    raises ValueError naming the store when a row has none (a store the category lists do not cover)."""
+    raises StoreError naming the store and the row when a row has none (a store the category lists do not cover)."""
     n = int(np.asarray(store.categorical_embeddings).shape[0])
     out: list[str | None] = [None] * n
     stats = [c.stats for c in store.columns] + [t.stats for t in store.tasks]
@@ -180,8 +180,9 @@ def category_values(store: Any) -> list[str]:
                 out[start + i] = str(v)
     missing = [i for i, v in enumerate(out) if v is None]
     if missing:
-        raise ValueError(f"store {store.name!r}: category-table row {missing[0]} has no value string in the store's "
-                         f"metadata ({len(missing)} rows without one); rebuild the store")
+        raise StoreError(f"store {store.name!r}: category-table row {missing[0]} has no value string in the store's "
+                         f"metadata ({len(missing)} rows without one), which model.category_codes_by = 'value' "
+                         "needs; preprocess the database again")
     return [str(v) for v in out]
 
 
