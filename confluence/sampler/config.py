@@ -12,6 +12,10 @@ CHILD_COUNTS = ("none", "anchor", "all")  # which rows show child-count cells (d
 TASK_CHOICES = ("uniform", "database_first", "seeds")  # how the training stream picks each batch's task
 
 
+# the settings that map task keys ("task" or "db/task") to values: tables of values, not sections of settings
+PER_TASK_SETTINGS = ("task_weights", "task_recent", "task_labels")
+
+
 @dataclass(frozen=True)
 class SplitConfig:
     """How seeds are split into train / val / test (spec/tasks.md).

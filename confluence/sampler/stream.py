@@ -29,7 +29,7 @@ import numpy as np
 from confluence.batch import TrainingBatch
 from confluence.errors import ConfigError, ConfluenceError
 from confluence.sampler.builder import BuildResult
-from confluence.sampler.config import SamplerConfig
+from confluence.sampler.config import PER_TASK_SETTINGS, SamplerConfig
 from confluence.sampler.data import TaskData
 from confluence.sampler.sampler import Sampler, TaskEntry
 from confluence.toolkit.prefetch import Prefetcher
@@ -79,11 +79,11 @@ class BatchStream:
         return self.sampler.stores
 
     def check_task_keys(self) -> None:
-        """Per-task settings (`task_weights`, `task_recent`, `task_labels`) must name tasks of the stores: a misspelt key would
+        """Per-task settings (`PER_TASK_SETTINGS`) must name tasks of the stores: a misspelt key would
         silently do nothing. (Training checks; evaluation does not, since a checkpoint's settings may name tasks
         another database lacks.)"""
         known = {k for d in self.sampler.data for t in d.tasks for k in (t.name, f"{d.name}/{t.name}")}
-        for setting in ("task_weights", "task_recent", "task_labels"):
+        for setting in PER_TASK_SETTINGS:
             unknown = sorted(set(getattr(self.config, setting) or {}) - known)
             if unknown:
                 raise ConfigError(f"sampler.{setting}", f"unknown task(s) {unknown}; known: {sorted(known)}")

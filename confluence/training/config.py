@@ -18,7 +18,7 @@ from typing import Any
 
 from confluence.errors import ConfigError
 from confluence.model.config import LossConfig, ModelConfig
-from confluence.sampler.config import SamplerConfig
+from confluence.sampler.config import PER_TASK_SETTINGS, SamplerConfig
 from confluence.toolkit.config import overlay, read_recipe, recipe_dir, to_dict
 from confluence.toolkit.optim import OptimConfig
 
@@ -124,7 +124,7 @@ def describe_changes(saved: RunConfig, now: RunConfig) -> list[str]:
 def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in d.items():
-        if isinstance(v, Mapping) and k not in ("task_weights", "task_recent", "task_labels"):
+        if isinstance(v, Mapping) and k not in PER_TASK_SETTINGS:
             out.update(_flat(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
