@@ -237,3 +237,13 @@ def test_tpch_members_are_train_and_resumable(tmp_path):
     shutil.rmtree(out / "stores" / "tpch_sf0.01")
     again = _build(out, 2, tpch=[0.01])
     assert again.built == ("tpch_sf0.01",) and _digests(out) == before
+
+
+def test_a_failing_tpch_generation_is_a_clear_error(tmp_path):
+    from confluence.errors import ConfluenceError
+    from confluence.synth.tpch import ensure_tpch, tpchgen_path
+
+    if tpchgen_path() is None:
+        pytest.skip("tpchgen-cli is not installed")
+    with pytest.raises(ConfluenceError, match=r"TPC-H generation failed \(scale factor -1.0, exit \d+\)"):
+        ensure_tpch(tmp_path / "tpch", -1.0)

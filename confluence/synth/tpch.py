@@ -31,5 +31,10 @@ def ensure_tpch(directory: Path, scale: float) -> Path:
     exe = tpchgen_path()
     if exe is None:
         raise ConfluenceError("TPC-H needs tpchgen-cli: pip install -e '.[bench]' (or pass --skip-tpch)")
-    subprocess.run([exe, "parquet", "-s", str(scale), f"--output-dir={directory}"], check=True)
+    cmd = [exe, "parquet", "-s", str(scale), f"--output-dir={directory}"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise ConfluenceError(f"TPC-H generation failed (scale factor {scale}, exit {done.returncode}): "
+                              f"{' '.join(cmd)}: {' / '.join(tail) or 'no output'}")
     return directory
