@@ -61,7 +61,7 @@ def _loss(out, inputs, table=None, max_k=8, **cfg):
     model = tiny_model()
     table = np.zeros((8, D_T), np.float16) if table is None else table
     inputs = split_targets(inputs)
-    return compute_loss(ModelOutput(*map(jnp.asarray, out)), {k: jnp.asarray(v) for k, v in inputs.items()},
+    return compute_loss(ModelOutput(*(None if x is None else jnp.asarray(x) for x in out)), {k: jnp.asarray(v) for k, v in inputs.items()},
                         model.encoder, jnp.asarray(table), LossConfig(max_k=max_k, **cfg)), model
 
 

@@ -77,7 +77,8 @@ def _forward(model: RelationalTransformer, inputs: dict[str, jax.Array], col_tab
     out = model.at_targets(inputs, col_tab, cat_tab)
     start = inputs["cat_block_start"].astype(jnp.int32)
     count = inputs["cat_count"].astype(jnp.int32)
-    logits = categorical_logits(out.cat_preds, model.encoder, cat_tab, start, count, max_k)
+    logits = categorical_logits(out.cat_preds, model.encoder, cat_tab, start, count, max_k, out.cat_copy,
+                                inputs["categorical_embed_ids"])
     return out.null_logits, out.num_preds, out.bool_logits, out.ts_preds, logits
 
 

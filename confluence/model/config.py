@@ -49,6 +49,10 @@ class ModelConfig:
     # column-name embedding), beside the seed's direction shared by every numerical column; False is seed 002
     numeric_by_column: bool = False
     numeric_by_column_init: float = 1.0  # scale of that projection's initialisation (0: starts as the seed's encoder)
+    # True: a copy head (model.heads.CopyHead) mixes into each prediction the values of the context's visible cells
+    # of the target's column (labels of labelled task rows, the column's other values), by a pointer attention and
+    # a gate per type; False is seed 004's heads alone
+    copy_head: bool = False
 
     def __post_init__(self) -> None:
         positive(self, "d_model", "n_layers", "n_heads", "d_t", "d_time", "ffn_multiple", "norm_eps")

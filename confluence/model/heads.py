@@ -1,11 +1,16 @@
-"""Decoder heads (seed 004): all five run on every position; `ModelOutput` holds their dense outputs."""
+"""Decoder heads (seed 004): all five run on every position; `ModelOutput` holds their dense outputs. The optional
+copy head (`ModelConfig.copy_head`, not in the seeds) mixes into the target's prediction the values of the
+context's visible cells of the target's own column, weighted by a learned pointer attention."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+import math
+
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 
 from confluence.model.config import ModelConfig
 from confluence.toolkit.layers import Linear
@@ -20,6 +25,9 @@ class ModelOutput(NamedTuple):
     bool_logits: jax.Array  # [B, S]
     ts_preds: jax.Array  # [B, S, D_time]
     cat_preds: jax.Array  # [B, S, D] in the space of `categorical_encoder`
+    # copy head only (at the target cells, else None): [B, S] the gated pointer weights of the categorical copy
+    # distribution, summing to its gate (0 where nothing can be copied); `categorical_logits` mixes it in
+    cat_copy: jax.Array | None = None
 
 
 class DecoderHeads(eqx.Module):
@@ -47,4 +55,61 @@ class DecoderHeads(eqx.Module):
             bool_logits=self.boolean_decoder(h)[..., 0].astype(f32),
             ts_preds=self.timestamp_decoder(h).astype(f32),
             cat_preds=self.categorical_decoder(h).astype(f32),
+        )
+
+
+# probability clip of the mixed boolean prediction before it is turned back into a logit
+_BOOL_EPS = 1e-6
+
+
+class CopyHead(eqx.Module):
+    """A pointer from the target cell to the context's visible cells of the same column and type (the labels of
+    labelled task rows, the column's other values in the walk), mixed into each typed prediction by a learned gate.
+
+    Pointer-generator form (See et al. 2017): `pred = (1 - g) * head(h_t) + g * sum_j a_j value_j` for numbers
+    (z-scores) and timestamps (their 15 features), the same mixture of probabilities for booleans and categories;
+    `a = softmax(q(h_t) . k(h_j) / sqrt(D))` over the eligible cells, `g = sigmoid(gate(h_t))` per type and 0 when
+    no cell is eligible. Copying a label's answer then needs one attention and one gate, the same in every
+    database, where the generating heads must map a context value through the model's weights to an output
+    direction (measured: zero-shot, a categorical head that does not copy answers a class no label has;
+    docs/learnability.md). It reads only cells the model already sees, so it adds no leakage path."""
+
+    query: Linear
+    key: Linear
+    gate: Linear  # D -> 4 gates, in LOSS_STYPES order: numerical, boolean, timestamp, categorical
+
+    def __init__(self, d: int, *, key: jax.Array):
+        k = jax.random.split(key, 3)
+        self.query = Linear(d, d, key=k[0])
+        self.key = Linear(d, d, key=k[1])
+        self.gate = Linear(d, 4, key=k[2], init="normal", scale=0.1)
+
+    def __call__(self, out: ModelOutput, hn: jax.Array, hn_t: jax.Array, inputs: dict[str, jax.Array]) -> ModelOutput:
+        """`out`: the heads at the target cells ([B] fields); `hn` [B, S, D] and `hn_t` [B, D]: the final-normed
+        hidden states of every cell and of the target cell. Returns `out` with the mixtures applied."""
+        f32 = jnp.float32
+        is_target = inputs["is_target"]
+        t = jnp.argmax(is_target, axis=1)
+        bidx = jnp.arange(t.shape[0])
+        col_t = inputs["column_ids"][bidx, t]
+        st_t = inputs["semantic_types"][bidx, t]
+        eligible = (~inputs["is_padding"] & ~inputs["is_null"] & ~is_target
+                    & (inputs["column_ids"] == col_t[:, None]) & (inputs["semantic_types"] == st_t[:, None]))
+        q = self.query(hn_t).astype(f32)
+        k = self.key(hn).astype(f32)
+        scores = jnp.einsum("bd,bsd->bs", q, k) / math.sqrt(q.shape[-1])
+        scores = jnp.where(eligible, scores, -1e30)
+        any_el = jnp.any(eligible, axis=1)
+        a = jax.nn.softmax(scores, axis=1) * eligible.astype(f32)  # all zeros where nothing is eligible
+        g = jax.nn.sigmoid(self.gate(hn_t).astype(f32)) * any_el[:, None].astype(f32)  # [B, 4]
+        num = jnp.einsum("bs,bs->b", a, inputs["numeric_values"].astype(f32))
+        boo = jnp.einsum("bs,bs->b", a, inputs["bool_values"].astype(f32))
+        ts = jnp.einsum("bs,bsk->bk", a, inputs["timestamp_values"].astype(f32))
+        p = (1.0 - g[:, 1]) * jax.nn.sigmoid(out.bool_logits) + g[:, 1] * boo
+        p = jnp.clip(p, _BOOL_EPS, 1.0 - _BOOL_EPS)
+        return out._replace(
+            num_preds=(1.0 - g[:, 0]) * out.num_preds + g[:, 0] * num,
+            bool_logits=jnp.log(p) - jnp.log1p(-p),
+            ts_preds=(1.0 - g[:, 2:3]) * out.ts_preds + g[:, 2:3] * ts,
+            cat_copy=a * g[:, 3:4],
         )

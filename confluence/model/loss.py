@@ -67,22 +67,34 @@ def timestamp_loss(pred: jax.Array, target: jax.Array, delta: float, scalar_weig
 
 def categorical_logits(
     cat_pred: jax.Array, encoder: ValueEncoder, category_table: jax.Array, block_start: jax.Array, count: jax.Array,
-    max_k: int,
+    max_k: int, copy: jax.Array | None = None, cell_ids: jax.Array | None = None,
 ) -> jax.Array:
-    """[B, D] predictions -> [B, max_K] logits over the target's category block; entries k >= K are -1e9."""
+    """[B, D] predictions -> [B, max_K] logits over the target's category block; entries k >= K are -1e9.
+
+    With the copy head's `copy` [B, S] (gated pointer weights summing to the gate g) and the cells' category rows
+    `cell_ids` [B, S], the result is the log of the mixture `(1 - g) softmax(logits) + g p_copy`, where `p_copy`
+    puts each pointed-at cell's weight on its class of the block."""
     category_table = jnp.asarray(category_table)
     k = jnp.arange(max_k, dtype=jnp.int32)
     rows = jnp.clip(block_start + k, 0, category_table.shape[0] - 1)
     proj = encoder.categorical_encoder(category_table[rows].astype(jnp.float32))  # [max_K, D] in FP32
     logits = cat_pred.astype(jnp.float32) @ proj.T
     valid = k < jnp.maximum(count, 1)  # K = 0 (non-categorical batch): keep one finite logit
-    return jnp.where(valid[None, :], logits, -1e9)
+    logits = jnp.where(valid[None, :], logits, -1e9)
+    if copy is None:
+        return logits
+    copy = jnp.asarray(copy, jnp.float32)
+    local = jnp.asarray(cell_ids).astype(jnp.int32) - block_start  # a cell's class in the block (the batch's one)
+    p_copy = jnp.einsum("bs,bsk->bk", copy, jax.nn.one_hot(local, max_k, dtype=jnp.float32))
+    gate = jnp.sum(copy, axis=1, keepdims=True)
+    p = (1.0 - gate) * jax.nn.softmax(logits, axis=-1) + p_copy
+    return jnp.where(valid[None, :], jnp.log(jnp.maximum(p, 1e-30)), -1e9)
 
 
 def at_positions(out: ModelOutput, t: jax.Array) -> ModelOutput:
     """The dense outputs `[B, S, ...]` at one position per sequence `t [B]`: fields `[B, ...]`."""
     bidx = jnp.arange(t.shape[0])
-    return ModelOutput(*(jnp.asarray(x)[bidx, t] for x in out))
+    return ModelOutput(*(None if x is None else jnp.asarray(x)[bidx, t] for x in out))
 
 
 def compute_loss(
@@ -114,7 +126,8 @@ def target_loss(
     )
     start = inputs["cat_block_start"].astype(jnp.int32)
     count = inputs["cat_count"].astype(jnp.int32)
-    logits = categorical_logits(out.cat_preds, encoder, category_table, start, count, cfg.max_k)
+    logits = categorical_logits(out.cat_preds, encoder, category_table, start, count, cfg.max_k, out.cat_copy,
+                                inputs["categorical_embed_ids"])
     target_idx = jnp.clip(inputs["target_category"].astype(jnp.int32) - start, 0, cfg.max_k - 1)
     lse = jax.nn.logsumexp(logits, axis=-1)
     ce = lse - jnp.sum(logits * jax.nn.one_hot(target_idx, cfg.max_k, dtype=logits.dtype), axis=-1)  # no scatter

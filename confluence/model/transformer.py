@@ -14,7 +14,7 @@ from confluence.model.attention import get_attention
 from confluence.model.block import Block, Structure
 from confluence.model.config import ModelConfig
 from confluence.model.encoding import ValueEncoder
-from confluence.model.heads import DecoderHeads, ModelOutput
+from confluence.model.heads import CopyHead, DecoderHeads, ModelOutput
 from confluence.toolkit.layers import RMSNorm, cast_floating
 
 
@@ -24,6 +24,7 @@ class RelationalTransformer(eqx.Module):
     blocks: list[Block]
     final_norm: RMSNorm
     heads: DecoderHeads
+    copy: CopyHead | None
     cfg: ModelConfig = eqx.field(static=True)
 
     def __init__(self, cfg: ModelConfig, *, key: jax.Array):
@@ -34,6 +35,7 @@ class RelationalTransformer(eqx.Module):
         self.blocks = [Block(cfg, key=k) for k in jax.random.split(k_blocks, cfg.n_layers)]
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.heads = DecoderHeads(cfg, key=k_heads)
+        self.copy = CopyHead(cfg.d_model, key=jax.random.fold_in(key, 3)) if cfg.copy_head else None
 
     def hidden(
         self, inputs: dict[str, jax.Array], column_table: jax.Array, category_table: jax.Array
@@ -72,7 +74,12 @@ class RelationalTransformer(eqx.Module):
         h = self.hidden(inputs, column_table, category_table)
         onehot = target_onehot(jnp.asarray(inputs["is_target"]), h.dtype)
         h_t = jnp.einsum("bs,bsd->bd", onehot, h, preferred_element_type=jnp.float32).astype(h.dtype)
-        return m.heads(m.final_norm(h_t))
+        hn_t = m.final_norm(h_t)
+        out = m.heads(hn_t)
+        if m.copy is None:
+            return out
+        # the copy head's keys need every cell's final-normed state (the generating heads only the target's)
+        return m.copy(out, m.final_norm(h), hn_t, {k: jnp.asarray(v) for k, v in inputs.items()})
 
 
 def target_onehot(is_target: jax.Array, dtype) -> jax.Array:

@@ -1,0 +1,151 @@
+"""The copy head (`model.copy_head`): a pointer over the context's visible cells of the target's column, mixed into
+each typed prediction by a gate. Checked against numpy with the pointer made uniform and the gate forced open or
+shut; the target's own (blanked) value and cells of other columns never reach it."""
+
+import dataclasses
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from confluence.model.loss import categorical_logits
+from tests.fixtures.model import MAX_K, TINY, batch_to_inputs, tables, tiny_batch, tiny_db, tiny_model
+
+COPY = dataclasses.replace(TINY, copy_head=True)
+NUM, TS, BOOL, CAT = 0, 1, 2, 3  # the tiny database's tasks
+
+
+def _with_gate(model, bias: float, uniform: bool = True):
+    """`model` with every gate's bias set to `bias` (its weights 0) and, if `uniform`, a pointer that scores every
+    eligible cell alike (query and key weights and biases 0)."""
+    c = model.copy
+    gate = eqx.tree_at(lambda g: (g.weight, g.bias), c.gate, (jnp.zeros_like(c.gate.weight),
+                                                              jnp.full_like(c.gate.bias, bias)))
+    c = eqx.tree_at(lambda c: c.gate, c, gate)
+    if uniform:
+        c = eqx.tree_at(lambda c: (c.query.weight, c.key.weight), c,
+                        (jnp.zeros_like(c.query.weight), jnp.zeros_like(c.key.weight)))
+    return eqx.tree_at(lambda m: m.copy, model, c)
+
+
+def _run(model, task: int, seed: int = 0, edit=None):
+    db = tiny_db()
+    col, cat = tables(db)
+    inputs = batch_to_inputs(tiny_batch(db, task=task, seed=seed))
+    if edit is not None:
+        inputs = edit(inputs)
+    out = jax.jit(lambda m, i: m.at_targets(i, col, cat))(model, inputs)
+    logits = categorical_logits(out.cat_preds, model.encoder, cat, jnp.asarray(inputs["cat_block_start"]),
+                                jnp.asarray(inputs["cat_count"]), MAX_K, out.cat_copy,
+                                inputs["categorical_embed_ids"])
+    return out, np.asarray(logits), inputs
+
+
+def _eligible(inputs) -> np.ndarray:
+    r = np.arange(inputs["is_target"].shape[0])
+    pos = inputs["is_target"].argmax(1)
+    col, st = inputs["column_ids"][r, pos], inputs["semantic_types"][r, pos]
+    return (~inputs["is_padding"] & ~inputs["is_null"] & ~inputs["is_target"]
+            & (inputs["column_ids"] == col[:, None]) & (inputs["semantic_types"] == st[:, None]))
+
+
+def _mean_over(el: np.ndarray, values: np.ndarray) -> np.ndarray:
+    w = el / np.maximum(el.sum(1, keepdims=True), 1)
+    return np.einsum("bs,bs...->b...", w, values.astype(np.float64))
+
+
+def test_an_open_gate_and_a_uniform_pointer_give_the_mean_of_the_columns_visible_values():
+    model = _with_gate(tiny_model(COPY), 30.0)
+    plain = tiny_model(TINY)  # the same parameters but the copy head (its key is drawn apart)
+    for task, field, pred in ((NUM, "numeric_values", "num_preds"), (TS, "timestamp_values", "ts_preds")):
+        out, _, inputs = _run(model, task)
+        ref, _, _ = _run(plain, task)
+        el = _eligible(inputs)
+        has = el.any(1)
+        assert has.any() and (task != NUM or (~has).any())  # NUM's batch also has sequences with nothing to copy
+        got = np.asarray(getattr(out, pred))
+        np.testing.assert_allclose(got[has], _mean_over(el, inputs[field])[has], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got[~has], np.asarray(getattr(ref, pred))[~has], rtol=1e-5, atol=1e-5)
+    out, _, inputs = _run(model, BOOL)
+    el = _eligible(inputs)
+    p = 1.0 / (1.0 + np.exp(-np.asarray(out.bool_logits, np.float64)))
+    np.testing.assert_allclose(p[el.any(1)], np.clip(_mean_over(el, inputs["bool_values"]), 1e-6, 1 - 1e-6)[el.any(1)],
+                               atol=1e-5)
+
+
+def test_an_open_gate_gives_the_class_frequencies_of_the_visible_cells():
+    model = _with_gate(tiny_model(COPY), 30.0)
+    _, logits, inputs = _run(model, CAT)
+    el = _eligible(inputs)
+    start, count = int(inputs["cat_block_start"]), int(inputs["cat_count"])
+    for b in np.flatnonzero(el.any(1)):
+        classes = inputs["categorical_embed_ids"][b][el[b]].astype(int) - start
+        freq = np.bincount(classes, minlength=count)[:count] / len(classes)
+        np.testing.assert_allclose(np.exp(logits[b, :count]), freq, atol=1e-5)
+        assert np.all(logits[b, count:] <= -1e8)
+
+
+def test_a_shut_gate_is_the_model_without_the_copy_head():
+    model = _with_gate(tiny_model(COPY), -40.0, uniform=False)
+    plain = tiny_model(TINY)
+    for task in (NUM, TS, BOOL, CAT):
+        out, logits, _ = _run(model, task)
+        ref, ref_logits, _ = _run(plain, task)
+        for name in ("null_logits", "num_preds", "bool_logits", "ts_preds"):
+            np.testing.assert_allclose(np.asarray(getattr(out, name)), np.asarray(getattr(ref, name)), rtol=1e-4,
+                                       atol=1e-5, err_msg=name)
+        count = max(int(_run(plain, task)[2]["cat_count"]), 1)
+        np.testing.assert_allclose(jax.nn.log_softmax(ref_logits[:, :count]), logits[:, :count], atol=1e-4)
+
+
+@pytest.mark.parametrize("task", [NUM, BOOL, CAT])
+def test_the_pointer_reads_neither_the_target_cell_nor_other_columns(task):
+    """Scrambling the (blanked) target cell's value tensors or the values of cells of other columns leaves the copy
+    distribution as it was: only the eligible cells' values enter it."""
+    model = _with_gate(tiny_model(COPY), 30.0)
+    out, logits, inputs = _run(model, task)
+    el = _eligible(inputs)
+
+    def scramble(i):
+        i = dict(i)
+        other = ~el
+        i["numeric_values"] = np.where(other, 123.0, i["numeric_values"]).astype(i["numeric_values"].dtype)
+        i["bool_values"] = np.where(other, True, i["bool_values"])
+        i["categorical_embed_ids"] = np.where(other, 1, i["categorical_embed_ids"]).astype(np.uint32)
+        return i
+
+    # with the uniform pointer the attention weights do not depend on the hidden states, so the mixture's copy
+    # part must be identical; the generating part (gate ~ 1) contributes ~0
+    # (sequences with nothing to copy have a shut gate: their generating heads read the whole context)
+    out2, logits2, _ = _run(model, task, edit=scramble)
+    has = el.any(1)
+    assert has.any()
+    np.testing.assert_allclose(np.asarray(out.cat_copy), np.asarray(out2.cat_copy), atol=1e-6)
+    if task == NUM:
+        np.testing.assert_allclose(np.asarray(out.num_preds)[has], np.asarray(out2.num_preds)[has], atol=1e-4)
+    if task == BOOL:
+        np.testing.assert_allclose(np.asarray(out.bool_logits)[has], np.asarray(out2.bool_logits)[has], atol=1e-3)
+    if task == CAT:
+        np.testing.assert_allclose(logits[has, :7], logits2[has, :7], atol=1e-4)
+
+
+def test_the_copy_head_trains_and_its_gradient_reaches_every_parameter():
+    from confluence.model.config import LossConfig
+    from confluence.model.loss import target_loss
+
+    model = tiny_model(COPY)
+    db = tiny_db()
+    col, cat = tables(db)
+    inputs = batch_to_inputs(tiny_batch(db, task=CAT))
+
+    def loss(m):
+        return target_loss(m.at_targets(inputs, col, cat), {k: jnp.asarray(v) for k, v in inputs.items()},
+                           m.encoder, cat, LossConfig(max_k=MAX_K)).loss
+
+    value, grads = eqx.filter_value_and_grad(loss)(model)
+    assert np.isfinite(float(value))
+    for name in ("query", "key", "gate"):
+        g = getattr(grads.copy, name).weight
+        assert np.all(np.isfinite(np.asarray(g))) and float(jnp.abs(g).sum()) > 0, name
