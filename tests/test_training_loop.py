@@ -10,6 +10,7 @@ import pytest
 
 from confluence.errors import ConfigError, ConfluenceError
 from confluence.model.inputs import DbTables, batch_to_inputs
+from confluence.model.transformer import RelationalTransformer
 from confluence.toolkit.checkpoint import read_checkpoint
 from confluence.toolkit.logs import read_scalars
 from confluence.toolkit.mesh import make_mesh, replicate
@@ -106,6 +107,27 @@ def test_init_from_checkpoint_loads_the_parameters(tiny_store, tmp_path):
     with open_stream([tiny_store], cfg) as s:
         fine = train(cfg.with_max_steps(0), s, tmp_path / "b", init_from=tmp_path / "a", progress=False)
     for a, b in zip(_leaves(first.params), _leaves(fine.params), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_init_from_a_checkpoint_without_the_copy_head_loads_the_rest(tiny_store, tmp_path):
+    """A run with `model.copy_head` starts from a checkpoint made without it: every other parameter is the
+    checkpoint's, the copy head is the new run's own initialisation."""
+    import dataclasses
+
+    import equinox as eqx
+
+    cfg = _cfg(loop={"max_steps": 3, "ckpt_every": 3, "val_every": 3})
+    with open_stream([tiny_store], cfg) as s:
+        first = train(cfg, s, tmp_path / "a", progress=False)
+    copy_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, copy_head=True)).with_max_steps(0)
+    with open_stream([tiny_store], copy_cfg) as s:
+        fine = train(copy_cfg, s, tmp_path / "b", init_from=tmp_path / "a", progress=False)
+    without = eqx.tree_at(lambda m: m.copy, fine.params, None, is_leaf=lambda x: x is None)
+    for a, b in zip(_leaves(first.params), _leaves(without), strict=True):
+        np.testing.assert_array_equal(a, b)
+    fresh = RelationalTransformer(copy_cfg.model, key=jax.random.key(copy_cfg.seed)).copy
+    for a, b in zip(_leaves(fresh), _leaves(fine.params.copy), strict=True):
         np.testing.assert_array_equal(a, b)
 
 

@@ -65,12 +65,28 @@ def _init_params(cfg: RunConfig, init_from: Path | str, like: Any) -> Any:
         return params
     except CheckpointError as exc:
         saved = RunConfig.from_dict(read_checkpoint(init_from).meta.get("config", {})).model
+        if cfg.model.copy_head and not saved.copy_head and replace(saved, copy_head=True) == cfg.model:
+            # a checkpoint made before the copy head: every other parameter loads, the head starts from this run's
+            # initialisation (its gates near 0.5, so it is learnt from the first steps)
+            return _graft_copy_head(saved, init_from, like)
         diffs = [f"model.{f.name} = {getattr(saved, f.name)!r} there, {getattr(cfg.model, f.name)!r} here"
                  for f in fields(saved) if getattr(saved, f.name) != getattr(cfg.model, f.name)]
         if not diffs:
             raise
         raise ConfluenceError(f"--init-from {init_from}: its model does not fit this run's ({'; '.join(diffs)}); "
                               "use a recipe with the same model settings or --set them") from exc
+
+
+def _graft_copy_head(saved_model: Any, init_from: Path | str, like: Any) -> Any:
+    """`like` (this run's initial parameters) with every parameter but the copy head's from `init_from`, a
+    checkpoint whose model is this one without `copy_head`."""
+    import equinox as eqx
+
+    from confluence.training.step import _is_param
+
+    skeleton = eqx.partition(RelationalTransformer(saved_model, key=jax.random.key(0)), _is_param)[0]
+    loaded, _ = load_state(init_from, skeleton)
+    return eqx.tree_at(lambda m: m.copy, loaded, like.copy, is_leaf=lambda x: x is None)
 
 
 def saved_position(meta: dict[str, Any]) -> dict[str, Any]:
