@@ -4,9 +4,8 @@ context's visible cells of the target's own column, weighted by a learned pointe
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import math
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
