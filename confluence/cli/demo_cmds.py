@@ -20,6 +20,10 @@ from confluence.errors import ConfluenceError
 # Training steps of the demo: 800 fit its budget since the training-speed work (a step is ~1.6x faster than when
 # the budget was 400) and beat 400 on 7 of 7 validation tasks (docs/decisions.md, "The default recipe's inputs").
 DEMO_TRAIN_STEPS = 800
+# The demo fine-tunes the shipped pretrained model (docs/pretrained.md): at the demo's budget it beat training from
+# scratch on 4 of 7 validation tasks (docs/decisions.md, "The demo fine-tunes pretrained:small"); "none" trains from
+# scratch
+DEMO_INIT_FROM = "pretrained:small"
 
 
 @dataclass
@@ -70,9 +74,15 @@ def step_inspect(ctx: DemoContext) -> None:
     print_summary(Store.open(ctx.store_path), ctx.console)
 
 
+def _init_from(ctx: DemoContext) -> str | None:
+    value = ctx.extra.get("init_from", DEMO_INIT_FROM)
+    return None if value in (None, "", "none") else str(value)
+
+
 def step_train(ctx: DemoContext) -> None:
     """Train the demo's recipe (`confluence/configs/demo.toml`, or `--config`) for `--steps` steps on every task of
-    the store; validate four times and checkpoint at the end."""
+    the store, starting from `--init-from` (the shipped pretrained model unless "none"); validate four times and
+    checkpoint at the end."""
     from confluence.cli.train_cmds import describe_schedule
     from confluence.training.config import load_config
     from confluence.training.loop import open_stream, train
@@ -80,11 +90,13 @@ def step_train(ctx: DemoContext) -> None:
     steps = int(ctx.extra.get("steps", DEMO_TRAIN_STEPS))
     cfg = load_config(ctx.extra.get("config", "demo"),
                       {"loop": {"max_steps": steps, "ckpt_every": steps, "val_every": max(steps // 4, 1)}})
-    ctx.console.print(f"recipe {ctx.extra.get('config', 'demo')}: {describe_schedule(cfg)}")
+    init_from = _init_from(ctx)
+    start = f"fine-tuning {init_from}" if init_from else "from scratch"
+    ctx.console.print(f"recipe {ctx.extra.get('config', 'demo')}, {start}: {describe_schedule(cfg)}")
     run = ctx.out / "run"
     stream = open_stream([ctx.store_path], cfg)
     try:
-        res = train(cfg, stream, run, progress=True, force=bool(ctx.extra.get("force", False)))
+        res = train(cfg, stream, run, progress=True, force=bool(ctx.extra.get("force", False)), init_from=init_from)
     finally:
         stream.close()
     ctx.extra["run"] = run
@@ -134,8 +146,10 @@ def step_report(ctx: DemoContext) -> None:
 
     store = Store.open(ctx.store_path)
     stypes = {t.name: int(t.target_stype) for t in store.tasks}
+    init_from = _init_from(ctx)
     notes = {"database": f"nycflights13 ({store.num_rows:,} rows)", "training": f"{ctx.extra.get('steps')} steps of "
-             f"the {ctx.extra.get('config', 'demo')} recipe", "machine": f"{platform.machine()}, "
+             f"the {ctx.extra.get('config', 'demo')} recipe, "
+             + (f"fine-tuning {init_from}" if init_from else "from scratch"), "machine": f"{platform.machine()}, "
              f"{__import__('os').cpu_count()} CPU cores", "split": "test (hash split by anchor row)"}
     path = write_report(ctx.out / "report", ctx.extra["results"], stypes, descriptions=task_descriptions(store),
                         train_log=ctx.extra["run"] / "scalars.csv", title="Confluence demo: nycflights13", notes=notes)
@@ -170,6 +184,8 @@ def demo_cmd(
     text_encoder: str | None = typer.Option(None, "--text-encoder", help="Text encoder spec (default: shipped)."),
     steps: int = typer.Option(DEMO_TRAIN_STEPS, "--steps", min=1, help="Training steps."),
     config: str = typer.Option("demo", "--config", help="Training recipe or config file."),
+    init_from: str = typer.Option(DEMO_INIT_FROM, "--init-from",
+                                  help="Start from this checkpoint (pretrained:NAME or a run); 'none': from scratch."),
     max_seeds: int = typer.Option(2000, "--max-seeds", min=1, help="Test seeds per task for metrics / predictions."),
     until: str = typer.Option("report", "--until", help="Stop after this step: inspect | train | evaluate | report."),
     force: bool = typer.Option(False, "--force", help="Redo a demo whose run already exists in --out (replaced)."),
@@ -178,7 +194,8 @@ def demo_cmd(
     trivial and LightGBM baselines, predict, and write an HTML report."""
     ctx = DemoContext(out=out, console=Console(), memory_limit_mb=memory_limit_mb, threads=threads,
                       text_encoder=text_encoder,
-                      extra={"steps": steps, "config": config, "max_seeds": max_seeds, "force": force})
+                      extra={"steps": steps, "config": config, "max_seeds": max_seeds, "force": force,
+                             "init_from": init_from})
     last = {"inspect": 3, "train": 4, "evaluate": 5, "predict": 6, "report": 7}.get(until)
     if last is None:
         typer.echo(f"error: --until must be one of inspect, train, evaluate, predict, report; got {until!r}", err=True)
