@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from confluence.model.heads import soft_weighted_median
 from confluence.model.loss import categorical_logits
 from tests.fixtures.model import MAX_K, TINY, batch_to_inputs, tables, tiny_batch, tiny_db, tiny_model
 
@@ -73,6 +74,53 @@ def test_an_open_gate_and_a_uniform_pointer_give_the_mean_of_the_columns_visible
     p = 1.0 / (1.0 + np.exp(-np.asarray(out.bool_logits, np.float64)))
     np.testing.assert_allclose(p[el.any(1)], np.clip(_mean_over(el, inputs["bool_values"]), 1e-6, 1 - 1e-6)[el.any(1)],
                                atol=1e-5)
+
+
+def _weighted_median(x: np.ndarray, w: np.ndarray) -> float:
+    """numpy: the smallest value whose cumulative weight (in value order) reaches half the total."""
+    o = np.argsort(x, kind="stable")
+    c = np.cumsum(w[o])
+    return float(x[o][np.searchsorted(c, 0.5 * c[-1])])
+
+
+def test_soft_weighted_median_is_the_weighted_median_and_its_gradient_reaches_the_weights():
+    rng = np.random.default_rng(3)
+    x = rng.standard_t(2, size=(64, 40)).astype(np.float32)
+    x[:, 30:] = x[:, :10]  # ties
+    w = rng.random((64, 40)).astype(np.float32) * (rng.random((64, 40)) < 0.6)
+    w[0] = 0.0  # nothing to copy: 0
+    w /= np.maximum(w.sum(1, keepdims=True), 1e-12)
+    got = np.asarray(soft_weighted_median(jnp.asarray(x), jnp.asarray(w), tau=1e-6))
+    assert got[0] == 0.0
+    want = np.array([_weighted_median(a, b) for a, b in zip(x[1:], w[1:], strict=True)])
+    # rows where no cumulative weight sits within 1e-4 of 1/2 (float32 sums): the soft median is the median
+    cum = np.cumsum(np.take_along_axis(w, np.argsort(x, axis=1, kind="stable"), axis=1), axis=1)
+    clear = (np.abs(cum - 0.5) > 1e-4).all(axis=1)[1:]
+    assert clear.sum() > 50
+    np.testing.assert_allclose(got[1:][clear], want[clear], rtol=1e-5, atol=1e-6)
+    # uniform weights over an odd count: the middle value at the default softness, within 1 % of the values'
+    # spread (the logistic step leaks about 0.1 % of the weight to each neighbour)
+    u = np.zeros_like(w)
+    u[:, :7] = 1 / 7
+    got = np.asarray(soft_weighted_median(jnp.asarray(x), jnp.asarray(u)))
+    spread = x[:, :7].max(1) - x[:, :7].min(1)
+    assert np.all(np.abs(got - np.median(x[:, :7], axis=1)) <= 0.01 * spread)
+    # far from the mean on a skewed sample
+    skew = np.array([[0.0, 0.1, 0.2, 0.3, 50.0]], np.float32)
+    assert abs(float(soft_weighted_median(jnp.asarray(skew), jnp.full((1, 5), 0.2))[0]) - 0.2) < 1e-3
+    g = jax.grad(lambda v: soft_weighted_median(jnp.asarray(x), v).sum())(jnp.asarray(w))
+    assert np.all(np.isfinite(np.asarray(g))) and float(jnp.abs(g).sum()) > 0
+
+
+def test_copy_numbers_median_copies_the_median_of_the_columns_visible_values():
+    model = _with_gate(tiny_model(dataclasses.replace(COPY, copy_numbers="median")), 30.0)
+    out, _, inputs = _run(model, NUM)
+    el = _eligible(inputs)
+    has = el.any(1)
+    assert has.any()
+    x = inputs["numeric_values"].astype(np.float64)
+    want = np.array([np.median(x[b][el[b]]) if has[b] else 0.0 for b in range(len(has))])
+    np.testing.assert_allclose(np.asarray(out.num_preds)[has], want[has], rtol=1e-3, atol=1e-3)
 
 
 def test_an_open_gate_gives_the_class_frequencies_of_the_visible_cells():

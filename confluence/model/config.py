@@ -53,6 +53,10 @@ class ModelConfig:
     # of the target's column (labels of labelled task rows, the column's other values), by a pointer attention and
     # a gate per type; False is seed 004's heads alone
     copy_head: bool = False
+    # what the copy head copies of numbers: "mean" (the pointer's weighted mean of the z-scores, the first form) or
+    # "median" (their soft weighted median, model.heads.soft_weighted_median: the answer an MAE-scored task wants
+    # from a skewed column's labels; docs/decisions.md, "The copy head's numbers")
+    copy_numbers: Literal["mean", "median"] = "mean"
 
     def __post_init__(self) -> None:
         positive(self, "d_model", "n_layers", "n_heads", "d_t", "d_time", "ffn_multiple", "norm_eps")
@@ -60,6 +64,7 @@ class ModelConfig:
             raise ConfigError("d_model", f"{self.d_model} is not divisible by n_heads={self.n_heads}")
         one_of("compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
         one_of("category_codes_by", self.category_codes_by, ("row", "value"))
+        one_of("copy_numbers", self.copy_numbers, ("mean", "median"))
         non_negative(self, "category_codes", "numeric_frequencies", "numeric_by_column_init")
 
     @property

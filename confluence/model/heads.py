@@ -59,6 +59,33 @@ class DecoderHeads(eqx.Module):
 
 # probability clip of the mixed boolean prediction before it is turned back into a logit
 _BOOL_EPS = 1e-6
+# width (in units of pointer weight) of the step that picks the weighted median in `soft_weighted_median`
+MEDIAN_SOFTNESS = 0.01
+
+
+def soft_weighted_median(x: jax.Array, w: jax.Array, tau: float = MEDIAN_SOFTNESS) -> jax.Array:
+    """The weighted median of `x` [B, S] under weights `w` [B, S] (>= 0, summing to 1 or all 0) along the last
+    axis, smoothed so that its gradient reaches the weights.
+
+    Ordered by value (ties by position), cell i owns the interval [lo_i, hi_i) of the cumulative weight; the
+    weighted median is the value whose interval holds 1/2. Here each cell gets the share
+    `sigmoid((1/2 - lo_i) / tau) - sigmoid((1/2 - hi_i) / tau)` of a logistic step at 1/2 (the shares sum to about
+    1; zero-weight cells get none), and the result is the share-weighted mean: the exact weighted median as
+    `tau -> 0`, the mean of the two middle values when 1/2 falls on a boundary. Dense [B, S, S] comparisons, no
+    sort: S is a context's length. Rows whose weights are all 0 give 0."""
+    f32 = jnp.float32
+    x = x.astype(f32)
+    w = w.astype(f32)
+    s = x.shape[-1]
+    idx = jnp.arange(s)
+    # before[b, i, j]: cell j comes before cell i in the value order
+    before = (x[:, None, :] < x[:, :, None]) | ((x[:, None, :] == x[:, :, None]) & (idx[None, :] < idx[:, None]))
+    lo = jnp.einsum("bij,bj->bi", before.astype(f32), w, precision=jax.lax.Precision.HIGHEST)
+    hi = lo + w
+    half = 0.5 * jnp.sum(w, axis=-1, keepdims=True)
+    share = jax.nn.sigmoid((half - lo) / tau) - jax.nn.sigmoid((half - hi) / tau)
+    total = jnp.sum(share, axis=-1)
+    return jnp.sum(share * x, axis=-1) / jnp.where(total > 0, total, 1.0)
 
 
 class CopyHead(eqx.Module):
@@ -66,7 +93,7 @@ class CopyHead(eqx.Module):
     labelled task rows, the column's other values in the walk), mixed into each typed prediction by a learned gate.
 
     Pointer-generator form (See et al. 2017): `pred = (1 - g) * head(h_t) + g * sum_j a_j value_j` for numbers
-    (z-scores) and timestamps (their 15 features), the same mixture of probabilities for booleans and categories;
+    (z-scores; with `numbers="median"` the weighted median of the values under `a` instead) and timestamps (their 15 features), the same mixture of probabilities for booleans and categories;
     `a = softmax(q(h_t) . k(h_j) / sqrt(D))` over the eligible cells, `g = sigmoid(gate(h_t))` per type and 0 when
     no cell is eligible. Copying a label's answer then needs one attention and one gate, the same in every
     database, where the generating heads must map a context value through the model's weights to an output
@@ -76,9 +103,11 @@ class CopyHead(eqx.Module):
     query: Linear
     key: Linear
     gate: Linear  # D -> 4 gates, in LOSS_STYPES order: numerical, boolean, timestamp, categorical
+    numbers: str = eqx.field(static=True)  # "mean" | "median": what is copied of the numbers (ModelConfig)
 
-    def __init__(self, d: int, *, key: jax.Array):
+    def __init__(self, d: int, *, numbers: str = "mean", key: jax.Array):
         k = jax.random.split(key, 3)
+        self.numbers = numbers
         self.query = Linear(d, d, key=k[0])
         self.key = Linear(d, d, key=k[1])
         self.gate = Linear(d, 4, key=k[2], init="normal", scale=0.1)
@@ -101,7 +130,10 @@ class CopyHead(eqx.Module):
         any_el = jnp.any(eligible, axis=1)
         a = jax.nn.softmax(scores, axis=1) * eligible.astype(f32)  # all zeros where nothing is eligible
         g = jax.nn.sigmoid(self.gate(hn_t).astype(f32)) * any_el[:, None].astype(f32)  # [B, 4]
-        num = jnp.einsum("bs,bs->b", a, inputs["numeric_values"].astype(f32))
+        if self.numbers == "median":
+            num = soft_weighted_median(inputs["numeric_values"], a)
+        else:
+            num = jnp.einsum("bs,bs->b", a, inputs["numeric_values"].astype(f32))
         boo = jnp.einsum("bs,bs->b", a, inputs["bool_values"].astype(f32))
         ts = jnp.einsum("bs,bsk->bk", a, inputs["timestamp_values"].astype(f32))
         p = (1.0 - g[:, 1]) * jax.nn.sigmoid(out.bool_logits) + g[:, 1] * boo

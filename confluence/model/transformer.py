@@ -35,7 +35,8 @@ class RelationalTransformer(eqx.Module):
         self.blocks = [Block(cfg, key=k) for k in jax.random.split(k_blocks, cfg.n_layers)]
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.heads = DecoderHeads(cfg, key=k_heads)
-        self.copy = CopyHead(cfg.d_model, key=jax.random.fold_in(key, 3)) if cfg.copy_head else None
+        self.copy = (CopyHead(cfg.d_model, numbers=cfg.copy_numbers, key=jax.random.fold_in(key, 3))
+                     if cfg.copy_head else None)
 
     def hidden(
         self, inputs: dict[str, jax.Array], column_table: jax.Array, category_table: jax.Array
