@@ -82,9 +82,9 @@ def _graft_copy_head(saved_model: Any, init_from: Path | str, like: Any) -> Any:
     checkpoint whose model is this one without `copy_head`."""
     import equinox as eqx
 
-    from confluence.training.step import _is_param
+    from confluence.training.step import is_param
 
-    skeleton = eqx.partition(RelationalTransformer(saved_model, key=jax.random.key(0)), _is_param)[0]
+    skeleton = eqx.partition(RelationalTransformer(saved_model, key=jax.random.key(0)), is_param)[0]
     loaded, _ = load_state(init_from, skeleton)
     return eqx.tree_at(lambda m: m.copy, loaded, like.copy, is_leaf=lambda x: x is None)
 

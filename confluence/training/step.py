@@ -77,7 +77,7 @@ def shard_inputs(inputs: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Arr
     return out
 
 
-def _is_param(x) -> bool:
+def is_param(x: object) -> bool:
     """Float array leaves, also as abstract `ShapeDtypeStruct`s (a skeleton from `eqx.filter_eval_shape`)."""
     if isinstance(x, jax.ShapeDtypeStruct):
         return jnp.issubdtype(x.dtype, jnp.inexact)
@@ -112,7 +112,7 @@ class Trainer:
     `optim` is resolved for the run's length (`OptimConfig.for_run`)."""
 
     def __init__(self, model: RelationalTransformer, optim: OptimConfig, loss: LossConfig):
-        params, self.static = eqx.partition(model, _is_param)
+        params, self.static = eqx.partition(model, is_param)
         self.optim_cfg, self.loss_cfg = optim, loss
         self.optimizer = make_optimizer(param_labels(params), optim)
         self._step = jax.jit(self._train_step, donate_argnums=(0, 1))
