@@ -123,6 +123,13 @@ def test_copy_numbers_median_copies_the_median_of_the_columns_visible_values():
     np.testing.assert_allclose(np.asarray(out.num_preds)[has], want[has], rtol=1e-3, atol=1e-3)
 
 
+def test_an_unknown_copy_numbers_is_named():
+    from confluence.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="copy_numbers"):
+        dataclasses.replace(COPY, copy_numbers="mode")
+
+
 def test_an_open_gate_gives_the_class_frequencies_of_the_visible_cells():
     model = _with_gate(tiny_model(COPY), 30.0)
     _, logits, inputs = _run(model, CAT)

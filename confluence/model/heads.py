@@ -5,7 +5,7 @@ context's visible cells of the target's own column, weighted by a learned pointe
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import equinox as eqx
 import jax
@@ -93,7 +93,8 @@ class CopyHead(eqx.Module):
     labelled task rows, the column's other values in the walk), mixed into each typed prediction by a learned gate.
 
     Pointer-generator form (See et al. 2017): `pred = (1 - g) * head(h_t) + g * sum_j a_j value_j` for numbers
-    (z-scores; with `numbers="median"` the weighted median of the values under `a` instead) and timestamps (their 15 features), the same mixture of probabilities for booleans and categories;
+    (z-scores; with `numbers="median"` the weighted median of the values under `a` instead) and timestamps (their
+    15 features), the same mixture of probabilities for booleans and categories;
     `a = softmax(q(h_t) . k(h_j) / sqrt(D))` over the eligible cells, `g = sigmoid(gate(h_t))` per type and 0 when
     no cell is eligible. Copying a label's answer then needs one attention and one gate, the same in every
     database, where the generating heads must map a context value through the model's weights to an output
@@ -103,9 +104,11 @@ class CopyHead(eqx.Module):
     query: Linear
     key: Linear
     gate: Linear  # D -> 4 gates, in LOSS_STYPES order: numerical, boolean, timestamp, categorical
-    numbers: str = eqx.field(static=True)  # "mean" | "median": what is copied of the numbers (ModelConfig)
+    numbers: Literal["mean", "median"] = eqx.field(static=True)  # what is copied of numbers (ModelConfig)
 
-    def __init__(self, d: int, *, numbers: str = "mean", key: jax.Array):
+    def __init__(self, d: int, *, numbers: Literal["mean", "median"] = "mean", key: jax.Array):
+        if numbers not in ("mean", "median"):
+            raise ValueError(f"CopyHead numbers must be 'mean' or 'median', got {numbers!r}")
         k = jax.random.split(key, 3)
         self.numbers = numbers
         self.query = Linear(d, d, key=k[0])
