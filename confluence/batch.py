@@ -8,7 +8,7 @@ NumPy arrays with exactly the dtypes of seed 000. Index spaces:
 * sequence-local:  `seq_row_ids`, `fk_adj` (0..R-1, per sequence)
 * batch-local:     `text_embed_ids` (0..U-1 into `text_batch_embeddings`)
 
-Fields beyond seed 000 (documented in docs/architecture.md): `row_age`, `task_idx`, `db_idx`, `cat_block_start`,
+Fields beyond seed 000 (documented in docs/architecture.md): `row_age`, `child_rank`, `task_idx`, `db_idx`, `cat_block_start`,
 `cat_count`, `seed_ids`, `anchor_rows`, `obs_times`, `seq_valid`. They are scalars or `[B]` vectors that the
 loss (categorical block), evaluation (which seed a sequence came from) and the last partial batch of an
 evaluation pass (`seq_valid`) need.
@@ -23,6 +23,8 @@ import numpy as np
 from confluence.stypes import D_TIME
 
 ROW_AGE_UNKNOWN = -1.0  # `row_age` of a cell whose row has no time, or whose sequence has no observation time
+CHILD_RANK_UNKNOWN = -1  # `child_rank` of a cell whose row was not reached as a child (or has no time)
+CHILD_RANK_MAX = 32767  # ranks are clipped here (int16)
 
 # name -> (dtype, trailing shape description) for the [B, S, ...] tensors.
 SEQ_FIELDS: dict[str, np.dtype] = {
@@ -38,6 +40,7 @@ SEQ_FIELDS: dict[str, np.dtype] = {
     "is_target": np.dtype(np.bool_),
     "is_padding": np.dtype(np.bool_),
     "row_age": np.dtype(np.float32),
+    "child_rank": np.dtype(np.int16),
     "col_perm": np.dtype(np.uint16),
     "out_perm": np.dtype(np.uint16),
     "in_perm": np.dtype(np.uint16),
@@ -63,6 +66,10 @@ class TrainingBatch:
     # --- [B, S] relative time (beyond seed 000): days from the cell's row time to the observation time, >= 0;
     # ROW_AGE_UNKNOWN where there is none (a static row, no cut-off, padding; every cell of a timestamp cell task)
     row_age: np.ndarray  # float32
+    # --- [B, S] recency (beyond seed 000): for a row reached as a child of the row it came from, how many of that
+    # row's children through the same foreign key are newer and visible at the observation time (0: the latest);
+    # CHILD_RANK_UNKNOWN elsewhere (the anchor, parents, labels, rows without a time, a timestamp cell task)
+    child_rank: np.ndarray  # int16
     # --- structure (section 4)
     fk_adj: np.ndarray  # bool [B, R, R]; fk_adj[b, r1, r2]: row r1 has a FK pointing at row r2
     col_perm: np.ndarray  # uint16 [B, S]

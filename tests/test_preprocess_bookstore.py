@@ -10,7 +10,7 @@ import pytest
 
 from confluence.preprocess import preprocess
 from confluence.store import Store, unpack_bits
-from confluence.store.format import INT64_MAX, INT64_MIN
+from confluence.store.format import COUNT_WINDOWS_DAYS, INT64_MAX, INT64_MIN
 from tests.fixtures.bookstore import HashEncoder, bookstore_files, bookstore_tables
 
 UTC = dt.UTC
@@ -43,8 +43,9 @@ def test_layout_rows_and_columns(store):
     assert names[6] == ("customers", "name") and names[11] == ("books", "genre") and names[19] == ("orders", "quantity")
     assert names[20:24] == [("orders_next_30d", "n"), ("country_upper", "country_uc"),
                             ("book_expensive", "expensive"), ("orders_next_30d", "observation time")]
-    # + orders_next_30d's observation-time column, then one child-count column per foreign key
-    assert store.num_columns == 26 and store.d_t == 16
+    # + orders_next_30d's observation-time column, then one child-count column per foreign key, then one per
+    # window for each (both foreign keys are of the temporal orders table)
+    assert store.num_columns == 26 + 2 * len(COUNT_WINDOWS_DAYS) and store.d_t == 16
     assert store.values("orders", "order_id") is None  # identifier: presence only
     assert bits(store, "orders", "customer_id") == [1, 1, 1, 1, 0, 1]
 
@@ -190,15 +191,23 @@ def test_exclude_columns_and_categorical_cell_masking(store):
 def test_child_count_columns_one_per_foreign_key(store):
     """Each foreign-key column gets a numerical column naming the count of referencing rows (the sampler's
     `child_counts` cells); its text is embedded like any column name."""
-    counts = [c for c in store.columns if c.count_of]
+    counts = [c for c in store.columns if c.count_of and "window_days" not in c.count_of]
     fks = [c for c in store.columns if c.foreign_key]
     assert [c.count_of["column_idx"] for c in counts] == [c.column_idx for c in fks] and len(fks) == 2
     assert [c.column_idx for c in counts] == [24, 25]
+    temporal = {t.name for t in store.tables if t.temporal_column}
     for c, fk in zip(counts, fks, strict=True):
         assert c.table is None and c.task is None and c.stype.label == "numerical"
+        windows = list(COUNT_WINDOWS_DAYS) if fk.table in temporal else []
         assert c.count_of == {"parent_table": fk.foreign_key.split(".")[0], "child_table": fk.table,
-                              "column": fk.name, "column_idx": fk.column_idx}
+                              "column": fk.name, "column_idx": fk.column_idx, "windows": windows}
         assert c.name == f"number of {fk.table} rows by {fk.name}" and fk.name in c.text
+    # then, after every all-time count (whose indices stay as before), one per window of each temporal foreign key
+    windowed = [c for c in store.columns if c.count_of and "window_days" in c.count_of]
+    want = [(fk.column_idx, w) for fk in fks if fk.table in temporal for w in COUNT_WINDOWS_DAYS]
+    assert want and [(c.count_of["column_idx"], c.count_of["window_days"]) for c in windowed] == want
+    assert [c.column_idx for c in windowed] == list(range(26, 26 + len(want)))
+    assert windowed[0].name.endswith("in the last day") and windowed[2].name.endswith("in the last 30 days")
 
 
 def test_derived_numerical_with_observation_column(store):

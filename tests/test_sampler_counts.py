@@ -13,10 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from confluence.errors import StoreError
+from confluence.errors import ConfigError, StoreError
 from confluence.sampler.config import SamplerConfig
 from confluence.sampler.sampler import Sampler
-from confluence.stypes import SemanticType
+from confluence.store.format import NO_CUTOFF
+from confluence.stypes import US_PER_DAY, SemanticType
 from tests.fixtures.graphs import local_row, random_store, walk_example
 from tests.test_sampler_walk import _check_walk
 
@@ -24,29 +25,37 @@ CFG = SamplerConfig(batch_size=4, seq_len=128, width=16, max_rows=32, row_bucket
                     child_counts="all")
 
 
-def _count_columns(store) -> dict[int, tuple[str, int]]:
-    """count column -> (parent table, counted foreign-key column)."""
+def _count_columns(store, windows: tuple[int, ...] = ()) -> dict[int, tuple[str, int]]:
+    """count column -> (parent table, counted foreign-key column), the all-time ones and those of `windows`."""
     return {c.column_idx: (c.count_of["parent_table"], c.count_of["column_idx"])
-            for c in store.columns if getattr(c, "count_of", None)}
+            for c in store.columns if getattr(c, "count_of", None) and c.count_of.get("window_days", 0) in (0, *windows)}
 
 
-def _brute_count(store, row: int, fk: int, obs: int) -> int:
-    """Rows that reference `row` through foreign-key column `fk` and existed at `obs`, from the parent CSR."""
+def _window_us(store, col: int) -> int:
+    return int(store.columns[col].count_of.get("window_days", 0)) * US_PER_DAY
+
+
+def _brute_count(store, row: int, fk: int, obs: int, window: int = 0) -> int:
+    """Rows that reference `row` through foreign-key column `fk` and existed at `obs` (with a `window` in µs: whose
+    time is in (obs - window, obs]), from the parent CSR."""
     n = 0
     for r in range(store.num_rows):
         for e in range(store.parent_indptr[r], store.parent_indptr[r + 1]):
-            if store.parent_indices[e] == row and store.parent_column[e] == fk and store.row_time[r] <= obs:
+            t = int(store.row_time[r])
+            if store.parent_indices[e] == row and store.parent_column[e] == fk and t <= obs and (
+                    not window or t > obs - window):
                 n += 1
     return n
 
 
-def _check_counts(store, sampler, res, cut: frozenset[int], anchor_only: bool = False) -> int:
+def _check_counts(store, sampler, res, cut: frozenset[int], anchor_only: bool = False,
+                  windows: tuple[int, ...] = ()) -> int:
     """Every count cell equals the brute-force count, sits on a row of its parent table, and each fully shown row
     (the anchor only, `anchor_only`) carries exactly its table's counts minus the cut ones, right after its own
     cells. Returns the cells checked."""
-    counts = _count_columns(store)
+    counts = _count_columns(store, windows)
     data = sampler.data[0]
-    cc = data.child_counts(True)
+    cc = data.child_counts(True, windows)
     stats = {int(c): (float(m), float(s)) for c, m, s in zip(cc.col, cc.mean, cc.std, strict=True)}
     tab_of = {t.name: i for i, t in enumerate(store.tables)}
     checked = 0
@@ -70,10 +79,15 @@ def _check_counts(store, sampler, res, cut: frozenset[int], anchor_only: bool = 
                 c = int(cols[p])
                 if c not in counts:
                     continue
-                assert b_.semantic_types[b, p] == SemanticType.NUMERICAL and not b_.is_null[b, p]
+                assert b_.semantic_types[b, p] == SemanticType.NUMERICAL
                 assert counts[c][1] not in cut
+                if _window_us(store, c) and obs == NO_CUTOFF:  # no observation time: a windowed count is unknown
+                    assert b_.is_null[b, p]
+                    checked += 1
+                    continue
+                assert not b_.is_null[b, p]
                 m, s = stats[c]
-                want_n = _brute_count(store, row, counts[c][1], obs)
+                want_n = _brute_count(store, row, counts[c][1], obs, _window_us(store, c))
                 np.testing.assert_allclose(b_.numeric_values[b, p], (np.log1p(want_n) - m) / s, rtol=1e-5, atol=1e-6)
                 checked += 1
     return checked
@@ -81,11 +95,12 @@ def _check_counts(store, sampler, res, cut: frozenset[int], anchor_only: bool = 
 
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 23), width=st.integers(0, 4), seq_len=st.sampled_from([16, 64, 512]),
-       per_fk=st.booleans(), mode=st.sampled_from(["anchor", "all"]))
-def test_count_cells_equal_brute_force_counts_at_the_observation_time(seed, width, seq_len, per_fk, mode):
+       per_fk=st.booleans(), mode=st.sampled_from(["anchor", "all"]),
+       windows=st.sampled_from([(), (1, 30), (7, 90, 365)]))
+def test_count_cells_equal_brute_force_counts_at_the_observation_time(seed, width, seq_len, per_fk, mode, windows):
     store = random_store(seed)
     cfg = dataclasses.replace(CFG, batch_size=6, seq_len=seq_len, width=width, max_rows=64, row_buckets=(8, 64),
-                              text_buckets=(8,), width_per_fk=per_fk, child_counts=mode)
+                              text_buckets=(8,), width_per_fk=per_fk, child_counts=mode, child_count_windows=windows)
     s = Sampler([store], cfg)
     rng = np.random.default_rng(seed)
     for e in s.entries:
@@ -94,7 +109,7 @@ def test_count_cells_equal_brute_force_counts_at_the_observation_time(seed, widt
         res.batch.validate()
         cut = frozenset(int(c) for c in e.task.cut_cols)
         _check_walk(store, res, seq_len, width, 64, cut=cut, per_fk=per_fk)
-        _check_counts(store, s, res, cut, anchor_only=mode == "anchor")
+        _check_counts(store, s, res, cut, anchor_only=mode == "anchor", windows=windows)
 
 
 def test_walk_example_counts_by_hand_and_never_after_the_observation_time():
@@ -179,3 +194,54 @@ def test_a_count_column_naming_an_unknown_table_is_a_store_error():
                      for c in store.columns]
     with pytest.raises(StoreError, match="'shops'"):
         Sampler([store], CFG)
+
+
+def test_windowed_counts_by_hand():
+    """Order 1 of the worked example, observed at day 10: customer 23 has orders at days 3, 4 and 10 (99 is at day
+    20, after it); in the last day 1 (day 10), in the last 7 days 2 (days 4 and 10: the window (day 3, day 10] leaves
+    day 3 out). The statistics of a windowed count are those
+    of log1p(the count at each referencing row's own time)."""
+    store = walk_example()
+    cfg = dataclasses.replace(CFG, child_count_windows=(1, 7))
+    s = Sampler([store], cfg)
+    first = int(np.flatnonzero(np.asarray(store.task_arrays("rating").anchor_row) == local_row(store, "orders", 1))[0])
+    res = s.build("rating", np.array([first]))
+    cc = s.data[0].child_counts(True, (1, 7))
+    stats = {int(c): (float(m), float(sd)) for c, m, sd in zip(cc.col, cc.mean, cc.std, strict=True)}
+    cust = {int(r): i for i, r in enumerate(res.rows[0, : res.nrows[0]])}[local_row(store, "customers", 23)]
+    b = res.batch
+    got = {}
+    for c in store.columns:
+        w = (c.count_of or {}).get("window_days")
+        if w and store.columns[c.count_of["column_idx"]].name == "customer_id":
+            p = np.flatnonzero((b.seq_row_ids[0] == cust) & (b.column_ids[0] == c.column_idx) & ~b.is_padding[0])
+            if w in (1, 7):
+                m, sd = stats[c.column_idx]
+                got[w] = round(float(np.expm1(b.numeric_values[0, p[0]] * sd + m)))
+                # customer 23's orders at days 3, 4, 10, 20: in the last day 1 each, in the last 7 days 1, 2, 2, 1
+                want = np.log1p([1, 1, 1, 1]) if w == 1 else np.log1p([1, 2, 2, 1])
+                assert (m, sd) == pytest.approx((want.mean(), want.std() if want.std() > 1e-6 else 1.0), rel=1e-5)
+            else:
+                assert p.size == 0  # a window that the sampler was not asked for is not shown
+    assert got == {1: 1, 7: 2}
+    assert _check_counts(store, s, res, frozenset(), windows=(1, 7)) > 2 * cfg.batch_size
+    # without an observation time (the customer's country task) a windowed count is NULL, the all-time one is not
+    res = s.build("country", np.array([0]))
+    shown = (np.isin(res.batch.column_ids[0], list(_count_columns(store, (1, 7)))) & ~res.batch.is_padding[0]
+             & (res.batch.seq_row_ids[0] == 0))
+    assert res.batch.is_null[0][shown].tolist() == [False, True, True]
+
+
+def test_count_windows_are_validated_and_need_a_store_that_has_them():
+    for bad in ((30, 7), (2,), (True,), (7, 7)):
+        with pytest.raises(ConfigError, match="child_count_windows"):
+            dataclasses.replace(CFG, child_count_windows=bad)
+    with pytest.raises(ConfigError, match="child_count_windows.*child_counts"):
+        dataclasses.replace(CFG, child_counts="none", child_count_windows=(7,))
+    store = copy.copy(walk_example())  # read as one preprocessed before windowed counts existed
+    store.columns = [dataclasses.replace(c, count_of={k: v for k, v in c.count_of.items() if k != "windows"})
+                     if getattr(c, "count_of", None) else c
+                     for c in store.columns if not (getattr(c, "count_of", None) or {}).get("window_days")]
+    Sampler([store], CFG).build("rating", np.array([0]))  # the all-time counts still work
+    with pytest.raises(StoreError, match="windowed.*preprocess"):
+        Sampler([store], dataclasses.replace(CFG, child_count_windows=(7,)))

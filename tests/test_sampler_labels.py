@@ -207,6 +207,10 @@ def test_bad_label_settings_are_named():
         replace(BASE, labels=-1)
 
 
+# batch fields added after the digests below were recorded (each has its own tests)
+LATER_FIELDS = frozenset({"child_rank"})
+
+
 def _digest(stores, cfg) -> str:
     h = hashlib.sha256()
     with BatchStream(Sampler(stores, cfg, seed=3)) as s:
@@ -216,6 +220,8 @@ def _digest(stores, cfg) -> str:
                 batches += list(s.split(sp, e.task.name, e.db_idx))
         for b in batches:
             for k, v in sorted(b.arrays().items()):
+                if k in LATER_FIELDS:
+                    continue
                 h.update(k.encode())
                 h.update(np.ascontiguousarray(v).tobytes())
     return h.hexdigest()

@@ -110,25 +110,34 @@ def test_init_from_checkpoint_loads_the_parameters(tiny_store, tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
-def test_init_from_a_checkpoint_without_the_copy_head_loads_the_rest(tiny_store, tmp_path):
-    """A run with `model.copy_head` starts from a checkpoint made without it: every other parameter is the
-    checkpoint's, the copy head is the new run's own initialisation."""
+@pytest.mark.parametrize("added", [("copy_head",), ("child_rank",), ("copy_head", "child_rank")])
+def test_init_from_a_checkpoint_without_added_parts_loads_the_rest(tiny_store, tmp_path, added):
+    """A run with `model.copy_head` / `model.child_rank` starts from a checkpoint made without them: every other
+    parameter is the checkpoint's, the added parts are the new run's own initialisation."""
     import dataclasses
 
     import equinox as eqx
 
+    from confluence.training.loop import ADDED_PARTS
+
     cfg = _cfg(loop={"max_steps": 3, "ckpt_every": 3, "val_every": 3})
     with open_stream([tiny_store], cfg) as s:
         first = train(cfg, s, tmp_path / "a", progress=False)
-    copy_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, copy_head=True)).with_max_steps(0)
-    with open_stream([tiny_store], copy_cfg) as s:
-        fine = train(copy_cfg, s, tmp_path / "b", init_from=tmp_path / "a", progress=False)
-    without = eqx.tree_at(lambda m: m.copy, fine.params, None, is_leaf=lambda x: x is None)
+    new_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **dict.fromkeys(added, True)))
+    new_cfg = new_cfg.with_max_steps(0)
+    with open_stream([tiny_store], new_cfg) as s:
+        fine = train(new_cfg, s, tmp_path / "b", init_from=tmp_path / "a", progress=False)
+    without = fine.params
+    for name in added:
+        without = eqx.tree_at(ADDED_PARTS[name], without, None, is_leaf=lambda x: x is None)
     for a, b in zip(_leaves(first.params), _leaves(without), strict=True):
         np.testing.assert_array_equal(a, b)
-    fresh = RelationalTransformer(copy_cfg.model, key=jax.random.key(copy_cfg.seed)).copy
-    for a, b in zip(_leaves(fresh), _leaves(fine.params.copy), strict=True):
-        np.testing.assert_array_equal(a, b)
+    fresh = RelationalTransformer(new_cfg.model, key=jax.random.key(new_cfg.seed))
+    for name in added:
+        new = _leaves(ADDED_PARTS[name](fine.params))
+        assert new
+        for a, b in zip(_leaves(ADDED_PARTS[name](fresh)), new, strict=True):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_task_weights_decide_which_tasks_training_draws(tiny_store, tmp_path):

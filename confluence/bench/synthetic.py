@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from confluence.batch import ROW_AGE_UNKNOWN, TrainingBatch
+from confluence.batch import CHILD_RANK_UNKNOWN, ROW_AGE_UNKNOWN, TrainingBatch
 from confluence.stypes import D_TIME, SemanticType
 
 ST = SemanticType
@@ -136,6 +136,7 @@ class SyntheticDatabase:
             "bool_values": np.zeros((b, s), bool), "categorical_embed_ids": np.zeros((b, s), np.uint32),
             "text_embed_ids": np.zeros((b, s), np.uint32), "is_target": np.zeros((b, s), bool),
             "is_padding": np.ones((b, s), bool), "row_age": np.full((b, s), ROW_AGE_UNKNOWN, np.float32),
+            "child_rank": np.full((b, s), CHILD_RANK_UNKNOWN, np.int16),
         }
         fk_adj = np.zeros((b, r, r), bool)
         global_text = np.zeros((b, s), np.int64)

@@ -45,6 +45,11 @@ class ModelConfig:
     # a piecewise-linear encoding (model.encoding.age_features), so "within the last 30 days" is one threshold
     # away; False is seed 002 (absolute timestamps only)
     row_age: bool = False
+    # True: every cell of a row reached as a child also carries its recency rank among its parent's children
+    # through that foreign key (the batch's `child_rank`: 0 = the latest at the observation time), as a learned
+    # row of a small table of rank buckets (model.encoding.rank_buckets), so "the latest order" is one lookup
+    # away; False is seed 002
+    child_rank: bool = False
     # True: a number also moves its cell along a direction of its own column (x times a learned projection of the
     # column-name embedding), beside the seed's direction shared by every numerical column; False is seed 002
     numeric_by_column: bool = False

@@ -57,6 +57,20 @@ def age_features(row_age: jax.Array) -> jax.Array:
     return feats * known[..., None].astype(jnp.float32)
 
 
+# Buckets of the recency rank (`child_rank`): 0..7 each their own, then 8-15, 16-31, 32-63 and 64 or more.
+RANK_EXACT = 8
+N_RANK_BUCKETS = RANK_EXACT + 4
+
+
+def rank_buckets(child_rank: jax.Array, dtype) -> jax.Array:
+    """[..] recency ranks (< 0: unknown) -> [.., N_RANK_BUCKETS] one-hot rows in `dtype`, all 0 where unknown:
+    the latest children each get their own row, older ones share a row per doubling."""
+    r = child_rank.astype(jnp.int32)
+    log_bucket = RANK_EXACT - 3 + jnp.floor(jnp.log2(jnp.maximum(r, 1).astype(jnp.float32))).astype(jnp.int32)
+    bucket = jnp.where(r < RANK_EXACT, r, jnp.minimum(log_bucket, N_RANK_BUCKETS - 1))
+    return jax.nn.one_hot(jnp.where(r >= 0, bucket, -1), N_RANK_BUCKETS, dtype=dtype)
+
+
 class ValueEncoder(eqx.Module):
     """Produces the pre-norm h0 [B, S, D] from a batch's cell tensors and the GPU-resident embedding tables."""
 
@@ -73,6 +87,7 @@ class ValueEncoder(eqx.Module):
     numeric_periodic: jax.Array | None  # [2F, D]: sin / cos features -> D
     numeric_column_weight: jax.Array | None  # [D_t, D]: column-name embedding -> the column's number direction
     row_age_emb: jax.Array | None  # [A, D]: the row-age features (`age_features`) -> D (row_age off: None)
+    child_rank_emb: jax.Array | None  # [N_RANK_BUCKETS, D]: a row per recency-rank bucket (child_rank off: None)
 
     def __init__(self, cfg: ModelConfig, *, key: jax.Array):
         k = jax.random.split(key, 11)
@@ -92,6 +107,8 @@ class ValueEncoder(eqx.Module):
         self.numeric_frequencies = cfg.numeric_frequency_scale * jax.random.normal(k[9], (f,)) if f else None
         self.numeric_periodic = normal_init(k[10], (2 * f, d)) if f else None
         self.row_age_emb = normal_init(jax.random.fold_in(key, 11), (N_AGE_FEATURES, d)) if cfg.row_age else None
+        self.child_rank_emb = (normal_init(jax.random.fold_in(key, 13), (N_RANK_BUCKETS, d))
+                               if cfg.child_rank else None)
         ncol = Linear(cfg.d_t, d, key=jax.random.fold_in(key, 12)).weight if cfg.numeric_by_column else None
         self.numeric_column_weight = None if ncol is None else cfg.numeric_by_column_init * ncol
 
@@ -151,4 +168,6 @@ class ValueEncoder(eqx.Module):
             h = h + project_rows(self.numeric_column_weight, column_table, inputs["column_ids"], dt) * xs[..., None]
         if self.row_age_emb is not None:
             h = h + matmul((age_features(inputs["row_age"]) * m(keep)).astype(dt), self.row_age_emb)
+        if self.child_rank_emb is not None:
+            h = h + matmul(rank_buckets(inputs["child_rank"], dt) * m(keep), self.child_rank_emb)
         return h

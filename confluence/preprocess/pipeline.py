@@ -42,6 +42,7 @@ from confluence.schema.metadata import DatabaseMeta, load_metadata
 from confluence.schema.validate import check_against_data
 from confluence.sources import data_warnings as dw
 from confluence.store import format as fmt
+from confluence.store.format import COUNT_WINDOWS_DAYS
 from confluence.stypes import SemanticType
 from confluence.textenc.base import TextEncoder
 from confluence.textenc.registry import load_encoder
@@ -154,7 +155,8 @@ def _run(db: DatabaseMeta, con: duckdb.DuckDBPyConnection, writer: StoreWriter, 
 
     task_entries, derived_columns = _tasks(db, con, writer, tables, columns, row_time, ts_mean, ts_std,
                                            cat_texts, rep)
-    derived_columns += child_count_columns(columns, len(columns) + len(derived_columns))
+    temporal = {tp.meta.name for tp in tables if tp.meta.temporal_column is not None}
+    derived_columns += child_count_columns(columns, len(columns) + len(derived_columns), temporal)
     num_edges = _graph(writer, tables, num_rows, np.asarray(row_time), rep)
     writer.close(fmt.ROW_TIME)
 
@@ -230,21 +232,39 @@ def _tasks(db: DatabaseMeta, con: duckdb.DuckDBPyConnection, writer: StoreWriter
     return task_entries, derived_columns
 
 
-def child_count_columns(columns: list[ColumnPlan], first_idx: int) -> list[dict[str, Any]]:
+def child_count_columns(columns: list[ColumnPlan], first_idx: int, temporal: set[str] = frozenset()
+                        ) -> list[dict[str, Any]]:
     """One numerical "child count" column per foreign-key column: how many rows of the child table point at a
-    parent row through it (up to the observation time). The sampler shows them as cells of the parent row when
-    `SamplerConfig.child_counts` is on (docs/sampler.md); the store only names them and embeds their text."""
+    parent row through it (up to the observation time); then, for each foreign key of a `temporal` child table,
+    one per window of `COUNT_WINDOWS_DAYS`: how many did in the last w days. The sampler shows them as cells of
+    the parent row when `SamplerConfig.child_counts` is on (the windows it names in `child_count_windows`;
+    docs/sampler.md); the store only names them and embeds their text. The windowed columns come after every
+    all-time one, so a store's all-time count columns keep the indices they had before windows existed."""
     out: list[dict[str, Any]] = []
-    for c in columns:
-        if not c.meta.foreign_key:
-            continue
+    fks = [c for c in columns if c.meta.foreign_key]
+    for c in fks:
         parent_table = str(c.meta.fk_table)
         name = f"number of {c.table} rows by {c.meta.name}"
         desc = f"how many rows of {c.table} reference this {parent_table} row through {c.table}.{c.meta.name}"
+        windows = list(COUNT_WINDOWS_DAYS) if c.table in temporal else []
         out.append({"column_idx": first_idx + len(out), "table": None, "task": None, "name": name,
                     "stype": SemanticType.NUMERICAL.label, "text": column_text(name, parent_table, desc), "stats": {},
                     "count_of": {"parent_table": parent_table, "child_table": c.table,
-                                 "column": c.meta.name, "column_idx": c.column_idx}})
+                                 "column": c.meta.name, "column_idx": c.column_idx, "windows": windows}})
+    for c in fks:
+        if c.table not in temporal:
+            continue
+        parent_table = str(c.meta.fk_table)
+        for w in COUNT_WINDOWS_DAYS:
+            span = "day" if w == 1 else f"{w} days"
+            name = f"number of {c.table} rows by {c.meta.name} in the last {span}"
+            desc = (f"how many rows of {c.table} reference this {parent_table} row through {c.table}.{c.meta.name}"
+                    f" with a time in the last {span} before the observation time")
+            out.append({"column_idx": first_idx + len(out), "table": None, "task": None, "name": name,
+                        "stype": SemanticType.NUMERICAL.label, "text": column_text(name, parent_table, desc),
+                        "stats": {}, "count_of": {"parent_table": parent_table, "child_table": c.table,
+                                                  "column": c.meta.name, "column_idx": c.column_idx,
+                                                  "window_days": w}})
     return out
 
 

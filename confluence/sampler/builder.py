@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from confluence.batch import ROW_AGE_UNKNOWN, TrainingBatch
+from confluence.batch import CHILD_RANK_UNKNOWN, ROW_AGE_UNKNOWN, TrainingBatch
 from confluence.errors import ConfluenceError
 from confluence.sampler.config import SamplerConfig, bucket_size, labels_for, recent_for
 from confluence.sampler.data import SamplerData, TaskData, readonly
@@ -69,9 +69,10 @@ class BatchBuilder:
         self.seed = seed  # the sampling seed: the walk's random numbers derive from it
         self._pool = pool
         self._segs = data.child_segments(config.width_per_fk)  # built here, once, not in the worker threads
-        self._counts = data.child_counts(config.child_counts != "none")
+        self._counts = data.child_counts(config.child_counts != "none", tuple(config.child_count_windows))
         # the count cells read each (row, foreign key)'s time-sorted children
-        self._cnt_segs = data.child_segments(True) if self._counts.num else self._segs
+        # (and so do the recency ranks of rows reached as children: `linearize.recency_rank`)
+        self._cnt_segs = data.child_segments(True)
         self._cnt_shown: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}  # by the task's cut columns
         self._scratch: queue.SimpleQueue[_Scratch] = queue.SimpleQueue()
 
@@ -193,6 +194,7 @@ class BatchBuilder:
             "is_target": np.zeros((bsz, s_len), np.bool_),
             "is_padding": np.zeros((bsz, s_len), np.bool_),
             "row_age": np.full((bsz, s_len), ROW_AGE_UNKNOWN, np.float32),
+            "child_rank": np.full((bsz, s_len), CHILD_RANK_UNKNOWN, np.int16),
             "col_perm": np.empty((bsz, s_len), np.uint16),
             "out_perm": np.empty((bsz, s_len), np.uint16),
             "in_perm": np.empty((bsz, s_len), np.uint16),
@@ -227,16 +229,16 @@ class BatchBuilder:
             )
             c2 = time.thread_time()
             linearize_chunk(
-                lo, hi, s_walk, rows, nrows, seed_ids, task.target_stype, task.target_col, task.is_derived,
+                lo, hi, s_walk, rows, nrows, seed_ids, via, src, task.target_stype, task.target_col, task.is_derived,
                 task.exclude_cols, task.tgt_f32, task.tgt_ts, task.tgt_u32, task.tgt_bits, task.tgt_valid,
                 task.obs_col, task.obs_ts,
                 d.tab_row_off, d.tab_col_ptr, d.tab_cols, d.col_stype, d.col_off, d.col_voff, d.num_pool, d.ts_pool,
                 d.u32_pool, d.bool_bits, d.valid_bits, d.parent_indptr, d.parent_indices, d.parent_column,
-                task.cut_cols, obs, d.row_time, ages_on, cfg.child_counts == "all", cnt.tab_ptr, cnt.col, cnt.fk,
+                task.cut_cols, obs, d.row_time, ages_on, cfg.child_counts == "all", cnt.tab_ptr, cnt.col, cnt.fk, cnt.window,
                 cnt_shown, cnt.mean, cnt.std, self._cnt_segs.seg_ptr, self._cnt_segs.seg_off, self._cnt_segs.seg_col, self._cnt_segs.c_time,
                 out["semantic_types"], out["column_ids"], out["seq_row_ids"], out["is_null"], out["numeric_values"],
                 out["timestamp_values"], out["bool_values"], out["categorical_embed_ids"], out["text_embed_ids"],
-                out["is_target"], out["is_padding"], out["row_age"], n_real, edges, n_edges,
+                out["is_target"], out["is_padding"], out["row_age"], out["child_rank"], n_real, edges, n_edges,
             )
             if k_lab > 0:
                 lab = labels

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from confluence.errors import ConfigError
+from confluence.store.format import COUNT_WINDOWS_DAYS
 from confluence.toolkit.config import one_of
 
 CHILD_COUNTS = ("none", "anchor", "all")  # which rows show child-count cells (docs/sampler.md)
@@ -67,6 +68,9 @@ class SamplerConfig:
     relabel: float = 0.0
     child_counts: Literal["none", "anchor", "all"] = "none"  # "anchor" / "all": the anchor / every row also shows,
     # per foreign key pointing at its table, how many rows referenced it by the observation time
+    # and, with child counts on, how many did within each of these windows (days, from the store's
+    # `COUNT_WINDOWS_DAYS`) before the observation time, for the foreign keys of temporal tables; () = none
+    child_count_windows: tuple[int, ...] = ()
     row_buckets: tuple[int, ...] = (16, 32, 64, 128, 256)  # R is padded up to one of these
     text_buckets: tuple[int, ...] = (16, 64, 256, 1024, 4096, 16384)  # U is padded up to one of these
     split: SplitConfig = field(default_factory=SplitConfig)
@@ -105,6 +109,14 @@ class SamplerConfig:
         if not isinstance(self.width_per_fk, bool):
             raise ConfigError("width_per_fk", f"must be true or false, got {self.width_per_fk!r}")
         one_of("child_counts", self.child_counts, CHILD_COUNTS)
+        w = self.child_count_windows
+        if (not isinstance(w, tuple | list) or list(w) != sorted(set(w))
+                or any(isinstance(x, bool) or x not in COUNT_WINDOWS_DAYS for x in w)):
+            raise ConfigError("child_count_windows", f"must be increasing days out of {list(COUNT_WINDOWS_DAYS)}, "
+                                                     f"got {w!r}")
+        if w and self.child_counts == "none":
+            raise ConfigError("child_count_windows", "needs child_counts = \"anchor\" or \"all\" (the windows are "
+                                                     "more count cells)")
         for name in ("row_buckets", "text_buckets"):
             b = getattr(self, name)
             if not b or sorted(b) != list(b) or min(b) < 1:

@@ -14,7 +14,8 @@ import numba
 import numpy as np
 
 from confluence.errors import StoreError
-from confluence.stypes import D_TIME, SemanticType
+from confluence.store.format import NULL_TIME
+from confluence.stypes import D_TIME, US_PER_DAY, SemanticType
 
 
 def readonly(a: np.ndarray, dtype: Any) -> np.ndarray:
@@ -71,13 +72,16 @@ class ChildSegments:
 class ChildCounts:
     """The child-count cells (`SamplerConfig.child_counts`): count k shows, on each row of its parent table, how
     many rows reference that row through foreign-key column `fk[k]` and existed at the observation time, as
-    `(log1p(count) - mean[k]) / std[k]` in the numerical cell of column `col[k]`. Table t's counts are
-    `tab_ptr[t]..tab_ptr[t+1]`. `mean` and `std` are those of log1p(final count) over the parent table's rows,
-    from the whole graph: fixed per database, like a column's z-score."""
+    `(log1p(count) - mean[k]) / std[k]` in the numerical cell of column `col[k]`; a windowed count (`window[k]`
+    > 0) counts only those of the last `window[k]` µs. Table t's counts are `tab_ptr[t]..tab_ptr[t+1]`. `mean`
+    and `std` are those of log1p(final count) over the parent table's rows, from the whole graph, and for a
+    windowed count those of log1p(the windowed count at each referencing row's own time): fixed per database,
+    like a column's z-score."""
 
     tab_ptr: np.ndarray  # i64[T+1]
     col: np.ndarray  # i32[K]: the derived count column (its embedding names the cell)
     fk: np.ndarray  # i32[K]: the child table's foreign-key column that is counted
+    window: np.ndarray  # i64[K]: µs; count only rows of the last `window` before the observation time (0: all)
     mean: np.ndarray  # f32[K]
     std: np.ndarray  # f32[K]
 
@@ -121,6 +125,28 @@ def fk_segments(indptr: np.ndarray, column: np.ndarray) -> tuple[np.ndarray, np.
     return order, seg_ptr, seg_off[: nseg + 1].copy()
 
 
+@numba.njit(cache=True, nogil=True)
+def windowed_counts(seg_off: np.ndarray, c_time: np.ndarray, segs: np.ndarray, window: int) -> np.ndarray:
+    """For every child edge of the time-sorted segments `segs` (rows with a NULL time left out): how many edges of
+    its segment have a time in (its time - window, its time], i.e. the windowed count its parent showed at that
+    child's own time. The distribution a windowed count column's z-score is fitted on."""
+    n = 0
+    for s in segs:
+        n += seg_off[s + 1] - seg_off[s]
+    out = np.empty(n, dtype=np.int64)
+    m = 0
+    for s in segs:
+        a, b = seg_off[s], seg_off[s + 1]
+        times = c_time[a:b]
+        for e in range(a, b):
+            t = c_time[e]
+            if t == NULL_TIME:
+                continue
+            out[m] = np.searchsorted(times, t, side="right") - np.searchsorted(times, t - window, side="right")
+            m += 1
+    return out[:m]
+
+
 @dataclass
 class SamplerData:
     """One database in the form the sampler kernels read (see module docstring)."""
@@ -153,14 +179,18 @@ class SamplerData:
     max_parents: int
     text_embeddings: np.ndarray  # f16[Vt, D_t], memory-mapped
     tasks: list[TaskData]
-    # child-count columns of the store, (column, foreign-key column, parent table index), parent-table order
-    count_columns: list[tuple[int, int, int]] = field(default_factory=list)
+    # child-count columns of the store, (column, foreign-key column, parent table index, window in days or 0),
+    # parent-table order
+    count_columns: list[tuple[int, int, int, int]] = field(default_factory=list)
+    # the count windows (days) that the store has for its temporal foreign keys; None: a store preprocessed
+    # before windowed counts existed
+    count_windows: tuple[int, ...] | None = ()
     has_foreign_keys: bool = False
     # the store's metadata (its tasks' horizons and splits), so a sampler built from SamplerData alone (the
     # sampler benchmark) reads what one built from the store reads
     meta: dict[str, Any] | None = None
     _segments: dict[bool, ChildSegments] = field(default_factory=dict, repr=False)
-    _counts: dict[bool, ChildCounts] = field(default_factory=dict, repr=False)
+    _counts: dict[tuple[bool, tuple[int, ...]], ChildCounts] = field(default_factory=dict, repr=False)
 
     def child_segments(self, per_fk: bool) -> ChildSegments:
         """The child lists as the walk reads them: one segment per row (`per_fk` False, the store's arrays as they
@@ -180,38 +210,50 @@ class SamplerData:
             self._segments[per_fk] = seg
         return self._segments[per_fk]
 
-    def child_counts(self, enabled: bool) -> ChildCounts:
-        """The child-count cells' arrays (no counts at all when not `enabled`). Built once, on first use, from the
-        per-foreign-key child segments. Raises StoreError for a store preprocessed before count columns existed."""
-        if enabled not in self._counts:
+    def child_counts(self, enabled: bool, windows: tuple[int, ...] = ()) -> ChildCounts:
+        """The child-count cells' arrays (no counts at all when not `enabled`): the all-time counts and the
+        windowed ones of `windows` (days). Built once per setting, on first use, from the per-foreign-key child
+        segments. Raises StoreError for a store preprocessed before count columns (or windows) existed."""
+        key = (bool(enabled), tuple(windows) if enabled else ())
+        if key not in self._counts:
             n_tab = len(self.table_names)
-            cols = self.count_columns if enabled else []
+            cols = [c for c in self.count_columns if c[3] == 0 or c[3] in key[1]] if enabled else []
             if enabled and not cols and self.has_foreign_keys:
                 raise StoreError(f"database {self.name!r}: the store has no child-count columns (it was "
                                  "preprocessed before they existed); run `confluence preprocess` again to use "
                                  "sampler.child_counts")
-            per_tab = np.bincount(np.array([t for _, _, t in cols], dtype=np.int64), minlength=n_tab)
+            if key[1] and self.count_windows is None:
+                raise StoreError(f"database {self.name!r}: the store has no windowed child-count columns (it was "
+                                 "preprocessed before they existed); run `confluence preprocess` again to use "
+                                 "sampler.child_count_windows")
+            per_tab = np.bincount(np.array([t for _, _, t, _ in cols], dtype=np.int64), minlength=n_tab)
             mean = np.zeros(len(cols), np.float32)
             std = np.ones(len(cols), np.float32)
+            window = np.array([w * US_PER_DAY for _, _, _, w in cols], dtype=np.int64)
             if cols:
                 seg = self.child_segments(True)
                 seg_row = np.repeat(np.arange(self.num_rows), np.diff(seg.seg_ptr))
                 seg_len = np.diff(seg.seg_off)
-                for k, (_, fk, t) in enumerate(cols):
-                    lo, hi = int(self.tab_row_off[t]), int(self.tab_row_off[t + 1])
-                    deg = np.zeros(hi - lo, np.float64)
-                    sel = seg.seg_col == fk
-                    np.add.at(deg, seg_row[sel] - lo, seg_len[sel])
-                    v = np.log1p(deg)
+                for k, (_, fk, t, _) in enumerate(cols):
+                    if window[k]:
+                        v = windowed_counts(seg.seg_off, seg.c_time, np.flatnonzero(seg.seg_col == fk), window[k])
+                        v = np.log1p(v.astype(np.float64))
+                    else:
+                        lo, hi = int(self.tab_row_off[t]), int(self.tab_row_off[t + 1])
+                        deg = np.zeros(hi - lo, np.float64)
+                        sel = seg.seg_col == fk
+                        np.add.at(deg, seg_row[sel] - lo, seg_len[sel])
+                        v = np.log1p(deg)
                     mean[k] = v.mean() if v.size else 0.0
                     sd = float(v.std()) if v.size else 0.0
                     std[k] = sd if sd > 1e-6 else 1.0
-            self._counts[enabled] = ChildCounts(
+            self._counts[key] = ChildCounts(
                 tab_ptr=readonly(np.concatenate([[0], np.cumsum(per_tab)]), np.int64),
-                col=readonly(np.array([c for c, _, _ in cols], dtype=np.int32), np.int32),
-                fk=readonly(np.array([f for _, f, _ in cols], dtype=np.int32), np.int32),
+                col=readonly(np.array([c for c, _, _, _ in cols], dtype=np.int32), np.int32),
+                fk=readonly(np.array([f for _, f, _, _ in cols], dtype=np.int32), np.int32),
+                window=readonly(window, np.int64),
                 mean=readonly(mean, np.float32), std=readonly(std, np.float32))
-        return self._counts[enabled]
+        return self._counts[key]
 
     def task(self, name: str) -> TaskData:
         for t in self.tasks:
@@ -232,7 +274,9 @@ class SamplerData:
         col_voff = np.zeros(n_cols, dtype=np.int64)
         column_names = [""] * n_cols
         table_index = {t.name: i for i, t in enumerate(store.tables)}
-        count_columns: list[tuple[int, int, int]] = []
+        count_columns: list[tuple[int, int, int, int]] = []
+        windows: set[int] = set()
+        old_counts = False  # an all-time count column without its "windows": preprocessed before windows existed
         for c in store.columns:
             col_stype[c.column_idx] = int(c.stype)
             count_of = getattr(c, "count_of", None)
@@ -241,8 +285,13 @@ class SamplerData:
                     raise StoreError(f"column {c.column_idx} ({c.name!r}): counts rows of a table "
                                      f"{count_of.get('parent_table')!r} that the store does not have")
                 column_names[c.column_idx] = f"{count_of['parent_table']}.{c.name}"
+                w = int(count_of.get("window_days", 0))
                 count_columns.append((int(c.column_idx), int(count_of["column_idx"]),
-                                      table_index[count_of["parent_table"]]))
+                                      table_index[count_of["parent_table"]], w))
+                if w:
+                    windows.add(w)
+                elif "windows" not in count_of:
+                    old_counts = True
             else:
                 column_names[c.column_idx] = f"{c.table}.{c.name}" if c.table else f"{c.task}.{c.name}"
         count_columns.sort(key=lambda x: (x[2], x[0]))
@@ -325,6 +374,7 @@ class SamplerData:
             text_embeddings=readonly(store.text_embeddings, np.float16),
             tasks=tasks,
             count_columns=count_columns,
+            count_windows=None if old_counts else tuple(sorted(windows)),
             has_foreign_keys=any(getattr(c, "foreign_key", None) for c in store.columns),
             meta=getattr(store, "meta", None),
         )

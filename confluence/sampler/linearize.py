@@ -2,8 +2,10 @@
 
 Order: the target cell first (so it always fits in S), then the observation-time cell of a task that has one,
 then the anchor row's other cells (excluded columns hidden), then every other row in visit order, each row's
-cells in column order followed by its child-count cells (`SamplerConfig.child_counts`). Every cell of a row
-carries the row's age at the observation time (`row_age`, days). The last row may be cut
+cells in column order followed by its child-count cells (`SamplerConfig.child_counts`, the all-time counts then the
+windowed ones of `child_count_windows`). Every cell of a row
+carries the row's age at the observation time (`row_age`, days) and, for a row reached as a child, its recency
+rank among its parent's children through that foreign key (`child_rank`: 0 = the latest at the observation time). The last row may be cut
 at S.
 Text cells hold GLOBAL text indices here; `textgather` rewrites them batch-locally.
 """
@@ -13,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from confluence.batch import ROW_AGE_UNKNOWN
-from confluence.sampler.walk import bit, is_cut
+from confluence.batch import CHILD_RANK_MAX, CHILD_RANK_UNKNOWN, ROW_AGE_UNKNOWN
+from confluence.sampler.walk import VIA_CHILD, bit, is_cut
 from confluence.store.format import NO_CUTOFF, NULL_TIME, STATIC_TIME
 from confluence.stypes import D_TIME, US_PER_DAY, SemanticType
 
@@ -25,6 +27,7 @@ _BOOL = int(SemanticType.BOOLEAN)
 _CAT = int(SemanticType.CATEGORICAL)
 _TEXT = int(SemanticType.TEXT)
 _UNKNOWN = np.float32(ROW_AGE_UNKNOWN)
+_UNKNOWN_RANK = np.int16(CHILD_RANK_UNKNOWN)
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -62,6 +65,28 @@ def local_row(hkeys: np.ndarray, hvals: np.ndarray, cap: int, row: int) -> int:
 
 
 @njit(nogil=True, cache=True)
+def recency_rank(r: int, parent: int, rt: int, obs: int, p_ptr: np.ndarray, p_idx: np.ndarray, p_col: np.ndarray,
+                 seg_ptr: np.ndarray, seg_off: np.ndarray, seg_col: np.ndarray, c_time: np.ndarray) -> int:
+    """How many rows referencing `parent` through the foreign key that links row `r` (time `rt`) to it have a
+    time in (rt, obs]: 0 for the parent's latest child at the observation time (ties share a rank). Read from
+    the parent's time-sorted per-foreign-key child segment; CHILD_RANK_UNKNOWN when no edge links them."""
+    fk = -1
+    for e in range(p_ptr[r], p_ptr[r + 1]):
+        if p_idx[e] == parent:
+            fk = p_col[e]
+            break
+    if fk < 0:
+        return CHILD_RANK_UNKNOWN
+    hi = obs if obs != NO_CUTOFF else NULL_TIME - 1  # without a cut-off: every child with a time
+    for sg in range(seg_ptr[parent], seg_ptr[parent + 1]):
+        if seg_col[sg] == fk:
+            times = c_time[seg_off[sg] : seg_off[sg + 1]]
+            n = np.searchsorted(times, hi, side="right") - np.searchsorted(times, rt, side="right")
+            return min(max(n, 0), CHILD_RANK_MAX)
+    return CHILD_RANK_UNKNOWN
+
+
+@njit(nogil=True, cache=True)
 def linearize_chunk(
     lo: int,
     hi: int,
@@ -69,6 +94,8 @@ def linearize_chunk(
     rows: np.ndarray,  # i64[B, max_rows]
     nrows: np.ndarray,  # i32[B]
     seed_ids: np.ndarray,  # i64[B]
+    via: np.ndarray,  # i8[B, max_rows]: how the walk reached each row (VIA_CHILD: as a child of row `src`)
+    src: np.ndarray,  # i32[B, max_rows]
     # task
     target_stype: int,
     target_col: int,
@@ -105,6 +132,7 @@ def linearize_chunk(
     cnt_tab_ptr: np.ndarray,
     cnt_col: np.ndarray,
     cnt_fk: np.ndarray,
+    cnt_window: np.ndarray,  # i64[K]: µs, 0 = all time
     cnt_shown: np.ndarray,  # bool[K]: the task shows this count (not through its excluded / target columns)
     cnt_mean: np.ndarray,
     cnt_std: np.ndarray,
@@ -125,6 +153,7 @@ def linearize_chunk(
     is_target: np.ndarray,
     is_padding: np.ndarray,
     row_age: np.ndarray,  # f32[B, S], pre-filled with ROW_AGE_UNKNOWN
+    child_rank: np.ndarray,  # i16[B, S], pre-filled with CHILD_RANK_UNKNOWN
     n_real: np.ndarray,  # i32[B]
     edges: np.ndarray,  # i32[B, E]: the fk_adj edges as (r1 << 16) | r2 (see `fill_adjacency`)
     n_edges: np.ndarray,  # i32[B]
@@ -168,6 +197,10 @@ def linearize_chunk(
             rt = row_time[r]
             if ages_on and obs_times[b] != NO_CUTOFF and rt != STATIC_TIME and rt != NULL_TIME:
                 age = np.float32((obs_times[b] - rt) / US_PER_DAY)
+            rank = _UNKNOWN_RANK
+            if ages_on and via[b, i] == VIA_CHILD and rt != STATIC_TIME and rt != NULL_TIME:
+                rank = recency_rank(r, rows[b, src[b, i]], rt, obs_times[b], p_ptr, p_idx, p_col, seg_ptr, seg_off,
+                                    seg_col, c_time)
             for kk in range(tab_col_ptr[t], tab_col_ptr[t + 1]):
                 if pos >= seq_len:
                     break
@@ -189,6 +222,7 @@ def linearize_chunk(
                 column_ids[b, pos] = c
                 seq_row_ids[b, pos] = i
                 row_age[b, pos] = age
+                child_rank[b, pos] = rank
                 if not valid:
                     is_null[b, pos] = True
                 elif s == _NUM:
@@ -211,15 +245,23 @@ def linearize_chunk(
                     break
                 if not cnt_shown[k]:
                     continue
+                w = cnt_window[k]
                 cnt = 0
                 for sg in range(seg_ptr[r], seg_ptr[r + 1]):
                     if seg_col[sg] == cnt_fk[k]:
-                        cnt += np.searchsorted(c_time[seg_off[sg] : seg_off[sg + 1]], obs_times[b], side="right")
+                        seg_times = c_time[seg_off[sg] : seg_off[sg + 1]]
+                        cnt += np.searchsorted(seg_times, obs_times[b], side="right")
+                        if w > 0 and obs_times[b] != NO_CUTOFF:  # only those of (obs - w, obs]
+                            cnt -= np.searchsorted(seg_times, obs_times[b] - w, side="right")
                 semantic_types[b, pos] = _NUM
                 column_ids[b, pos] = cnt_col[k]
                 seq_row_ids[b, pos] = i
                 row_age[b, pos] = age
-                numeric_values[b, pos] = (np.log1p(np.float64(cnt)) - cnt_mean[k]) / cnt_std[k]
+                child_rank[b, pos] = rank
+                if w > 0 and obs_times[b] == NO_CUTOFF:
+                    is_null[b, pos] = True  # no observation time: no window to count in
+                else:
+                    numeric_values[b, pos] = (np.log1p(np.float64(cnt)) - cnt_mean[k]) / cnt_std[k]
                 pos += 1
             # F->P edges between rows that are both in the sequence (each distinct pair once)
             row_first = ne

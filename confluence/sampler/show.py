@@ -42,7 +42,7 @@ class CellDecoder:
         self.ts_mean, self.ts_std = store.timestamp_stats
         self.counts: dict[int, tuple[float, float]] = {}
         if data.count_columns:
-            cc = data.child_counts(True)
+            cc = data.child_counts(True, data.count_windows or ())
             self.counts = {int(c): (float(m), float(sd)) for c, m, sd in zip(cc.col, cc.mean, cc.std, strict=True)}
 
     def number(self, col: int, z: float) -> str:

@@ -16,6 +16,9 @@ INT64_MAX = np.iinfo(np.int64).max
 NO_CUTOFF = INT64_MAX  # obs_time meaning "the whole database is visible"
 STATIC_TIME = INT64_MIN  # row_time of a row of a table without a temporal column
 NULL_TIME = INT64_MAX  # row_time of a row whose temporal value is NULL
+# the windows (days) of the windowed child-count columns a store has for each foreign key of a temporal table
+# (`preprocess.pipeline.child_count_columns`; the sampler shows those that `child_count_windows` names)
+COUNT_WINDOWS_DAYS = (1, 7, 30, 90, 365)
 
 ROW_TIME = "graph/row_time.npy"
 PARENT_INDPTR = "graph/parent_indptr.npy"

@@ -65,10 +65,11 @@ def _init_params(cfg: RunConfig, init_from: Path | str, like: Any) -> Any:
         return params
     except CheckpointError as exc:
         saved = RunConfig.from_dict(read_checkpoint(init_from).meta.get("config", {})).model
-        if cfg.model.copy_head and not saved.copy_head and replace(saved, copy_head=True) == cfg.model:
-            # a checkpoint made before the copy head: every other parameter loads, the head starts from this run's
-            # initialisation (its gates near 0.5, so it is learnt from the first steps)
-            return _graft_copy_head(saved, init_from, like)
+        added = {name: True for name in ADDED_PARTS if getattr(cfg.model, name) and not getattr(saved, name)}
+        if added and replace(saved, **added) == cfg.model:
+            # a checkpoint made without some added parts (the copy head, the recency-rank rows): every other
+            # parameter loads, the added ones start from this run's initialisation
+            return _graft_added(saved, tuple(added), init_from, like)
         diffs = [f"model.{f.name} = {getattr(saved, f.name)!r} there, {getattr(cfg.model, f.name)!r} here"
                  for f in fields(saved) if getattr(saved, f.name) != getattr(cfg.model, f.name)]
         if not diffs:
@@ -77,16 +78,26 @@ def _init_params(cfg: RunConfig, init_from: Path | str, like: Any) -> Any:
                               "use a recipe with the same model settings or --set them") from exc
 
 
-def _graft_copy_head(saved_model: Any, init_from: Path | str, like: Any) -> Any:
-    """`like` (this run's initial parameters) with every parameter but the copy head's from `init_from`, a
-    checkpoint whose model is this one without `copy_head`."""
+# model settings that only add parameters (a checkpoint without them loads into a model with them): the setting ->
+# where its parameters live in the model
+ADDED_PARTS: dict[str, Callable[[Any], Any]] = {
+    "copy_head": lambda m: m.copy,
+    "child_rank": lambda m: m.encoder.child_rank_emb,
+}
+
+
+def _graft_added(saved_model: Any, added: tuple[str, ...], init_from: Path | str, like: Any) -> Any:
+    """`like` (this run's initial parameters) with every parameter but those of the `added` settings from
+    `init_from`, a checkpoint whose model is this one without them."""
     import equinox as eqx
 
     from confluence.training.step import is_param
 
     skeleton = eqx.partition(RelationalTransformer(saved_model, key=jax.random.key(0)), is_param)[0]
     loaded, _ = load_state(init_from, skeleton)
-    return eqx.tree_at(lambda m: m.copy, loaded, like.copy, is_leaf=lambda x: x is None)
+    for name in added:
+        loaded = eqx.tree_at(ADDED_PARTS[name], loaded, ADDED_PARTS[name](like), is_leaf=lambda x: x is None)
+    return loaded
 
 
 def saved_position(meta: dict[str, Any]) -> dict[str, Any]:
