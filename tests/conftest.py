@@ -23,3 +23,18 @@ def tiny_store(tmp_path_factory):
     from tests.fixtures.model import D_T
 
     return build_bookstore(tmp_path_factory.mktemp("tiny_store"), "tiny", dim=D_T)
+
+
+@pytest.fixture(scope="session")
+def small_planted_store(tmp_path_factory):
+    """A small planted database (120 customers, about 8 orders each) preprocessed with the hashing text encoder: real
+    derived tasks with observation times, for the sampler's per-cell time fields (row ages, recency ranks)."""
+    from confluence.preprocess.pipeline import preprocess
+    from confluence.store import Store
+    from confluence.synth.planted import PlantedSpec, write_planted
+    from tests.fixtures.bookstore import HashEncoder
+
+    root = tmp_path_factory.mktemp("small_planted")
+    db = write_planted(root / "db", PlantedSpec(seed=5, customers=120, stores=6, regions=3, orders_per_customer=8.0))
+    return Store.open(preprocess(db / "raw", db / "planted.metadata.json", root / "store",
+                                 encoder=HashEncoder(16), progress=False))

@@ -18,22 +18,14 @@ from confluence.sampler.walk import VIA_CHILD
 from confluence.store import Store
 from confluence.store.format import NO_CUTOFF, NULL_TIME, STATIC_TIME
 from confluence.stypes import SemanticType
-from confluence.synth.planted import PlantedSpec, write_planted
-from tests.fixtures.bookstore import HashEncoder
 from tests.fixtures.graphs import random_store
 
 CFG = SamplerConfig(batch_size=8, seq_len=256, max_rows=48, recent=8)
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory) -> Store:
-    from confluence.preprocess.pipeline import preprocess
-
-    root = tmp_path_factory.mktemp("child_rank")
-    db = write_planted(root / "db", PlantedSpec(seed=5, customers=120, stores=6, regions=3,
-                                                orders_per_customer=8.0))
-    return Store.open(preprocess(db / "raw", db / "planted.metadata.json", root / "store",
-                                 encoder=HashEncoder(16), progress=False))
+def store(small_planted_store) -> Store:
+    return small_planted_store
 
 
 def _brute_rank(store: Store, row: int, parent: int, obs: int) -> int:
