@@ -137,3 +137,15 @@ def test_rank_buckets_and_the_encoder_reads_them():
     base = h[0, 0]
     np.testing.assert_allclose(h[0, 1] - base, enc.child_rank_emb[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(h[0, 2] - base, enc.child_rank_emb[8], rtol=1e-5, atol=1e-6)
+
+
+def test_sample_show_prints_each_child_rows_rank(store):
+    from confluence.sampler.show import render_sequence
+
+    s = Sampler([store], CFG)
+    res = s.build("customer_last_channel", np.arange(8))
+    text = render_sequence(res, s.data[0], 0, "customer_last_channel")
+    rows = [line for line in text.splitlines() if line.startswith("  r")]
+    child = [line for line in rows if " child " in line and " orders " in line]
+    assert child and all("rank " in line for line in child) and any(line.endswith("rank 0") for line in child)
+    assert not any("rank" in line for line in rows if " parent " in line or " seed " in line)
