@@ -6,6 +6,7 @@ Steps: validate; primary keys; statistics pass; encoding pass (`columns.py`); ta
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -232,7 +233,7 @@ def _tasks(db: DatabaseMeta, con: duckdb.DuckDBPyConnection, writer: StoreWriter
     return task_entries, derived_columns
 
 
-def child_count_columns(columns: list[ColumnPlan], first_idx: int, temporal: set[str] = frozenset()
+def child_count_columns(columns: list[ColumnPlan], first_idx: int, temporal: Collection[str] = ()
                         ) -> list[dict[str, Any]]:
     """One numerical "child count" column per foreign-key column: how many rows of the child table point at a
     parent row through it (up to the observation time); then, for each foreign key of a `temporal` child table,
@@ -241,30 +242,24 @@ def child_count_columns(columns: list[ColumnPlan], first_idx: int, temporal: set
     docs/sampler.md); the store only names them and embeds their text. The windowed columns come after every
     all-time one, so a store's all-time count columns keep the indices they had before windows existed."""
     out: list[dict[str, Any]] = []
-    fks = [c for c in columns if c.meta.foreign_key]
-    for c in fks:
+
+    def add(c: ColumnPlan, span: str, extra: dict[str, Any]) -> None:
         parent_table = str(c.meta.fk_table)
-        name = f"number of {c.table} rows by {c.meta.name}"
+        name = f"number of {c.table} rows by {c.meta.name}{span}"
         desc = f"how many rows of {c.table} reference this {parent_table} row through {c.table}.{c.meta.name}"
-        windows = list(COUNT_WINDOWS_DAYS) if c.table in temporal else []
+        if span:
+            desc += f" with a time{span} before the observation time"
         out.append({"column_idx": first_idx + len(out), "table": None, "task": None, "name": name,
                     "stype": SemanticType.NUMERICAL.label, "text": column_text(name, parent_table, desc), "stats": {},
-                    "count_of": {"parent_table": parent_table, "child_table": c.table,
-                                 "column": c.meta.name, "column_idx": c.column_idx, "windows": windows}})
+                    "count_of": {"parent_table": parent_table, "child_table": c.table, "column": c.meta.name,
+                                 "column_idx": c.column_idx, **extra}})
+
+    fks = [c for c in columns if c.meta.foreign_key]
     for c in fks:
-        if c.table not in temporal:
-            continue
-        parent_table = str(c.meta.fk_table)
+        add(c, "", {"windows": list(COUNT_WINDOWS_DAYS) if c.table in temporal else []})
+    for c in (c for c in fks if c.table in temporal):
         for w in COUNT_WINDOWS_DAYS:
-            span = "day" if w == 1 else f"{w} days"
-            name = f"number of {c.table} rows by {c.meta.name} in the last {span}"
-            desc = (f"how many rows of {c.table} reference this {parent_table} row through {c.table}.{c.meta.name}"
-                    f" with a time in the last {span} before the observation time")
-            out.append({"column_idx": first_idx + len(out), "table": None, "task": None, "name": name,
-                        "stype": SemanticType.NUMERICAL.label, "text": column_text(name, parent_table, desc),
-                        "stats": {}, "count_of": {"parent_table": parent_table, "child_table": c.table,
-                                                  "column": c.meta.name, "column_idx": c.column_idx,
-                                                  "window_days": w}})
+            add(c, " in the last day" if w == 1 else f" in the last {w} days", {"window_days": w})
     return out
 
 
