@@ -1,6 +1,7 @@
 """`child_rank`: every cell of a row reached as a child carries how many of its parent's children through the same
 foreign key are newer and visible at the observation time (0: the latest), exactly; unknown (-1) on the anchor,
-parents, labelled rows, rows without a time and every cell of a timestamp cell task. And the model's encoding."""
+parents, labelled rows, rows without a time and every cell of a timestamp cell task; all unknown unless
+`sampler.child_rank` (which a run whose model reads ranks turns on). And the model's encoding."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from confluence.store.format import NO_CUTOFF, NULL_TIME, STATIC_TIME
 from confluence.stypes import SemanticType
 from tests.fixtures.graphs import random_store
 
-CFG = SamplerConfig(batch_size=8, seq_len=256, max_rows=48, recent=8)
+CFG = SamplerConfig(batch_size=8, seq_len=256, max_rows=48, recent=8, child_rank=True)
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +84,27 @@ def test_ranks_are_exact_and_the_latest_child_is_zero(store):
             assert 0 in ranks and ranks == set(range(len(ranks)))  # latest first: 0, 1, 2, ...
 
 
+def test_ranks_are_off_unless_asked_for_and_a_model_that_reads_them_asks(store):
+    from confluence.model.config import ModelConfig
+    from confluence.training.config import RunConfig
+
+    off = dataclasses.replace(CFG, child_rank=False)
+    s = Sampler([store], off)
+    on = Sampler([store], CFG)
+    a = s.build("customer_last_channel", np.arange(8))
+    b = on.build("customer_last_channel", np.arange(8))
+    assert (a.batch.child_rank == CHILD_RANK_UNKNOWN).all() and (b.batch.child_rank >= 0).any()
+    for f in dataclasses.fields(a.batch):  # the same batch otherwise
+        if f.name != "child_rank":
+            np.testing.assert_array_equal(getattr(a.batch, f.name), getattr(b.batch, f.name), err_msg=f.name)
+    # without counts or ranks the builder keeps no per-foreign-key copy of the child lists
+    assert s.builders[0]._cnt_segs is s.builders[0]._segs
+    assert RunConfig(model=ModelConfig(child_rank=True), sampler=off).sampler.child_rank
+    assert not RunConfig(sampler=off).sampler.child_rank
+    with pytest.raises(Exception, match="child_rank"):
+        SamplerConfig(child_rank="yes")
+
+
 def test_timestamp_cell_tasks_and_labels_have_no_ranks(store):
     s = Sampler([store], dataclasses.replace(CFG, labels=4))
     task = s.entry("orders.late").task
@@ -101,7 +123,7 @@ def test_timestamp_cell_tasks_and_labels_have_no_ranks(store):
 def test_ranks_equal_brute_force_on_random_databases(seed, width, recent, per_fk):
     store = random_store(seed)
     cfg = SamplerConfig(batch_size=6, seq_len=128, width=width, recent=min(recent, width), max_rows=64,
-                        row_buckets=(8, 64), text_buckets=(8,), width_per_fk=per_fk)
+                        row_buckets=(8, 64), text_buckets=(8,), width_per_fk=per_fk, child_rank=True)
     s = Sampler([store], cfg)
     rng = np.random.default_rng(seed)
     for e in s.entries:

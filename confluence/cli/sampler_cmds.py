@@ -54,7 +54,8 @@ def show(
             sconf = cfg.sampler
         store = Store.open(db)
         store.task(task)  # a clear error naming the store's tasks
-        sampler = Sampler([store], overlay(sconf, {"batch_size": 1, "tasks": None}),
+        # recency ranks are printed whatever the model reads (they change no other cell of the batch)
+        sampler = Sampler([store], overlay(sconf, {"batch_size": 1, "tasks": None, "child_rank": True}),
                           seed=cfg.seed if seed is None else seed)
         data = sampler.data[0]
         res = sampler.build(task, np.array([seed_index]), epoch=epoch, context=phase)

@@ -70,9 +70,10 @@ class BatchBuilder:
         self._pool = pool
         self._segs = data.child_segments(config.width_per_fk)  # built here, once, not in the worker threads
         self._counts = data.child_counts(config.child_counts != "none", tuple(config.child_count_windows))
-        # the count cells read each (row, foreign key)'s time-sorted children
-        # (and so do the recency ranks of rows reached as children: `linearize.recency_rank`)
-        self._cnt_segs = data.child_segments(True)
+        # the count cells read each (row, foreign key)'s time-sorted children (and so do the recency ranks of rows
+        # reached as children: `linearize.recency_rank`); without either, nothing reads them: no copy is made
+        per_fk = config.child_counts != "none" or config.child_rank
+        self._cnt_segs = data.child_segments(True) if per_fk else self._segs
         self._cnt_shown: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}  # by the task's cut columns
         self._scratch: queue.SimpleQueue[_Scratch] = queue.SimpleQueue()
 
@@ -234,7 +235,7 @@ class BatchBuilder:
                 task.obs_col, task.obs_ts,
                 d.tab_row_off, d.tab_col_ptr, d.tab_cols, d.col_stype, d.col_off, d.col_voff, d.num_pool, d.ts_pool,
                 d.u32_pool, d.bool_bits, d.valid_bits, d.parent_indptr, d.parent_indices, d.parent_column,
-                task.cut_cols, obs, d.row_time, ages_on, cfg.child_counts == "all", cnt.tab_ptr, cnt.col, cnt.fk, cnt.window,
+                task.cut_cols, obs, d.row_time, ages_on, cfg.child_rank, cfg.child_counts == "all", cnt.tab_ptr, cnt.col, cnt.fk, cnt.window,
                 cnt_shown, cnt.mean, cnt.std, self._cnt_segs.seg_ptr, self._cnt_segs.seg_off, self._cnt_segs.seg_col, self._cnt_segs.c_time,
                 out["semantic_types"], out["column_ids"], out["seq_row_ids"], out["is_null"], out["numeric_values"],
                 out["timestamp_values"], out["bool_values"], out["categorical_embed_ids"], out["text_embed_ids"],

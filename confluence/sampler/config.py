@@ -71,6 +71,11 @@ class SamplerConfig:
     # and, with child counts on, how many did within each of these windows (days, from the store's
     # `COUNT_WINDOWS_DAYS`) before the observation time, for the foreign keys of temporal tables; () = none
     child_count_windows: tuple[int, ...] = ()
+    # fill the batch's `child_rank` (each row reached as a child: its recency rank among its parent's children
+    # through that foreign key at the observation time), which `model.child_rank` reads; a run whose model reads
+    # it turns this on itself (RunConfig). Off, the field holds CHILD_RANK_UNKNOWN and the sampler saves the rank's
+    # binary searches and its per-foreign-key copy of the child lists (docs/sampler.md)
+    child_rank: bool = False
     row_buckets: tuple[int, ...] = (16, 32, 64, 128, 256)  # R is padded up to one of these
     text_buckets: tuple[int, ...] = (16, 64, 256, 1024, 4096, 16384)  # U is padded up to one of these
     split: SplitConfig = field(default_factory=SplitConfig)
@@ -108,6 +113,8 @@ class SamplerConfig:
                 raise ConfigError(f"task_recent[{key!r}]", f"must be an integer in 0..width ({self.width}), got {k!r}")
         if not isinstance(self.width_per_fk, bool):
             raise ConfigError("width_per_fk", f"must be true or false, got {self.width_per_fk!r}")
+        if not isinstance(self.child_rank, bool):
+            raise ConfigError("child_rank", f"must be true or false, got {self.child_rank!r}")
         one_of("child_counts", self.child_counts, CHILD_COUNTS)
         w = self.child_count_windows
         if (not isinstance(w, tuple | list) or list(w) != sorted(set(w))

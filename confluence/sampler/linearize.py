@@ -128,6 +128,7 @@ def linearize_chunk(
     obs_times: np.ndarray,  # i64[B]
     row_time: np.ndarray,  # i64[N]: each row's time (STATIC_TIME / NULL_TIME: none)
     ages_on: bool,  # fill `row_age` (False: every cell ROW_AGE_UNKNOWN, e.g. a timestamp cell task)
+    ranks_on: bool,  # fill `child_rank` where `ages_on` (False: every cell CHILD_RANK_UNKNOWN, its cost saved)
     cnt_all_rows: bool,  # counts on every row, else on the anchor row only
     cnt_tab_ptr: np.ndarray,
     cnt_col: np.ndarray,
@@ -198,7 +199,7 @@ def linearize_chunk(
             if ages_on and obs_times[b] != NO_CUTOFF and rt != STATIC_TIME and rt != NULL_TIME:
                 age = np.float32((obs_times[b] - rt) / US_PER_DAY)
             rank = _UNKNOWN_RANK
-            if ages_on and via[b, i] == VIA_CHILD and rt != STATIC_TIME and rt != NULL_TIME:
+            if ranks_on and ages_on and via[b, i] == VIA_CHILD and rt != STATIC_TIME and rt != NULL_TIME:
                 rank = recency_rank(r, rows[b, src[b, i]], rt, obs_times[b], p_ptr, p_idx, p_col, seg_ptr, seg_off,
                                     seg_col, c_time)
             for kk in range(tab_col_ptr[t], tab_col_ptr[t + 1]):

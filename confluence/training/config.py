@@ -12,7 +12,7 @@ JSON file works too. A file may start from a recipe (`extends = "small"`) and ov
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,11 @@ class RunConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
     seed: int = 0  # model initialisation, task choice, seed order and the context walk
+
+    def __post_init__(self) -> None:
+        if self.model.child_rank and not self.sampler.child_rank:
+            # the model reads the ranks the sampler fills: one setting turns both on
+            object.__setattr__(self, "sampler", replace(self.sampler, child_rank=True))
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
