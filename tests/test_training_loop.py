@@ -15,7 +15,7 @@ from confluence.toolkit.checkpoint import read_checkpoint
 from confluence.toolkit.logs import read_scalars
 from confluence.toolkit.mesh import make_mesh, replicate
 from confluence.training.loop import open_stream, train
-from confluence.training.step import shard_inputs
+from confluence.training.step import is_param, shard_inputs
 from tests.fixtures.model import tiny_batch, tiny_db, tiny_model, tiny_run_config, tiny_trainer
 
 STORE_SAMPLER = {"seq_len": 48, "max_rows": 16, "row_buckets": [16], "text_buckets": [64], "width": 4}
@@ -110,9 +110,10 @@ def test_init_from_checkpoint_loads_the_parameters(tiny_store, tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("added", [("copy_head",), ("child_rank",), ("copy_head", "child_rank")])
+@pytest.mark.parametrize("added", [("copy_head",), ("child_rank",), ("copy_head", "child_rank"),
+                                   ("time_reference",), ("copy_head", "time_reference")])
 def test_init_from_a_checkpoint_without_added_parts_loads_the_rest(tiny_store, tmp_path, added):
-    """A run with `model.copy_head` / `model.child_rank` starts from a checkpoint made without them: every other
+    """A run with `model.copy_head` / `child_rank` / `time_reference` starts from a checkpoint made without them: every other
     parameter is the checkpoint's, the added parts are the new run's own initialisation."""
     import dataclasses
 
@@ -133,11 +134,64 @@ def test_init_from_a_checkpoint_without_added_parts_loads_the_rest(tiny_store, t
     for a, b in zip(_leaves(first.params), _leaves(without), strict=True):
         np.testing.assert_array_equal(a, b)
     fresh = RelationalTransformer(new_cfg.model, key=jax.random.key(new_cfg.seed))
+    # this run's tree, static settings included (training combines it with this run's static parts)
+    assert jax.tree.structure(fine.params) == jax.tree.structure(eqx.partition(fresh, is_param)[0])
     for name in added:
         new = _leaves(ADDED_PARTS[name](fine.params))
         assert new
         for a, b in zip(_leaves(ADDED_PARTS[name](fresh)), new, strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+def test_init_from_grafts_added_parts_when_only_parameterless_settings_differ(tiny_store, tmp_path):
+    """`make demo`'s path: the shipped model copies medians (`copy_numbers`, which shapes no parameter) and has no
+    time reference; a run copying means with the time reference still starts from it."""
+    import dataclasses
+
+    import equinox as eqx
+
+    from confluence.training.loop import ADDED_PARTS
+
+    cfg = _cfg(model={**tiny_run_config().to_dict()["model"], "copy_head": True, "copy_numbers": "median"},
+               loop={"max_steps": 3, "ckpt_every": 3, "val_every": 3})
+    with open_stream([tiny_store], cfg) as s:
+        first = train(cfg, s, tmp_path / "a", progress=False)
+    new_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, copy_numbers="mean",
+                                                                 time_reference=True)).with_max_steps(0)
+    with open_stream([tiny_store], new_cfg) as s:
+        fine = train(new_cfg, s, tmp_path / "b", init_from=tmp_path / "a", progress=False)
+    shared = eqx.tree_at(ADDED_PARTS["time_reference"], fine.params, None, is_leaf=lambda x: x is None)
+    for a, b in zip(_leaves(first.params), _leaves(shared), strict=True):
+        np.testing.assert_array_equal(a, b)
+    fresh = eqx.partition(RelationalTransformer(new_cfg.model, key=jax.random.key(0)), is_param)[0]
+    assert jax.tree.structure(fine.params) == jax.tree.structure(fresh)
+    # a setting that shapes parameters still names itself
+    other = dataclasses.replace(new_cfg, model=dataclasses.replace(new_cfg.model, d_model=32, n_heads=2))
+    with open_stream([tiny_store], other) as s, pytest.raises(ConfluenceError, match="d_model"):
+        train(other, s, tmp_path / "c", init_from=tmp_path / "a", progress=False)
+
+
+def test_the_time_reference_changes_nothing_where_no_task_is_a_timestamp(tiny_store, tmp_path):
+    """`model.time_reference` only moves timestamp predictions: trained without the store's timestamp task, every
+    parameter the two models share ends bit for bit as without it (so the planted benchmark, which has no timestamp
+    target, is unchanged by it)."""
+    import dataclasses
+
+    import equinox as eqx
+
+    from confluence.training.loop import ADDED_PARTS
+
+    weights = {"order_time": 0.0}
+    cfg = _cfg(sampler={**STORE_SAMPLER, "task_weights": weights}, loop={"max_steps": 4, "val_every": 4,
+                                                                         "ckpt_every": 4})
+    with_ref = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, time_reference=True))
+    runs = []
+    for i, c in enumerate((cfg, with_ref)):
+        with open_stream([tiny_store], c) as s:
+            runs.append(train(c, s, tmp_path / str(i), progress=False).params)
+    shared = eqx.tree_at(ADDED_PARTS["time_reference"], runs[1], None, is_leaf=lambda x: x is None)
+    for a, b in zip(_leaves(runs[0]), _leaves(shared), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_task_weights_decide_which_tasks_training_draws(tiny_store, tmp_path):

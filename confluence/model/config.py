@@ -62,6 +62,11 @@ class ModelConfig:
     # "median" (their soft weighted median, model.heads.soft_weighted_median: the answer an MAE-scored task wants
     # from a skewed column's labels; docs/decisions.md, "The copy head's numbers")
     copy_numbers: Literal["mean", "median"] = "mean"
+    # True: a timestamp is predicted as a reference the model points at among the context's visible timestamp
+    # cells plus a finely read offset, gated against the seed's head (model.heads.TimeReference), so "the
+    # scheduled time plus a delay" needs no absolute date carried through the model; False is seed 004's absolute
+    # timestamp decoder alone
+    time_reference: bool = False
 
     def __post_init__(self) -> None:
         positive(self, "d_model", "n_layers", "n_heads", "d_t", "d_time", "ffn_multiple", "norm_eps")

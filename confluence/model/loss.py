@@ -121,9 +121,10 @@ def target_loss(
     null_loss = optax.sigmoid_binary_cross_entropy(out.null_logits, is_null)
     num_loss = numeric_point_loss(out.num_preds - inputs["target_numeric"].astype(jnp.float32), cfg)
     bool_loss = optax.sigmoid_binary_cross_entropy(out.bool_logits, inputs["target_bool"].astype(jnp.float32))
-    ts_loss = timestamp_loss(
-        out.ts_preds, inputs["target_timestamp"].astype(jnp.float32), cfg.huber_delta, cfg.ts_scalar_weight
-    )
+    ts_target = inputs["target_timestamp"].astype(jnp.float32)
+    ts_loss = timestamp_loss(out.ts_preds, ts_target, cfg.huber_delta, cfg.ts_scalar_weight)
+    if out.ts_epoch_head is not None:  # the time reference: the heads' own epoch keeps the seed's loss too
+        ts_loss = ts_loss + cfg.ts_scalar_weight * huber(out.ts_epoch_head - ts_target[:, -1], cfg.huber_delta)
     start = inputs["cat_block_start"].astype(jnp.int32)
     count = inputs["cat_count"].astype(jnp.int32)
     logits = categorical_logits(out.cat_preds, encoder, category_table, start, count, cfg.max_k, out.cat_copy,

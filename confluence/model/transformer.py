@@ -14,7 +14,7 @@ from confluence.model.attention import get_attention
 from confluence.model.block import Block, Structure
 from confluence.model.config import ModelConfig
 from confluence.model.encoding import ValueEncoder
-from confluence.model.heads import CopyHead, DecoderHeads, ModelOutput
+from confluence.model.heads import CopyHead, DecoderHeads, ModelOutput, TimeReference
 from confluence.toolkit.layers import RMSNorm, cast_floating
 
 
@@ -25,6 +25,7 @@ class RelationalTransformer(eqx.Module):
     final_norm: RMSNorm
     heads: DecoderHeads
     copy: CopyHead | None
+    time_ref: TimeReference | None
     cfg: ModelConfig = eqx.field(static=True)
 
     def __init__(self, cfg: ModelConfig, *, key: jax.Array):
@@ -37,6 +38,7 @@ class RelationalTransformer(eqx.Module):
         self.heads = DecoderHeads(cfg, key=k_heads)
         self.copy = (CopyHead(cfg.d_model, numbers=cfg.copy_numbers, key=jax.random.fold_in(key, 3))
                      if cfg.copy_head else None)
+        self.time_ref = TimeReference(cfg.d_model, key=jax.random.fold_in(key, 4)) if cfg.time_reference else None
 
     def hidden(
         self, inputs: dict[str, jax.Array], column_table: jax.Array, category_table: jax.Array
@@ -78,10 +80,15 @@ class RelationalTransformer(eqx.Module):
         h_t = jnp.einsum("bs,bsd->bd", onehot, h, preferred_element_type=jnp.float32).astype(h.dtype)
         hn_t = m.final_norm(h_t)
         out = m.heads(hn_t)
-        if m.copy is None:
+        if m.copy is None and m.time_ref is None:
             return out
-        # the copy head's keys need every cell's final-normed state (the generating heads only the target's)
-        return m.copy(out, m.final_norm(h), hn_t, inputs)
+        # the pointers' keys need every cell's final-normed state (the generating heads only the target's)
+        hn = m.final_norm(h)
+        if m.copy is not None:
+            out = m.copy(out, hn, hn_t, inputs)
+        if m.time_ref is not None:  # last: an open gate is the whole epoch (a context time plus an offset)
+            out = m.time_ref(out, hn, hn_t, inputs)
+        return out
 
 
 def target_onehot(is_target: jax.Array, dtype) -> jax.Array:

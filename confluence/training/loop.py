@@ -65,11 +65,15 @@ def _init_params(cfg: RunConfig, init_from: Path | str, like: Any) -> Any:
         return params
     except CheckpointError as exc:
         saved = RunConfig.from_dict(read_checkpoint(init_from).meta.get("config", {})).model
-        added = {name: True for name in ADDED_PARTS if getattr(cfg.model, name) and not getattr(saved, name)}
-        if added and replace(saved, **added) == cfg.model:
-            # a checkpoint made without some added parts (the copy head, the recency-rank rows): every other
-            # parameter loads, the added ones start from this run's initialisation
-            return _graft_added(saved, tuple(added), init_from, like)
+        added = tuple(name for name in ADDED_PARTS if getattr(cfg.model, name) and not getattr(saved, name))
+        if added:
+            # a checkpoint made without some added parts (the copy head, the recency-rank rows, the time reference):
+            # when every other parameter fits (settings that shape no parameter, such as copy_numbers, may differ),
+            # it loads, and the added ones start from this run's initialisation
+            try:
+                return _graft_added(replace(cfg.model, **dict.fromkeys(added, False)), added, init_from, like)
+            except CheckpointError:
+                pass
         diffs = [f"model.{f.name} = {getattr(saved, f.name)!r} there, {getattr(cfg.model, f.name)!r} here"
                  for f in fields(saved) if getattr(saved, f.name) != getattr(cfg.model, f.name)]
         if not diffs:
@@ -83,12 +87,14 @@ def _init_params(cfg: RunConfig, init_from: Path | str, like: Any) -> Any:
 ADDED_PARTS: dict[str, Callable[[Any], Any]] = {
     "copy_head": lambda m: m.copy,
     "child_rank": lambda m: m.encoder.child_rank_emb,
+    "time_reference": lambda m: m.time_ref,
 }
 
 
 def _graft_added(saved_model: Any, added: tuple[str, ...], init_from: Path | str, like: Any) -> Any:
     """`like` (this run's initial parameters) with every parameter but those of the `added` settings from
-    `init_from`, a checkpoint whose model is this one without them."""
+    `init_from`, a checkpoint whose parameters are those of `saved_model` (this run's model without them);
+    CheckpointError when they are not."""
     import equinox as eqx
 
     from confluence.training.step import is_param
@@ -97,7 +103,8 @@ def _graft_added(saved_model: Any, added: tuple[str, ...], init_from: Path | str
     loaded, _ = load_state(init_from, skeleton)
     for name in added:
         loaded = eqx.tree_at(ADDED_PARTS[name], loaded, ADDED_PARTS[name](like), is_leaf=lambda x: x is None)
-    return loaded
+    # the same leaves in this run's tree (whose static settings, e.g. the model config, are this run's)
+    return jax.tree.unflatten(jax.tree.structure(like), jax.tree.leaves(loaded))
 
 
 def saved_position(meta: dict[str, Any]) -> dict[str, Any]:
