@@ -55,8 +55,9 @@ def test_output_structure_and_dtypes():
     assert out.h.shape == (b, s, TINY.d_model) and out.cat_preds.shape == (b, s, TINY.d_model)
     assert out.null_logits.shape == out.num_preds.shape == out.bool_logits.shape == (b, s)
     assert out.ts_preds.shape == (b, s, 15)
-    assert out.cat_copy is None  # the copy head runs at the target cells only (`at_targets`)
-    for x in out[:-1]:
+    # the copy head and the time reference run at the target cells only (`at_targets`)
+    assert out.cat_copy is None and out.ts_epoch_head is None
+    for x in (f for f in out if f is not None):
         assert x.dtype == np.float32 and np.all(np.isfinite(np.asarray(x)))
 
 
