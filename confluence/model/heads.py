@@ -92,6 +92,21 @@ def soft_weighted_median(x: jax.Array, w: jax.Array, tau: float = MEDIAN_SOFTNES
     return jnp.sum(share * x, axis=-1) / jnp.where(total > 0, total, 1.0)
 
 
+def pointer(query: Linear, key: Linear, hn: jax.Array, hn_t: jax.Array, eligible: jax.Array,
+            bias: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """The pointer attention of the copy head and the time reference, in FP32: `softmax(q(hn_t) . k(hn) / sqrt(D)
+    (+ bias))` over the `eligible` cells [B, S]; returns the weights [B, S] (all 0 where no cell is eligible) and
+    whether any cell is [B]."""
+    f32 = jnp.float32
+    q = query(hn_t).astype(f32)
+    k = key(hn).astype(f32)
+    scores = jnp.einsum("bd,bsd->bs", q, k) / math.sqrt(q.shape[-1])
+    if bias is not None:
+        scores = scores + bias
+    scores = jnp.where(eligible, scores, -1e30)
+    return jax.nn.softmax(scores, axis=1) * eligible.astype(f32), jnp.any(eligible, axis=1)
+
+
 class CopyHead(eqx.Module):
     """A pointer from the target cell to the context's visible cells of the same column and type (the labels of
     labelled task rows, the column's other values in the walk), mixed into each typed prediction by a learned gate.
@@ -130,12 +145,7 @@ class CopyHead(eqx.Module):
         st_t = inputs["semantic_types"][bidx, t]
         eligible = (~inputs["is_padding"] & ~inputs["is_null"] & ~is_target
                     & (inputs["column_ids"] == col_t[:, None]) & (inputs["semantic_types"] == st_t[:, None]))
-        q = self.query(hn_t).astype(f32)
-        k = self.key(hn).astype(f32)
-        scores = jnp.einsum("bd,bsd->bs", q, k) / math.sqrt(q.shape[-1])
-        scores = jnp.where(eligible, scores, -1e30)
-        any_el = jnp.any(eligible, axis=1)
-        a = jax.nn.softmax(scores, axis=1) * eligible.astype(f32)  # all zeros where nothing is eligible
+        a, any_el = pointer(self.query, self.key, hn, hn_t, eligible)
         g = jax.nn.sigmoid(self.gate(hn_t).astype(f32)) * any_el[:, None].astype(f32)  # [B, 4]
         if self.numbers == "median":
             num = soft_weighted_median(inputs["numeric_values"], a)
@@ -213,13 +223,8 @@ class TimeReference(eqx.Module):
         eligible = (~inputs["is_padding"] & ~inputs["is_null"] & ~is_target
                     & (inputs["semantic_types"] == int(SemanticType.TIMESTAMP)))
         same_row = (inputs["seq_row_ids"] == row_t[:, None]).astype(f32)
-        q = self.query(hn_t).astype(f32)
-        k = self.key(hn).astype(f32)
-        bias = SAME_ROW_RATE * self.same_row.astype(f32)
-        scores = jnp.einsum("bd,bsd->bs", q, k) / math.sqrt(q.shape[-1]) + bias * same_row
-        scores = jnp.where(eligible, scores, -1e30)
-        any_el = jnp.any(eligible, axis=1)
-        a = jax.nn.softmax(scores, axis=1) * eligible.astype(f32)  # all zeros where nothing is eligible
+        a, any_el = pointer(self.query, self.key, hn, hn_t, eligible,
+                            SAME_ROW_RATE * self.same_row.astype(f32) * same_row)
         g = hard_gate(self.gate(hn_t)[:, 0].astype(f32)) * any_el.astype(f32)  # [B]
         ref = jnp.einsum("bs,bs->b", a, inputs["timestamp_values"][..., -1].astype(f32),
                          precision=jax.lax.Precision.HIGHEST)
