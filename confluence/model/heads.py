@@ -92,6 +92,17 @@ def soft_weighted_median(x: jax.Array, w: jax.Array, tau: float = MEDIAN_SOFTNES
     return jnp.sum(share * x, axis=-1) / jnp.where(total > 0, total, 1.0)
 
 
+def at_target(inputs: dict[str, jax.Array], name: str) -> jax.Array:
+    """[B]: the batch field `name` ([B, S]) at each sequence's target cell."""
+    t = jnp.argmax(inputs["is_target"], axis=1)
+    return inputs[name][jnp.arange(t.shape[0]), t]
+
+
+def visible_cells(inputs: dict[str, jax.Array]) -> jax.Array:
+    """[B, S]: the cells a pointer may read: real, not NULL, not the target (whose value is blanked anyway)."""
+    return ~inputs["is_padding"] & ~inputs["is_null"] & ~inputs["is_target"]
+
+
 def pointer(query: Linear, key: Linear, hn: jax.Array, hn_t: jax.Array, eligible: jax.Array,
             bias: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """The pointer attention of the copy head and the time reference, in FP32: `softmax(q(hn_t) . k(hn) / sqrt(D)
@@ -138,13 +149,9 @@ class CopyHead(eqx.Module):
         """`out`: the heads at the target cells ([B] fields); `hn` [B, S, D] and `hn_t` [B, D]: the final-normed
         hidden states of every cell and of the target cell. Returns `out` with the mixtures applied."""
         f32 = jnp.float32
-        is_target = inputs["is_target"]
-        t = jnp.argmax(is_target, axis=1)
-        bidx = jnp.arange(t.shape[0])
-        col_t = inputs["column_ids"][bidx, t]
-        st_t = inputs["semantic_types"][bidx, t]
-        eligible = (~inputs["is_padding"] & ~inputs["is_null"] & ~is_target
-                    & (inputs["column_ids"] == col_t[:, None]) & (inputs["semantic_types"] == st_t[:, None]))
+        col_t, st_t = at_target(inputs, "column_ids"), at_target(inputs, "semantic_types")
+        eligible = (visible_cells(inputs) & (inputs["column_ids"] == col_t[:, None])
+                    & (inputs["semantic_types"] == st_t[:, None]))
         a, any_el = pointer(self.query, self.key, hn, hn_t, eligible)
         g = jax.nn.sigmoid(self.gate(hn_t).astype(f32)) * any_el[:, None].astype(f32)  # [B, 4]
         if self.numbers == "median":
@@ -216,12 +223,8 @@ class TimeReference(eqx.Module):
         """`out`: the heads at the target cells ([B] fields); `hn` [B, S, D], `hn_t` [B, D]: the final-normed
         hidden states of every cell and of the target cell. Returns `out` with the epoch of `ts_preds` mixed."""
         f32 = jnp.float32
-        is_target = inputs["is_target"]
-        t = jnp.argmax(is_target, axis=1)
-        bidx = jnp.arange(t.shape[0])
-        row_t = inputs["seq_row_ids"][bidx, t]
-        eligible = (~inputs["is_padding"] & ~inputs["is_null"] & ~is_target
-                    & (inputs["semantic_types"] == int(SemanticType.TIMESTAMP)))
+        row_t = at_target(inputs, "seq_row_ids")
+        eligible = visible_cells(inputs) & (inputs["semantic_types"] == int(SemanticType.TIMESTAMP))
         same_row = (inputs["seq_row_ids"] == row_t[:, None]).astype(f32)
         a, any_el = pointer(self.query, self.key, hn, hn_t, eligible,
                             SAME_ROW_RATE * self.same_row.astype(f32) * same_row)
