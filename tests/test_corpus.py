@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -233,6 +234,18 @@ def test_tpch_members_are_train_and_resumable(tmp_path):
     assert corpus.train_stores == [out / "stores" / "db_00000", out / "stores" / "tpch_sf0.01"]
     store = Store.open(out / "stores" / "tpch_sf0.01")
     assert {t.name for t in store.tables} >= {"lineitem", "orders", "customer"} and store.num_rows > 80_000
+    # pretraining reads 8 labelled rows per context (`pretrain-small`): every derived task must say when its
+    # labels become known; the TPC-H next-90-days count once did not, and the first pretraining run over it stopped
+    from confluence.sampler import Sampler, SamplerConfig
+    from confluence.sampler.labels import task_horizon
+
+    tasks = store.meta["database"]["tasks"]
+    assert {n: task_horizon(store, n) for n in tasks}["customer_orders_next_90d"] == 90 * 86_400 * 10**6
+    cfg = SamplerConfig(batch_size=4, seq_len=128, labels=8, prefetch=0)
+    with Sampler([store], cfg, seed=0) as sampler:
+        for name in tasks:
+            e = sampler.entry(name)
+            assert sampler.build(name, np.arange(min(4, len(e.task.obs_time))), context="train") is not None
     before = _digests(out)
     shutil.rmtree(out / "stores" / "tpch_sf0.01")
     again = _build(out, 2, tpch=[0.01])

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from confluence.errors import ConfigError, ConfluenceError
-from confluence.model.inputs import DbTables, batch_to_inputs
+from confluence.model.inputs import DbTables, batch_to_inputs, fitted_max_k, target_max_k
 from confluence.model.transformer import RelationalTransformer
 from confluence.toolkit.checkpoint import read_checkpoint
 from confluence.toolkit.logs import read_scalars
 from confluence.toolkit.mesh import make_mesh, replicate
-from confluence.training.loop import open_stream, train
+from confluence.training.loop import fit_max_k, open_stream, train
 from confluence.training.step import is_param, shard_inputs
 from tests.fixtures.model import tiny_batch, tiny_db, tiny_model, tiny_run_config, tiny_trainer
 
@@ -236,6 +236,20 @@ def test_per_task_sampler_settings_must_name_known_tasks(tiny_store):
 def test_a_too_small_max_k_is_named(tiny_store):
     with open_stream([tiny_store], _cfg()) as s, pytest.raises(ConfluenceError, match="raise `max_k`"):
         DbTables.from_store(s.stores[0], 1)
+
+
+def test_training_widens_a_too_small_max_k_as_evaluation_does(tiny_store, tmp_path):
+    """A categorical target with more classes than the recipe pads to (TPC-H's 150 part types against `small`'s
+    128) trains: `loss.max_k` is doubled until it fits, and the run's saved config holds the width it trained with."""
+    cfg = _cfg(loss={"max_k": 2}, loop={"max_steps": 2, "val_every": 2, "ckpt_every": 2})
+    with open_stream([tiny_store], cfg) as s:
+        k, wide = target_max_k(s.stores[0]), fitted_max_k(2, s.stores)
+        assert 2 < k <= wide and fit_max_k(cfg, s.stores).loss.max_k == wide
+        assert fit_max_k(_cfg(), s.stores) == _cfg()  # wide enough already: unchanged
+        res = train(cfg, s, tmp_path / "run", progress=False)
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["loss"]["max_k"] == wide and res.val_losses
+    assert all(np.isfinite(v) for v in res.val_losses.values())
 
 
 def test_the_store_must_match_the_model_d_t(tiny_store, tmp_path):

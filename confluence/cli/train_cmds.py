@@ -102,15 +102,11 @@ def _run(cfg, out: Path, db: list[Path], heldout_db: list[Path], *, resume: bool
 
     from confluence.toolkit.checkpoint import latest_checkpoint, read_checkpoint
     from confluence.training.config import RunConfig, describe_changes
-    from confluence.training.loop import open_heldout_stream, open_stream, prepare_run_dir, train
+    from confluence.training.loop import fit_max_k, open_heldout_stream, open_stream, prepare_run_dir, train
 
     main = jax.process_index() == 0
     if resume or not force:  # refuse before the stores are opened; --force deletes only in train()
         prepare_run_dir(out, resume=resume, force=False)
-    if resume and main and latest_checkpoint(out) is not None:
-        saved = RunConfig.from_dict(read_checkpoint(out).meta.get("config", {}))
-        for line in describe_changes(saved, cfg):
-            typer.echo(f"resume: setting changed since the checkpoint: {line}")
     if main:
         typer.echo(f"training: {describe_schedule(cfg)}"
                    + (f" on {len(db)} database(s), {len(heldout_db)} held out" if heldout_db else ""))
@@ -118,6 +114,15 @@ def _run(cfg, out: Path, db: list[Path], heldout_db: list[Path], *, resume: bool
     held = None
     try:
         held = open_heldout_stream(heldout_db, cfg) if heldout_db else None
+        fitted = fit_max_k(cfg, list(stream.stores) + (list(held.stores) if held is not None else []))
+        if main and fitted.loss.max_k != cfg.loss.max_k:
+            typer.echo(f"loss.max_k: {cfg.loss.max_k} -> {fitted.loss.max_k} (a categorical target has more classes "
+                       "than the recipe pads to)")
+        cfg = fitted
+        if resume and main and latest_checkpoint(out) is not None:
+            saved = RunConfig.from_dict(read_checkpoint(out).meta.get("config", {}))
+            for line in describe_changes(saved, cfg):
+                typer.echo(f"resume: setting changed since the checkpoint: {line}")
         return train(cfg, stream, out, resume=resume, init_from=init_from, progress=not no_progress, force=force,
                      heldout=held)
     finally:

@@ -20,7 +20,7 @@ import numpy as np
 
 from confluence.batch import TrainingBatch
 from confluence.errors import ConfluenceError
-from confluence.model.inputs import DbTables, batch_to_inputs, pow2_at_least, target_max_k
+from confluence.model.inputs import DbTables, batch_to_inputs, fitted_max_k
 from confluence.model.loss import categorical_logits
 from confluence.model.transformer import RelationalTransformer
 from confluence.sampler.data import TaskData
@@ -101,7 +101,7 @@ class Predictor:
         sconf = replace(cfg.sampler, batch_size=batch_size or cfg.sampler.batch_size, threads=threads, tasks=None)
         self.stream = BatchStream(Sampler([self.store], sconf, seed=cfg.seed))
         # a store's categorical target may have more categories than any the checkpoint saw: widen the block
-        self.max_k = pow2_at_least(max(cfg.loss.max_k, target_max_k(self.store)), minimum=cfg.loss.max_k)
+        self.max_k = fitted_max_k(cfg.loss.max_k, [self.store])
         tables = DbTables.from_store(self.store, self.max_k, cfg.model.category_codes,
                                      cfg.model.category_codes_by)
         self.col_tab, self.cat_tab = jnp.asarray(tables.column_embeddings), jnp.asarray(tables.categorical_embeddings)

@@ -192,3 +192,10 @@ def target_max_k(store: Any) -> int:
     (The store's `max_k` also counts categorical input columns, which never need a loss over their block.)"""
     return max((int(t.cat_count) for t in store.tasks if int(t.target_stype) == int(SemanticType.CATEGORICAL)),
                default=0)
+
+
+def fitted_max_k(max_k: int, stores: Any) -> int:
+    """The categorical block's width for `stores`: `max_k`, doubled until every categorical task target fits (a
+    TPC-H part type has 150 classes, `small` pads to 128). Training and inference widen it the same way; the width
+    shapes no parameter, only the padded logits."""
+    return pow2_at_least(max([max_k, *(target_max_k(s) for s in stores)]), minimum=max_k)

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from confluence.errors import ConfluenceError
-from confluence.model.inputs import DbTables, batch_to_inputs
+from confluence.model.inputs import DbTables, batch_to_inputs, fitted_max_k
 from confluence.model.transformer import RelationalTransformer
 from confluence.sampler.stream import BatchStream
 from confluence.stypes import SemanticType
@@ -51,6 +51,14 @@ def _check_stream(cfg: RunConfig, stream: BatchStream) -> None:
         if d_t != cfg.model.d_t:
             raise ConfluenceError(f"database {store.name!r}: its embeddings have D_t={d_t} but the model config has "
                                   f"d_t={cfg.model.d_t}; set model.d_t to match the store")
+
+
+def fit_max_k(cfg: RunConfig, stores: list[Any]) -> RunConfig:
+    """`cfg` with `loss.max_k` widened (doubled) until every categorical target of `stores` fits, as evaluation
+    widens it: a database whose target has more classes than the recipe pads to trains without a setting to edit,
+    and the run's saved config holds the width it trained with."""
+    k = fitted_max_k(cfg.loss.max_k, stores)
+    return cfg if k == cfg.loss.max_k else replace(cfg, loss=replace(cfg.loss, max_k=k))
 
 
 def _init_params(cfg: RunConfig, init_from: Path | str, like: Any) -> Any:
@@ -177,6 +185,7 @@ def train(
         if clash:
             raise ConfluenceError(f"held-out database(s) {clash} are also training databases: a held-out loss "
                                   "would not measure transfer")
+    cfg = fit_max_k(cfg, list(stream.stores) + (list(heldout.stores) if heldout is not None else []))
     prepare_run_dir(out_dir, resume=resume, force=force)
     mesh = mesh or make_mesh()
     loop = cfg.loop
