@@ -13,18 +13,8 @@
 # Results land in $OUT (or ./gpu_out when OUT is unset): one JSON / log per part, and summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu_out}
-mkdir -p "$OUT"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || { echo "installing .whl failed"; exit 1; }
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
-fi
-export PYTHONUNBUFFERED=1
-PY=${PY:-python3}
-CLI="$PY -m confluence.cli.main"
+# shellcheck source=scripts/gpu_env.sh
+source scripts/gpu_env.sh
 log() { echo "== $(date -u +%FT%TZ) $*" | tee -a "$OUT/summary.txt"; }
 
 log "machine: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null)"

@@ -16,18 +16,8 @@
 # says so: its cosine schedule did not finish, so prefer a STEPS that ends inside MINUTES.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu_out}
-mkdir -p "$OUT"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || { echo "installing .whl failed"; exit 1; }
-  export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
-else
-  export PYTHONPATH=$PWD
-fi
-export PYTHONUNBUFFERED=1
-PY=${PY:-python3}
-CLI="$PY -m confluence.cli.main"
+# shellcheck source=scripts/gpu_env.sh
+source scripts/gpu_env.sh
 DBS=${DBS:-400}
 STEPS=${STEPS:-40000}
 RECIPE=${RECIPE:-pretrain-small}

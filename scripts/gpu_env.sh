@@ -1,0 +1,15 @@
+# Sourced by the GPU scripts (gpu_measure.sh, gpu_pretrain.sh) from the repository root: $OUT (./gpu_out when
+# unset), the carried wheels of .whl/ (scripts/gpu_wheels.sh) installed into /tmp/site and put on PYTHONPATH and
+# PATH (tpchgen-cli is a program), unbuffered Python, $PY and $CLI.
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "installing .whl failed"; exit 1; }
+  export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
+else
+  export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1
+PY=${PY:-python3}
+CLI="$PY -m confluence.cli.main"
