@@ -53,7 +53,7 @@ EOF
 $CLI pretrained export /tmp/gpu_pt --name gpu --info /tmp/gpu_card.json --to /tmp/gpu_ship 2>&1 | tail -3 | tee -a "$LOG"
 cp /tmp/gpu_ship/gpu/* "$OUT"/ 2>/dev/null || log "export failed: no model"
 cp /tmp/gpu_pt/scalars.csv /tmp/gpu_pt/config.json "$OUT"/ 2>/dev/null
-$PY - <<'EOF' 2>&1 | tee -a "$LOG"
+[ -f /tmp/gpu_pt/scalars.csv ] && $PY - <<'EOF' 2>&1 | tee -a "$LOG"
 import csv
 rows = [r for r in csv.DictReader(open("/tmp/gpu_pt/scalars.csv"))]
 held = [(int(r["step"]), float(r["value"])) for r in rows if r["tag"] == "heldout/loss"]

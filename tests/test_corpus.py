@@ -238,9 +238,10 @@ def test_tpch_members_are_train_and_resumable(tmp_path):
     # labels become known; the TPC-H next-90-days count once did not, and the first pretraining run over it stopped
     from confluence.sampler import Sampler, SamplerConfig
     from confluence.sampler.labels import task_horizon
+    from confluence.stypes import US_PER_DAY
 
     tasks = store.meta["database"]["tasks"]
-    assert {n: task_horizon(store, n) for n in tasks}["customer_orders_next_90d"] == 90 * 86_400 * 10**6
+    assert {n: task_horizon(store, n) for n in tasks}["customer_orders_next_90d"] == 90 * US_PER_DAY
     cfg = SamplerConfig(batch_size=4, seq_len=128, labels=8, prefetch=0)
     with Sampler([store], cfg, seed=0) as sampler:
         for name in tasks:

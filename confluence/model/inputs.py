@@ -14,7 +14,7 @@ forward pass can mix the truth in, under any XLA fusion or backend.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -194,7 +194,7 @@ def target_max_k(store: Any) -> int:
                default=0)
 
 
-def fitted_max_k(max_k: int, stores: Any) -> int:
+def fitted_max_k(max_k: int, stores: Iterable[Any]) -> int:
     """The categorical block's width for `stores`: `max_k`, doubled until every categorical task target fits (a
     TPC-H part type has 150 classes, `small` pads to 128). Training and inference widen it the same way; the width
     shapes no parameter, only the padded logits."""
