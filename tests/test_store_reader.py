@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import numpy as np
@@ -41,7 +42,7 @@ def test_bits_roundtrip_little_endian():
 
 def test_open_is_read_only_and_typed(built):
     s = Store.open(built)
-    assert isinstance(s.row_time, np.memmap) and not s.row_time.flags.writeable
+    assert not s.row_time.flags.writeable
     with pytest.raises(ValueError):
         s.row_time[0] = 1
     assert s.row_time.dtype == np.int64 and s.parent_column.dtype == np.int32
@@ -108,3 +109,26 @@ def test_not_a_store(tmp_path):
     (tmp_path / "metadata.json").write_text("{")
     with pytest.raises(StoreError, match="unreadable store metadata"):
         Store.open(tmp_path)
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_small_arrays_hold_no_file_descriptor_and_large_ones_are_mapped(built, monkeypatch):
+    """A corpus opens hundreds of stores in one process: small arrays are read, not mapped (a map holds a descriptor
+    while it lives), so opening many stores does not exhaust the process's descriptors; large arrays stay mapped."""
+    import confluence.store.reader as reader
+
+    before = _open_fds()
+    stores = [Store.open(built) for _ in range(20)]
+    assert _open_fds() - before == 0
+    assert not isinstance(stores[0].row_time, np.memmap) and not stores[0].row_time.flags.writeable
+    monkeypatch.setattr(reader, "MMAP_MIN_BYTES", 1)
+    mapped = Store.open(built)
+    assert isinstance(mapped.row_time, np.memmap) and not mapped.row_time.flags.writeable
+    assert _open_fds() > before
+    assert np.array_equal(mapped.row_time, stores[0].row_time)
+    assert np.array_equal(mapped.values("orders", "ordered_at"), stores[0].values("orders", "ordered_at"),
+                          equal_nan=True)

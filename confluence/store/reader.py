@@ -6,6 +6,7 @@ and shape, so a truncated or foreign store fails with a `StoreError` naming the 
 
 from __future__ import annotations
 
+import errno
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -271,8 +272,16 @@ class Store:
         return f"Store({str(self.path)!r}, tables={len(self.tables)}, rows={self.num_rows}, tasks={len(self.tasks)})"
 
 
+# Arrays smaller than this are read into memory (read-only) rather than memory-mapped: a memory map holds an open
+# file descriptor for as long as it lives, a store has ~100-200 small files, and a corpus of a few hundred stores
+# opened by one pretraining run passed the usual 1,024-20,000 descriptors a process may hold (measured on the GPU
+# machine, 2026-11-24: `Too many open files` at 200 databases). Large arrays stay mapped (pages loaded on demand).
+MMAP_MIN_BYTES = 1 << 20
+
+
 def _open_array(root: Path, rel: str, spec: dict[str, Any]) -> np.ndarray:
-    """Map one listed file read-only and check it against its recorded dtype and shape."""
+    """Open one listed file read-only (memory-mapped when at least `MMAP_MIN_BYTES`, else read into memory) and
+    check it against its recorded dtype and shape."""
     file = root / rel
     if not file.is_file():
         raise StoreError(f"{root}: missing file '{rel}' listed in {fmt.METADATA_FILE}")
@@ -300,4 +309,14 @@ def _open_array(root: Path, rel: str, spec: dict[str, Any]) -> np.ndarray:
         arr = np.zeros(want_shape, dtype=want_dtype)
         arr.flags.writeable = False
         return arr
-    return np.load(file, mmap_mode="r")
+    if expected < MMAP_MIN_BYTES:
+        arr = np.load(file)
+        arr.flags.writeable = False
+        return arr
+    try:
+        return np.load(file, mmap_mode="r")
+    except OSError as exc:
+        if exc.errno == errno.EMFILE:
+            raise StoreError(f"{root}: cannot map '{rel}': this process has too many open files ({exc.strerror}); "
+                             "raise the limit (`ulimit -n`) or open fewer stores at once") from None
+        raise
