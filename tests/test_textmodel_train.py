@@ -4,6 +4,7 @@ devices, the trained encoder as a frozen TextEncoder, and a processed store buil
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -87,6 +88,22 @@ def test_resume_continues_identically(run: Path, data: Path, tmp_path: Path) -> 
     # another configuration in the same run directory is refused
     with pytest.raises(ConfluenceError, match="another configuration"):
         train_text(data, out, cfg.replace(sigreg_weight=0.5))
+
+
+def test_ctrl_c_checkpoints_the_step_in_flight_and_resumes_identically(run: Path, data: Path, tmp_path: Path) -> None:
+    """SIGINT (Ctrl-C) ends training after the step in flight with a checkpoint of it; resuming ends where an
+    uninterrupted run ends."""
+    out = tmp_path / "interrupted"
+    cfg = _cfg(data)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train_text(data, out, cfg, progress=lambda row: os.kill(os.getpid(), signal.SIGINT))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert latest_checkpoint(out).name == f"step_{1:08d}"  # the first step (progress reports it), nothing later
+    train_text(data, out, cfg)
+    assert (latest_checkpoint(run) / STATE_FILE).read_bytes() == (latest_checkpoint(out) / STATE_FILE).read_bytes()
 
 
 def test_trained_encoder_is_a_frozen_text_encoder(run: Path) -> None:

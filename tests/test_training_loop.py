@@ -2,6 +2,8 @@
 equals an uninterrupted run; fine-tuning initialisation; task weights; gradient accumulation; errors."""
 
 import json
+import os
+import signal
 from collections import Counter
 
 import jax
@@ -12,6 +14,7 @@ from confluence.errors import ConfigError, ConfluenceError
 from confluence.model.inputs import DbTables, batch_to_inputs, fitted_max_k, target_max_k
 from confluence.model.transformer import RelationalTransformer
 from confluence.toolkit.checkpoint import read_checkpoint
+from confluence.toolkit.interrupt import StepBoundaryInterrupt
 from confluence.toolkit.logs import read_scalars
 from confluence.toolkit.mesh import make_mesh, replicate
 from confluence.training.loop import fit_max_k, open_stream, train
@@ -87,6 +90,58 @@ def test_train_kill_resume_equals_uninterrupted(tiny_store, tmp_path, sampler):
         assert set(meta["stream"]["streams"]) == {e.key for e in s.tasks} and "tasks" in meta["stream"]
     assert not list((tmp_path / "full" / "checkpoints").glob(".tmp*"))
     assert "val/bookstore/order_rating/loss" in read_scalars(tmp_path / "full" / "scalars.csv")
+
+
+@pytest.fixture
+def python_sigint():
+    """Python's own SIGINT handler in place (as in a terminal), whatever the test runner set."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_after_the_step_in_flight_and_resumes_exactly(tiny_store, tmp_path, python_sigint, monkeypatch):
+    """SIGINT while a step runs (Ctrl-C, `timeout -s INT`) ends the run after that step with a checkpoint of it (a
+    KeyboardInterrupt raised inside the step would leave its donated state deleted: no checkpoint could be written),
+    and resuming it gives the uninterrupted run's parameters."""
+    from confluence.training.step import Trainer
+
+    cfg = _cfg(loop={"max_steps": 6, "ckpt_every": 3, "val_every": 3})
+    with open_stream([tiny_store], cfg) as s:
+        full = train(cfg, s, tmp_path / "full", progress=False)
+    real_step = Trainer.step
+
+    def step_interrupted(self, params, opt_state, micro, step):
+        out = real_step(self, params, opt_state, micro, step)  # the inputs are donated by now
+        if step == 3:  # the fourth step
+            os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+    monkeypatch.setattr(Trainer, "step", step_interrupted)
+    with pytest.raises(KeyboardInterrupt), open_stream([tiny_store], cfg) as s:
+        train(cfg, s, tmp_path / "cut", progress=False)
+    monkeypatch.setattr(Trainer, "step", real_step)
+    assert read_checkpoint(tmp_path / "cut").step == 4  # the step in flight, not the last periodic one (3)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the run's handler is gone
+    with open_stream([tiny_store], cfg) as s:
+        resumed = train(cfg, s, tmp_path / "cut", resume=True, progress=False)
+    for a, b in zip(_leaves(full.params), _leaves(resumed.params), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_step_boundary_interrupt_records_the_first_sigint_and_raises_on_the_second(python_sigint):
+    with StepBoundaryInterrupt() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.requested
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a background job: SIGINT ignored, and left so
+    with StepBoundaryInterrupt() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert not stop.requested
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
 def test_the_stream_position_continues_the_same_batches(tiny_store):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -126,6 +126,36 @@ class DbTables:
         values = category_values(store) if category_codes and category_codes_by == "value" else None
         return cls.build(store.name, np.asarray(store.column_embeddings), np.asarray(store.categorical_embeddings),
                          target_max_k(store), model_max_k, category_codes, values)
+
+
+PAD_ALIKE_MIN_BYTES = 512 << 20  # pad_alike may always use this much memory in all
+
+
+def pad_alike(tables: Sequence[DbTables]) -> list[DbTables]:
+    """The tables of a run's databases padded to one shape (the largest column and category tables among them), so
+    that the step compiles once for all of them rather than once per table-shape bucket. Padding rows are zeros that
+    no id points at, so results do not change (tests/test_model_inputs.py). Measured on the GPU machine
+    (2026-11-24): a pretraining run over 393 databases spent its first minutes compiling (docs/pretraining.md).
+    Where one database's tables are far larger than the others' (the padded total would pass both
+    `PAD_ALIKE_MIN_BYTES` and 4x the unpadded total) the tables stay as they are: one compile per bucket."""
+    if not tables:
+        return []
+    c_pad = max(t.column_embeddings.shape[0] for t in tables)
+    v_pad = max(t.categorical_embeddings.shape[0] for t in tables)
+    now = sum(t.column_embeddings.nbytes + t.categorical_embeddings.nbytes for t in tables)
+    row_bytes = tables[0].column_embeddings.shape[1] * tables[0].column_embeddings.itemsize
+    if len(tables) * (c_pad + v_pad) * row_bytes > max(PAD_ALIKE_MIN_BYTES, 4 * now):
+        return list(tables)
+
+    def grow(a: np.ndarray, rows: int) -> np.ndarray:
+        if a.shape[0] == rows:
+            return a
+        out = np.zeros((rows, a.shape[1]), a.dtype)
+        out[: a.shape[0]] = a
+        return out
+
+    return [replace(t, column_embeddings=grow(t.column_embeddings, c_pad),
+                    categorical_embeddings=grow(t.categorical_embeddings, v_pad)) for t in tables]
 
 
 IDENTITY_SEED = 20261123

@@ -38,6 +38,7 @@ from confluence.textmodel.model import TextTransformer
 from confluence.textmodel.objective import BATCH_KEYS, compute_losses, host_batch, metric_names
 from confluence.textmodel.views import make_views, view_seed
 from confluence.toolkit.checkpoint import latest_checkpoint, load_state, save_checkpoint
+from confluence.toolkit.interrupt import StepBoundaryInterrupt
 from confluence.toolkit.layers import cast_floating
 from confluence.toolkit.logs import ScalarLog
 from confluence.toolkit.memory import check_fits
@@ -244,7 +245,8 @@ def train_text(data_dir: str | Path, run_dir: str | Path, cfg: TextRunConfig, *,
     t0 = time.perf_counter()
     step = start
     try:
-        with Prefetcher(batches, capacity=2, name="text-batches") as prepared:
+        # Ctrl-C stops after the step in flight, with a checkpoint of it (toolkit/interrupt.py)
+        with Prefetcher(batches, capacity=2, name="text-batches") as prepared, StepBoundaryInterrupt() as stop:
             for step_idx, batch in prepared:
                 step_arg = jnp.asarray(step_idx, jnp.int32)
                 if cache_key not in _COMPILED:  # compile once, and say so if the step cannot fit the device
@@ -264,10 +266,12 @@ def train_text(data_dir: str | Path, run_dir: str | Path, cfg: TextRunConfig, *,
                     if progress is not None:
                         progress(row)
                 stopping = stop_after is not None and step >= stop_after
-                if step % cfg.checkpoint_every == 0 or step == total_steps or stopping:
+                if step % cfg.checkpoint_every == 0 or step == total_steps or stopping or stop.requested:
                     save_checkpoint(run, step, params, opt_state,
                                     {"config": cfg_json, "batches_consumed": step, "total_steps": total_steps},
                                     keep=cfg.keep_checkpoints, files={TOKENIZER_FILE: run / TOKENIZER_FILE})
+                if stop.requested:
+                    raise KeyboardInterrupt
                 if stopping:
                     break
     finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -15,11 +16,12 @@ import jax
 import numpy as np
 
 from confluence.errors import ConfluenceError
-from confluence.model.inputs import DbTables, batch_to_inputs, fitted_max_k
+from confluence.model.inputs import DbTables, batch_to_inputs, fitted_max_k, pad_alike
 from confluence.model.transformer import RelationalTransformer
 from confluence.sampler.stream import BatchStream
 from confluence.stypes import SemanticType
 from confluence.toolkit.checkpoint import latest_checkpoint, load_state, read_checkpoint, save_checkpoint
+from confluence.toolkit.interrupt import StepBoundaryInterrupt
 from confluence.toolkit.logs import ScalarLog, plot_scalars
 from confluence.toolkit.mesh import make_mesh, replicate
 from confluence.toolkit.progress import StepBar
@@ -210,22 +212,27 @@ def train(
         (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
 
     params, opt_state = replicate(params, mesh), replicate(opt_state, mesh)
-    def device_tables(stores: list[Any]) -> list[Any]:
-        tabs = (DbTables.from_store(s, cfg.loss.max_k, cfg.model.category_codes, cfg.model.category_codes_by) for s in stores)
-        return [replicate((t.column_embeddings, t.categorical_embeddings), mesh) for t in tabs]
-
-    dev_tables = device_tables(stream.stores)
-    held_tables = device_tables(heldout.stores) if heldout is not None else []
+    # every database's tables padded to one shape: the step compiles once, not once per table-size bucket
+    all_stores = list(stream.stores) + (list(heldout.stores) if heldout is not None else [])
+    tables = pad_alike([DbTables.from_store(s, cfg.loss.max_k, cfg.model.category_codes, cfg.model.category_codes_by)
+                        for s in all_stores])
+    on_device = [replicate((t.column_embeddings, t.categorical_embeddings), mesh) for t in tables]
+    dev_tables, held_tables = on_device[: len(stream.stores)], on_device[len(stream.stores):]
     log = ScalarLog(out_dir / "scalars.csv" if main else None, truncate_after_step=step if resume else None)
+
+    saved = [-1]  # the step last checkpointed
 
     def checkpoint(at: int) -> None:
         meta = {"config": cfg.to_dict(), "stream": stream.position(), "databases": [s.name for s in stream.stores],
                 "heldout_databases": [s.name for s in heldout.stores] if heldout is not None else []}
         save_checkpoint(out_dir, at, params, opt_state, meta, keep=loop.keep_checkpoints)
+        saved[0] = at
 
-    def val_losses(s: BatchStream, tabs: list[Any], prefix: str) -> dict[str, float]:
+    def val_losses(s: BatchStream, tabs: list[Any], prefix: str, databases: set[int] | None = None) -> dict[str, float]:
         res = {}
         for e in s.tasks:
+            if databases is not None and e.db_idx not in databases:
+                continue
             tot, n = 0.0, 0.0
             for b in s.split("val", e.task.name, e.db_idx, max_batches=loop.val_batches):
                 loss, w = trainer.eval_loss(params, shard_inputs(batch_to_inputs(b), mesh), *tabs[e.db_idx])
@@ -236,7 +243,7 @@ def train(
         return res
 
     def validate() -> dict[str, float]:
-        res = val_losses(stream, dev_tables, "val")
+        res = val_losses(stream, dev_tables, "val", val_subset(len(stream.stores), loop.val_databases))
         if heldout is not None:
             held = val_losses(heldout, held_tables, "heldout")
             if held:
@@ -251,51 +258,60 @@ def train(
     if step == 0 and stop_at > 0:
         log.write(0, validate())  # the untrained model's validation loss, as a baseline
     try:
-        while step < stop_at:
-            micro, stypes = [], []
-            for _ in range(loop.grad_accum):
-                t0 = time.perf_counter()
-                batch = stream.next_train()
-                window_wait += time.perf_counter() - t0
-                window_cells += int((~batch.is_padding).sum())
-                stypes.append(SemanticType(int(batch.target_stype)).label)
-                micro.append((shard_inputs(batch_to_inputs(batch), mesh), *dev_tables[batch.db_idx]))
-            params, opt_state, m = trainer.step(params, opt_state, micro, step)
-            step += 1
-            window_losses.append((stypes[0] if len(set(stypes)) == 1 else "mixed", m.loss))
-            scalars: dict[str, float] = {}
-            if step % loop.log_every == 0 or step == stop_at:
-                loss = _scalar(m.loss)
-                elapsed = time.perf_counter() - window_t0
-                per_type: dict[str, list[float]] = {}
-                for st, v in window_losses:
-                    per_type.setdefault(st, []).append(_scalar(v))
-                scalars = {f"train/loss_{st}": float(np.mean(v)) for st, v in sorted(per_type.items())}
-                scalars |= {
-                    "train/loss": loss, "train/null_loss": _scalar(m.null_loss),
-                    "train/type_loss": _scalar(m.type_loss), "train/grad_norm": _scalar(m.grad_norm),
-                    "lr/muon": cfg.optim.lr_muon * _scalar(m.lr_scale), "lr/adamw": cfg.optim.lr_adamw * _scalar(m.lr_scale),
-                    "perf/cells_per_s": window_cells / max(elapsed, 1e-9), "perf/sampler_wait_s": window_wait,
-                    "perf/sampler_wait_frac": window_wait / max(elapsed, 1e-9),
-                }
-                result.history.append((step, loss))
-                result.last_loss = loss
-                log.write(step, scalars)
-                window_cells, window_wait, window_t0 = 0, 0.0, time.perf_counter()
-                window_losses = []
-            if step % loop.val_every == 0 or step == stop_at:
-                val = validate()
-                log.write(step, val)
-                result.val_losses = val
-                scalars.update(val)
-            if step % loop.ckpt_every == 0 or step == stop_at:
-                checkpoint(step)
-            if bar is not None:
-                bar.update(step, result.last_loss)
-            if on_step is not None:
-                on_step(step, scalars)
+        with StepBoundaryInterrupt() as stop:  # Ctrl-C stops after the step in flight (toolkit/interrupt.py)
+            while step < stop_at:
+                micro, stypes = [], []
+                for _ in range(loop.grad_accum):
+                    t0 = time.perf_counter()
+                    batch = stream.next_train()
+                    window_wait += time.perf_counter() - t0
+                    window_cells += int((~batch.is_padding).sum())
+                    stypes.append(SemanticType(int(batch.target_stype)).label)
+                    micro.append((shard_inputs(batch_to_inputs(batch), mesh), *dev_tables[batch.db_idx]))
+                params, opt_state, m = trainer.step(params, opt_state, micro, step)
+                step += 1
+                window_losses.append((stypes[0] if len(set(stypes)) == 1 else "mixed", m.loss))
+                scalars: dict[str, float] = {}
+                if step % loop.log_every == 0 or step == stop_at:
+                    loss = _scalar(m.loss)
+                    elapsed = time.perf_counter() - window_t0
+                    per_type: dict[str, list[float]] = {}
+                    for st, v in window_losses:
+                        per_type.setdefault(st, []).append(_scalar(v))
+                    scalars = {f"train/loss_{st}": float(np.mean(v)) for st, v in sorted(per_type.items())}
+                    scalars |= {
+                        "train/loss": loss, "train/null_loss": _scalar(m.null_loss),
+                        "train/type_loss": _scalar(m.type_loss), "train/grad_norm": _scalar(m.grad_norm),
+                        "lr/muon": cfg.optim.lr_muon * _scalar(m.lr_scale), "lr/adamw": cfg.optim.lr_adamw * _scalar(m.lr_scale),
+                        "perf/cells_per_s": window_cells / max(elapsed, 1e-9), "perf/sampler_wait_s": window_wait,
+                        "perf/sampler_wait_frac": window_wait / max(elapsed, 1e-9),
+                    }
+                    result.history.append((step, loss))
+                    result.last_loss = loss
+                    log.write(step, scalars)
+                    window_cells, window_wait, window_t0 = 0, 0.0, time.perf_counter()
+                    window_losses = []
+                if step % loop.val_every == 0 or step == stop_at:
+                    val = validate()
+                    log.write(step, val)
+                    result.val_losses = val
+                    scalars.update(val)
+                if step % loop.ckpt_every == 0 or step == stop_at:
+                    checkpoint(step)
+                if bar is not None:
+                    bar.update(step, result.last_loss)
+                if on_step is not None:
+                    on_step(step, scalars)
+                if stop.requested:
+                    if saved[0] != step:
+                        checkpoint(step)
+                    raise KeyboardInterrupt
     except KeyboardInterrupt:
-        checkpoint(step)  # a user's Ctrl-C keeps everything done so far
+        if saved[0] != step:  # a user's Ctrl-C keeps everything done so far
+            try:
+                checkpoint(step)
+            except RuntimeError as exc:  # a second Ctrl-C inside a step: its donated state is gone
+                warnings.warn(f"no checkpoint at step {step} ({exc}); the last one written stands", stacklevel=2)
         raise
     finally:
         log.close()
@@ -312,6 +328,13 @@ def open_heldout_stream(paths: list[Path], cfg: RunConfig) -> BatchStream:
     those databases (the run's task list and weights name its training databases' tasks)."""
     return BatchStream.open(paths, replace(cfg.sampler, tasks=None, task_weights=None), seed=cfg.seed,
                             rank=jax.process_index(), world_size=jax.process_count())
+
+
+def val_subset(n: int, k: int) -> set[int] | None:
+    """The training databases a run validates on: `k` of `n`, evenly spaced (None: all, when k is 0 or >= n)."""
+    if k <= 0 or k >= n:
+        return None
+    return {i * n // k for i in range(k)}
 
 
 def open_stream(paths: list[Path], cfg: RunConfig) -> BatchStream:
