@@ -10,37 +10,48 @@
 #
 # Usage, here: `scripts/gpu_wheels.sh` once (wheels the GPU image lacks, into .whl/), then through the device tool:
 #   run(command="scripts/gpu_measure.sh", carry=[".whl"], timeout_s=600)
+# Each part has its own time limit (T1 250 s, T1B 45, T2 60 + T2B 75, T3 40, T4 80: inside the call's 600 s), so a
+# slow part cannot take the others' time; what a part printed before its limit is kept.
 # Results land in $OUT (or ./gpu_out when OUT is unset): one JSON / log per part, and summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/gpu_env.sh
 source scripts/gpu_env.sh
 log() { echo "== $(date -u +%FT%TZ) $*" | tee -a "$OUT/summary.txt"; }
+PARTS=${PARTS:-1 2 3 4}  # which parts to run (e.g. PARTS="2 4" in a short call)
+part() { [[ " $PARTS " == *" $1 "* ]]; }
 
 log "machine: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null)"
 log "jax: $($PY -c 'import jax, jaxlib; print(jax.__version__, jaxlib.__version__, jax.devices())')"
 
+if part 1; then
 log "1. bench train base (block-sparse kernel)"
-$CLI bench train --config base --steps 10 --windows 5 --breakdown --json "$OUT/train_base_kernel.json" \
+timeout -s INT "${T1:-250}" $CLI bench train --config base --steps 10 --windows 5 --breakdown --json "$OUT/train_base_kernel.json" \
   2>&1 | tee "$OUT/train_base_kernel.log" | tail -20 | tee -a "$OUT/summary.txt"
 log "1b. bench train base (dense reference attention)"
-$CLI bench train --config base --steps 5 --windows 3 --set model.attention_impl=reference \
+timeout -s INT "${T1B:-45}" $CLI bench train --config base --steps 5 --windows 3 --set model.attention_impl=reference \
   --json "$OUT/train_base_reference.json" 2>&1 | tail -12 | tee -a "$OUT/summary.txt"
 
+fi
+
+if part 2; then
 log "2. demo store and bench attention on its batches"
 STORE=/tmp/gpu_demo/store
-$PY - <<'EOF' 2>&1 | tail -3 | tee -a "$OUT/summary.txt"
+timeout "${T2:-60}" $PY - <<'EOF' 2>&1 | tail -3 | tee -a "$OUT/summary.txt"
 from confluence.demo import build_nycflights13, demo_metadata_path
 from confluence.preprocess.pipeline import preprocess
 from confluence.textenc.default import StaticEncoder
 preprocess(build_nycflights13("/tmp/gpu_demo/raw"), demo_metadata_path(), "/tmp/gpu_demo/store", encoder=StaticEncoder())
 print("store built")
 EOF
-$CLI bench attention --store "$STORE" -s 1024 -s 4096 --no-train --json "$OUT/attention_demo.json" \
+timeout -s INT "${T2B:-75}" $CLI bench attention --store "$STORE" -s 1024 -s 4096 --no-train --json "$OUT/attention_demo.json" \
   2>&1 | tail -40 | tee -a "$OUT/summary.txt"
 
+fi
+
+if part 3; then
 log "3. text-base: step memory and three steps"
-$PY - <<'EOF' 2>&1 | tail -8 | tee -a "$OUT/summary.txt"
+timeout "${T3:-40}" $PY - <<'EOF' 2>&1 | tail -8 | tee -a "$OUT/summary.txt"
 import pathlib, shutil, sys, time
 sys.path.insert(0, ".")
 from tests.fixtures.text import write_tiny_corpus
@@ -64,9 +75,13 @@ hist = T.train_text(root / "data", root / "run", cfg)
 print(f"text-base: 3 steps in {time.perf_counter() - t:.1f} s (compile included)")
 EOF
 
+fi
+
+if part 4; then
 log "4. tests on the CUDA backend"
 $PY -m pip list 2>/dev/null | grep -i -E "^(pytest|hypothesis) " >/dev/null || echo "pytest / hypothesis missing" | tee -a "$OUT/summary.txt"
-JAX_PLATFORMS=cuda timeout 240 $PY -m pytest -q -x -p no:cacheprovider tests/test_kernel_attention.py \
+JAX_PLATFORMS=cuda timeout "${T4:-80}" $PY -m pytest -q -x -p no:cacheprovider tests/test_kernel_attention.py \
   tests/test_kernel_model.py tests/test_kernel_real_batch.py tests/test_kernel_structure.py tests/test_model_attention.py \
   tests/test_model_vjps.py tests/test_model_forward.py tests/test_training_optim.py 2>&1 | tail -15 | tee -a "$OUT/summary.txt"
+fi
 log "done"
