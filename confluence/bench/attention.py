@@ -2,7 +2,7 @@
 
 Implementations timed on the same q / k / v and mask inputs:
 
-* `kernel`: `block_sparse_attention` (compiled Triton on a GPU; the Pallas interpreter elsewhere, which measures
+* `kernel`: `attend_block_sparse` on a `block_structure` (compiled Triton on a GPU; the Pallas interpreter elsewhere, which measures
   correctness plumbing, not speed);
 * `reference`: `reference_attention` (dense mask, FP32 logits);
 * `dense`: `jax.nn.dot_product_attention` with the dense `[B, 1, S, S]` mask, implementation "cudnn" on a GPU and
@@ -11,7 +11,9 @@ Implementations timed on the same q / k / v and mask inputs:
 
 Structures come from a `StructureSource` (sampler batches of a real store, `sampler_source`), by default from
 `synthetic_structure` (sampler-like random subgraphs). Each timing is the median of `repeats`
-runs after one compile-and-warm-up run.
+runs after one compile-and-warm-up run. What an implementation builds once per batch and kind (the kernel's tile
+structure, the dense mask) is built before timing and passed in, as training shares it across layers; the
+kernel's structure build is timed on its own (`structure_ms`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from confluence.model.attention import MASK_KINDS, MaskKind, dense_mask, reference_attention
-from confluence.model.kernels.block_sparse import DEFAULT_BLOCK, block_sparse_attention, default_interpret
+from confluence.model.kernels.block_sparse import DEFAULT_BLOCK, attend_block_sparse, default_interpret
 from confluence.model.kernels.structure import block_structure, tile_stats
 from confluence.model.kernels.synthetic import PermutedStructure, batch_structure, synthetic_structure
 
@@ -75,26 +77,22 @@ def _median_ms(fn: Callable[[], Any], repeats: int) -> float:
     return float(statistics.median(times))
 
 
-def _dense_fn(kind: MaskKind, struct: tuple[jax.Array, ...], impl: str) -> Callable[..., jax.Array]:
-
-    def fn(q, k, v):
-        mask = dense_mask(kind, *struct)[:, None]
-        return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=1.0, implementation=impl)
-
-    return fn
-
-
 def _attention_fn(
     name: str, kind: MaskKind, struct: tuple[jax.Array, ...], block: int
-) -> Callable[..., jax.Array]:
+) -> tuple[Any, Callable[..., jax.Array]]:
+    """(what the implementation builds once per batch and kind, the sublayer's attention given it). The prepared
+    part is computed before timing and passed to the jitted attention as an argument, as training shares it across
+    layers: closed over as a constant, XLA folded it at compile time (the "constant folding of a sort" of the GPU
+    log, 2026-11-24)."""
     if name == "kernel":
-        return lambda q, k, v: block_sparse_attention(q, k, v, kind, *struct, block=block)
-    if name == "reference":
-        return lambda q, k, v: reference_attention(q, k, v, kind, *struct)
-    if name == "dense":
-        return _dense_fn(kind, struct, "cudnn" if jax.default_backend() == "gpu" else "xla")
-    if name == "dense_xla":
-        return _dense_fn(kind, struct, "xla")
+        st = jax.jit(lambda *a: block_structure(kind, *a, block))(*struct)
+        return st, lambda q, k, v, st: attend_block_sparse(q, k, v, kind, st)
+    if name == "reference":  # builds its mask inside each sublayer, as the model's reference path does
+        return struct, lambda q, k, v, st: reference_attention(q, k, v, kind, *st)
+    if name in ("dense", "dense_xla"):
+        impl = "cudnn" if name == "dense" and jax.default_backend() == "gpu" else "xla"
+        mask = jax.jit(lambda *a: dense_mask(kind, *a)[:, None])(*struct)
+        return mask, lambda q, k, v, m: jax.nn.dot_product_attention(q, k, v, mask=m, scale=1.0, implementation=impl)
     raise ValueError(f"unknown implementation {name!r}; expected one of {IMPLEMENTATIONS}")
 
 
@@ -121,14 +119,14 @@ def bench_one(
     build = jax.jit(lambda *a: block_structure(kind, *a, cfg.block))
     res.structure_ms = _median_ms(lambda: build(*args), cfg.repeats)
     for name in cfg.implementations:
-        fn = _attention_fn(name, kind, args, cfg.block)
-        fwd = jax.jit(fn)
-        grad = jax.jit(
-            jax.grad(lambda q, k, v, fn=fn: jnp.vdot(fn(q, k, v).astype(jnp.float32), do), (0, 1, 2))
-        )
         try:
-            res.fwd_ms[name] = _median_ms(lambda fwd=fwd: fwd(q, k, v), cfg.repeats)
-            res.fwd_bwd_ms[name] = _median_ms(lambda grad=grad: grad(q, k, v), cfg.repeats)
+            prep, fn = _attention_fn(name, kind, args, cfg.block)
+            fwd = jax.jit(fn)
+            grad = jax.jit(
+                jax.grad(lambda q, k, v, p, fn=fn: jnp.vdot(fn(q, k, v, p).astype(jnp.float32), do), (0, 1, 2))
+            )
+            res.fwd_ms[name] = _median_ms(lambda fwd=fwd, p=prep: fwd(q, k, v, p), cfg.repeats)
+            res.fwd_bwd_ms[name] = _median_ms(lambda grad=grad, p=prep: grad(q, k, v, p), cfg.repeats)
         except Exception as exc:  # an implementation the backend lacks (e.g. cuDNN at this shape): report it
             res.errors[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
     return res
