@@ -4,12 +4,13 @@
 # limit, and the result exported as a shippable model (the files `pretrained:NAME` needs, <= 25 MiB for `small`).
 #
 # Usage, here: `scripts/gpu_wheels.sh` once (wheels the GPU image lacks, into .whl/), then through the device tool:
-#   run(command="DBS=400 STEPS=40000 scripts/gpu_pretrain.sh", carry=[".whl"], timeout_s=600)
-# Settings (environment): DBS random databases (default 400; seed 1000 on, as docs/pretrained.md's corpus),
-# STEPS (default `auto`: a probe run (15 s of steps) measures steps/s on this machine, and STEPS is what fits the time left, so
-# the cosine schedule finishes; FALLBACK_STEPS, default 20000, when the probe could not measure), RECIPE (default pretrain-small: the shipped model's size), BUDGET the seconds the
-# whole script may take (default 560: the call's 600 less the transfers), THREADS sampler threads (default: the
-# machine's cores less 2; the batches do not depend on it), SETS extra `--set K=V` words.
+#   run(command="DBS=400 scripts/gpu_pretrain.sh", carry=[".whl"], timeout_s=600)
+# Settings (environment): DBS random databases (default 400; seed 1000 on, as docs/pretrained.md's corpus);
+# STEPS (default `auto`: a probe run measures steps/s on this machine over 15 s of steps, and STEPS is what fits
+# the time left, so the cosine schedule finishes; FALLBACK_STEPS, default 20000, when the probe could not measure);
+# RECIPE (default pretrain-small: the shipped model's size); BUDGET the seconds the whole script may take (default
+# 560: the call's 600 less the transfers); THREADS sampler threads (default: the machine's cores less 2; the
+# batches do not depend on it); SETS extra `--set K=V` words (e.g. SETS="--set model.n_layers=4").
 # Results land in $OUT (or ./gpu_out when OUT is unset): the exported model (state.eqx, meta.json, card.json),
 # scalars.csv, the run's config.json and log.txt. The returned folder is a checkpoint (`confluence evaluate
 # --checkpoint DIR`, `train --init-from DIR`): check it here, on validation only, against the shipped model

@@ -75,6 +75,13 @@ def pow2_at_least(n: int, minimum: int = 64) -> int:
     return size
 
 
+def _pad_rows(a: np.ndarray, rows: int, dtype: Any = None) -> np.ndarray:
+    """A new `[rows, D]` array: `a`'s rows (cast to `dtype`, default a's), then zero rows."""
+    out = np.zeros((rows, a.shape[1]), dtype or a.dtype)
+    out[: a.shape[0]] = a
+    return out
+
+
 @dataclass(frozen=True)
 class DbTables:
     """One database's GPU-resident tables, padded to bucket sizes so databases of similar size share a compile."""
@@ -105,10 +112,8 @@ class DbTables:
             )
         d_t = column_embeddings.shape[1]
         c, vc = column_embeddings.shape[0], categorical_embeddings.shape[0]
-        col = np.zeros((pow2_at_least(c), d_t), np.float16)
-        col[:c] = column_embeddings
-        cat = np.zeros((pow2_at_least(vc + model_max_k), d_t), np.float16)
-        cat[:vc] = categorical_embeddings
+        col = _pad_rows(column_embeddings, pow2_at_least(c), np.float16)
+        cat = _pad_rows(categorical_embeddings, pow2_at_least(vc + model_max_k), np.float16)
         if category_codes and vc:
             if category_values is not None and len(category_values) != vc:
                 raise ValueError(f"database {name!r}: {len(category_values)} category values for a category table "
@@ -134,7 +139,7 @@ PAD_ALIKE_MIN_BYTES = 512 << 20  # pad_alike may always use this much memory in 
 def pad_alike(tables: Sequence[DbTables]) -> list[DbTables]:
     """The tables of a run's databases padded to one shape (the largest column and category tables among them), so
     that the step compiles once for all of them rather than once per table-shape bucket. Padding rows are zeros that
-    no id points at, so results do not change (tests/test_model_inputs.py). Measured on the GPU machine
+    no id points at, so results do not change (tests/test_model_tables.py). Measured on the GPU machine
     (2026-11-24): a pretraining run over 393 databases spent its first minutes compiling (docs/pretraining.md).
     Where one database's tables are far larger than the others' (the padded total would pass both
     `PAD_ALIKE_MIN_BYTES` and 4x the unpadded total) the tables stay as they are: one compile per bucket."""
@@ -148,11 +153,7 @@ def pad_alike(tables: Sequence[DbTables]) -> list[DbTables]:
         return list(tables)
 
     def grow(a: np.ndarray, rows: int) -> np.ndarray:
-        if a.shape[0] == rows:
-            return a
-        out = np.zeros((rows, a.shape[1]), a.dtype)
-        out[: a.shape[0]] = a
-        return out
+        return a if a.shape[0] == rows else _pad_rows(a, rows)
 
     return [replace(t, column_embeddings=grow(t.column_embeddings, c_pad),
                     categorical_embeddings=grow(t.categorical_embeddings, v_pad)) for t in tables]

@@ -220,13 +220,14 @@ def train(
     dev_tables, held_tables = on_device[: len(stream.stores)], on_device[len(stream.stores):]
     log = ScalarLog(out_dir / "scalars.csv" if main else None, truncate_after_step=step if resume else None)
 
-    saved = [-1]  # the step last checkpointed
+    saved_at = -1  # the step last checkpointed
 
     def checkpoint(at: int) -> None:
+        nonlocal saved_at
         meta = {"config": cfg.to_dict(), "stream": stream.position(), "databases": [s.name for s in stream.stores],
                 "heldout_databases": [s.name for s in heldout.stores] if heldout is not None else []}
         save_checkpoint(out_dir, at, params, opt_state, meta, keep=loop.keep_checkpoints)
-        saved[0] = at
+        saved_at = at
 
     def val_losses(s: BatchStream, tabs: list[Any], prefix: str, databases: set[int] | None = None) -> dict[str, float]:
         res = {}
@@ -303,11 +304,11 @@ def train(
                 if on_step is not None:
                     on_step(step, scalars)
                 if stop.requested:
-                    if saved[0] != step:
+                    if saved_at != step:
                         checkpoint(step)
                     raise KeyboardInterrupt
     except KeyboardInterrupt:
-        if saved[0] != step:  # a user's Ctrl-C keeps everything done so far
+        if saved_at != step:  # a user's Ctrl-C keeps everything done so far
             try:
                 checkpoint(step)
             except RuntimeError as exc:  # a second Ctrl-C inside a step: its donated state is gone
