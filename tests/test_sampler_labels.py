@@ -130,8 +130,8 @@ def test_labels_respect_time_own_label_and_splits(seed, k, width, temporal, ssee
 
 
 def test_the_stream_asks_for_each_phases_labels():
-    """Training batches read train labels; a split's pass the labels of that split's phase (same batches as built
-    directly with that context)."""
+    """Training batches are built in the training context (train labels); a split's pass, the train split's too,
+    with the labels of that split's phase (same batches as built directly with that context)."""
     store = history_store(0)
     cfg = replace(BASE, labels=4, prefetch=0, tasks=("next_sales", "amount"),
                   split=SplitConfig(mode="temporal", t_val=40 * US_PER_DAY, t_test=70 * US_PER_DAY))
@@ -147,8 +147,8 @@ def test_the_stream_asks_for_each_phases_labels():
         sampler.label_args = spy
         for _ in range(4):
             stream.next_train()
-        assert set(asked) == {"train"}
-        for split in ("val", "test"):
+        assert set(asked) == {"training"}
+        for split in ("train", "val", "test"):
             ids = sampler.seed_ids(split, "next_sales")[:8]
             got = next(stream.split(split, "next_sales"))
             want = sampler.build("next_sales", ids, context=split).batch
@@ -361,8 +361,8 @@ def test_labels_off_hides_the_labels_of_a_share_of_training_contexts_only():
         hidden = shown = 0
         for lo in range(0, min(len(ids), 64), 8):
             chunk = ids[lo: lo + 8]
-            full, part = a.build("next_sales", chunk, context="train"), b.build("next_sales", chunk, context="train")
-            again = b.build("next_sales", chunk, context="train")
+            full, part = a.build("next_sales", chunk), b.build("next_sales", chunk)  # training contexts
+            again = b.build("next_sales", chunk)
             np.testing.assert_array_equal(part.labels, again.labels)
             for i in range(len(chunk)):
                 n = int(res_n(part, i))
@@ -374,7 +374,7 @@ def test_labels_off_hides_the_labels_of_a_share_of_training_contexts_only():
                     shown += 1
                     np.testing.assert_array_equal(part.labels[i], full.labels[i])
         assert hidden >= 8 and shown >= 8  # about half of the 64 contexts each way
-        for split in ("val", "test"):
+        for split in ("train", "val", "test"):  # evaluating a split, the train split too, shows every label
             sids = a.seed_ids(split, "next_sales")[:8]
             np.testing.assert_array_equal(a.build("next_sales", sids, context=split).labels,
                                           b.build("next_sales", sids, context=split).labels)

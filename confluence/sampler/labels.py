@@ -33,8 +33,12 @@ from confluence.store.format import NO_CUTOFF, NULL_TIME, STATIC_TIME
 from confluence.stypes import D_TIME, US_PER_DAY, SemanticType
 
 VIA_LABEL = 3  # `BuildResult.via` of a labelled task row
-# which splits' labels a context of each phase may hold ("all": predictions for anchors outside the task's seeds)
-CONTEXT_SPLITS = {"train": ("train",), "val": ("train",), "test": ("train", "val"), "all": ("train", "val", "test")}
+# which splits' labels a context of each phase may hold ("training": the training stream's batches, the only
+# contexts that `labels_off` and `relabel` change; "train": evaluating or predicting the train split; "all":
+# predictions for anchors outside the task's seeds)
+CONTEXT_SPLITS = {"training": ("train",), "train": ("train",), "val": ("train",), "test": ("train", "val"),
+                  "all": ("train", "val", "test")}
+TRAINING_CONTEXT = "training"
 _SCAN = 16  # candidates scanned per wanted label in the sibling and recent phases (bounds the work per sequence)
 
 _NUM = int(SemanticType.NUMERICAL)

@@ -19,7 +19,7 @@ from confluence.errors import ConfluenceError
 from confluence.sampler.builder import PHASES, BatchBuilder, BuildResult
 from confluence.sampler.config import SamplerConfig, labels_for
 from confluence.sampler.data import SamplerData, TaskData, obs_time_cells
-from confluence.sampler.labels import CONTEXT_SPLITS, LabelIndex, build_label_index, label_times, task_horizon
+from confluence.sampler.labels import CONTEXT_SPLITS, TRAINING_CONTEXT, LabelIndex, build_label_index, label_times, task_horizon
 from confluence.sampler.splits import split_index, split_seed_ids, task_split
 from confluence.stypes import D_TIME, SemanticType
 
@@ -117,7 +117,7 @@ class Sampler:
         e = self.entry(task, db)
         if labels_for(self.config, e.db_name, e.task.name) == 0:
             return None
-        key = (e.db_idx, e.task.name, context)
+        key = (e.db_idx, e.task.name, CONTEXT_SPLITS[context])  # contexts of the same splits share one index
         if key not in self._label_cache:
             store = self.stores[e.db_idx]
             cfg = task_split(store, e.task.name, self.config.split)
@@ -129,11 +129,12 @@ class Sampler:
         return self._label_cache[key]
 
     def build(self, task: str | TaskData, seed_ids: np.ndarray, db: int | str = 0, epoch: int = 0,
-              serial: bool = False, context: str = "train") -> BuildResult:
+              serial: bool = False, context: str = TRAINING_CONTEXT) -> BuildResult:
         """A batch for these seed indices (at most `batch_size`, in order; a short list is padded with filler whose
         `seq_valid` is False) plus walk details and phase timings. `task` is a served task's name or a `TaskData`
         of database `db` (e.g. from `anchor_task`). `serial` builds in the calling thread only. `context`: the
-        phase whose labels the contexts may show (`CONTEXT_SPLITS`; with `sampler.labels` > 0)."""
+        phase whose labels the contexts may show (`CONTEXT_SPLITS`; with `sampler.labels` > 0); the default is a
+        training context, the only one that `labels_off` and `relabel` change."""
         if isinstance(task, TaskData):
             data, db_idx = task, int(db)
         else:
@@ -149,13 +150,14 @@ class Sampler:
         built from one by `anchor_task`, whose seeds are not the task's), and in training contexts the shares of
         `labels_off` and `relabel`."""
         out: dict[str, Any] = {}
-        if context == "train" and self.config.relabel > 0:  # training contexts only, like labels_off
+        # the training stream's contexts only (not an evaluation of the train split), like labels_off
+        if context == TRAINING_CONTEXT and self.config.relabel > 0:
             out["relabel_share"] = float(self.config.relabel)
         if labels_for(self.config, self.data[db_idx].name, data.name) == 0:
             return out
         base = next(e.task for e in self.entries if e.db_idx == db_idx and e.task.name == data.name)
         out.update(labels=self.label_index(data.name, db_idx, context), own_seeds=data is base)
-        if context == "train" and self.config.labels_off > 0:  # training contexts only; evaluation shows them all
+        if context == TRAINING_CONTEXT and self.config.labels_off > 0:  # training only; evaluation shows them all
             out["labels_off"] = float(self.config.labels_off)
         return out
 

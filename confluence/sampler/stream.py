@@ -31,6 +31,7 @@ from confluence.errors import ConfigError, ConfluenceError
 from confluence.sampler.builder import BuildResult
 from confluence.sampler.config import PER_TASK_SETTINGS, SamplerConfig
 from confluence.sampler.data import TaskData
+from confluence.sampler.labels import TRAINING_CONTEXT
 from confluence.sampler.sampler import Sampler, TaskEntry
 from confluence.toolkit.prefetch import Prefetcher
 
@@ -45,7 +46,9 @@ class _Spec:
     db_idx: int
     epoch: int
     moves: tuple[dict[str, Any], str, int, int] | None = None
-    context: str = "train"  # whose labels the contexts may show (`confluence.sampler.labels.CONTEXT_SPLITS`)
+    # whose labels the contexts may show (`confluence.sampler.labels.CONTEXT_SPLITS`); the training stream's own
+    # context by default, the only one that `labels_off` and `relabel` change
+    context: str = TRAINING_CONTEXT
 
 
 class BatchStream:
