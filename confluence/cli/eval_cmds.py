@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from confluence.cli.common import fail
+from confluence.evaluation.draws import DEFAULT_DRAWS
 
 
 def results_lines(results: dict, title: str) -> list[str]:
@@ -90,6 +91,8 @@ def evaluate_cmd(
     clip_numbers: bool = typer.Option(True, "--clip-numbers/--no-clip-numbers",
                                       help="Score numbers as predict reports them (train range, rounded when whole); "
                                            "--no-clip-numbers: plain de-normalization (seed 004)."),
+    draws: int = typer.Option(DEFAULT_DRAWS, "--draws", min=1, help="Contexts drawn per seed, their answers combined "
+                              "(probabilities averaged, numbers by median); 1: one context, the fastest."),
     batch_size: int = typer.Option(None, "--batch-size", help="Sequences per forward pass (default: the run's)."),
     threads: int = typer.Option(1, "--threads", help="Sampler threads."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar / progress lines."),
@@ -123,7 +126,7 @@ def evaluate_cmd(
             for s in splits:
                 by_split[s] = evaluate(model, db, split=s, tasks=task or None, max_seeds=max_seeds or None,
                                        gbdt=gbdt, batch_size=batch_size, threads=threads, progress=rep,
-                                       clip_numbers=clip_numbers, keep_rows=bool(relbench_json))
+                                       clip_numbers=clip_numbers, keep_rows=bool(relbench_json), draws=draws)
     except ConfluenceError as exc:
         fail(exc)
     for s in splits:
@@ -154,6 +157,8 @@ def predict_cmd(
                               "(class_1, prob_1, ...); 0: none."),
     max_seeds: int = typer.Option(0, "--max-seeds", help="Predict at most this many seeds of the split, chosen "
                                   "deterministically (0: all)."),
+    draws: int = typer.Option(DEFAULT_DRAWS, "--draws", min=1, help="Contexts drawn per seed, their answers combined "
+                              "(probabilities averaged, numbers by median); 1: one context, the fastest."),
     batch_size: int = typer.Option(None, "--batch-size", help="Sequences per forward pass (default: the run's "
                                    "training batch size)."),
     threads: int = typer.Option(1, "--threads", help="Sampler threads building the input sequences."),
@@ -170,7 +175,7 @@ def predict_cmd(
         with Reporter(enabled=not no_progress) as rep:
             table = predict(checkpoint, db, task, split=split, anchors=anchors, out=out, batch_size=batch_size,
                             threads=threads, max_seeds=max_seeds or None, top_k=top_k, progress=rep,
-                            clip_numbers=clip_numbers)
+                            clip_numbers=clip_numbers, draws=draws)
     except (ConfluenceError, OSError) as exc:
         fail(exc)
     typer.echo(f"wrote {table.num_rows} predictions to {out}")

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import typer
 
+from confluence.evaluation.draws import DEFAULT_DRAWS
+
 
 def _server_class():
     """uvicorn's Server, ending normally (exit status 0) after its graceful shutdown on SIGINT / SIGTERM: uvicorn
@@ -58,6 +60,8 @@ def serve_cmd(
     warm_up: bool = typer.Option(True, "--warm-up/--no-warm-up", help="Compile the model for every batch "
                                  "shape before /health says ready (--no-warm-up: start sooner, compile each "
                                  "shape when a request first needs it)."),
+    draws: int = typer.Option(DEFAULT_DRAWS, "--draws", min=1, help="Contexts drawn per anchor, their answers "
+                              "combined as predict combines them; 1: one context, the least work per request."),
     compile_cache: str = typer.Option(str(DEFAULT_COMPILE_CACHE), "--compile-cache", metavar="DIR",
                                       help="Keep the compiled model here, so a restart skips compiling; 'off': "
                                            "do not."),
@@ -81,7 +85,7 @@ def serve_cmd(
     try:
         use_compile_cache(compile_cache)
         app = create_app(checkpoint, db, batch_size=batch_size, max_wait_ms=max_wait_ms, max_anchors=max_anchors,
-                         top_k=top_k, clip_numbers=clip_numbers, warm_up=warm_up)
+                         top_k=top_k, clip_numbers=clip_numbers, warm_up=warm_up, draws=draws)
     except (ConfluenceError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None

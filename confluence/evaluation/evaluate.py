@@ -19,7 +19,15 @@ import numpy as np
 
 from confluence.errors import ConfluenceError
 from confluence.evaluation import metrics as M
-from confluence.evaluation.inference import HeadOutputs, LoadedModel, Predictor, load_model, sigmoid, softmax
+from confluence.evaluation.draws import DEFAULT_DRAWS
+from confluence.evaluation.inference import (
+    HeadOutputs,
+    LoadedModel,
+    Predictor,
+    load_model,
+    sigmoid,
+    softmax,
+)
 from confluence.evaluation.targets import decode_targets, numerical_predictions
 from confluence.sampler.config import labels_for
 from confluence.stypes import SemanticType
@@ -93,6 +101,7 @@ def evaluate(
     reference: Callable[[str, np.ndarray, Any], dict[str, Any]] | None = None,
     keep_rows: bool = False,
     clip_numbers: bool = True,
+    draws: int = DEFAULT_DRAWS,
 ) -> dict[str, dict[str, Any]]:
     """Evaluate a checkpoint on `split` of the store at `db`.
 
@@ -103,10 +112,11 @@ def evaluate(
     ids of the store), e.g. a planted database's Bayes predictor (`confluence bench learnability`).
     `keep_rows` adds `"rows"`: an `EvalRows` per task (truth and predictions, for the report's plots; not JSON).
     `clip_numbers=False` scores numbers plainly de-normalized (seed 004) instead of as `predict` reports them.
+    `draws`: contexts per seed whose answers are combined (`inference.combine_draws`; 1: one context, as before).
     `progress` (a `confluence.toolkit.progress.Reporter`) shows each task's model inference and LightGBM stages.
     """
     loaded = checkpoint if isinstance(checkpoint, LoadedModel) else load_model(checkpoint)
-    predictor = Predictor(loaded, db, batch_size=batch_size, threads=threads)
+    predictor = Predictor(loaded, db, batch_size=batch_size, threads=threads, draws=draws)
     store = predictor.store
     names = [t.name for t in store.tasks] if not tasks else list(tasks)
     unknown = [t for t in names if t not in {x.name for x in store.tasks}]
@@ -132,7 +142,7 @@ def evaluate(
             train_vals = train.values[~train.is_null]
             train_std = float(np.std(train_vals)) if stype == SemanticType.NUMERICAL and train_vals.size else None
             if progress is not None:
-                progress.step(f"{task}: model", len(eval_ids))
+                progress.step(f"{task}: model", len(eval_ids) * predictor.draws)
             out = predictor.task_outputs(task, eval_ids, progress.advance if progress is not None else None,
                                          context=split)
             keep = ~truth.is_null
@@ -159,7 +169,8 @@ def evaluate(
                              "checkpoint_step": loaded.step,
                              # zero-shot when the checkpoint never trained on this task; its labelled rows per context
                              "trained_on_task": loaded.trained_on(store.name, task),
-                             "context_labels": labels_for(loaded.config.sampler, store.name, task)}
+                             "context_labels": labels_for(loaded.config.sampler, store.name, task),
+                             "context_draws": predictor.draws}
             if keep_rows:
                 trivial_preds = M.trivial_predictions(stype, train_vals, int(keep.sum()),
                                                       num_classes=truth.num_classes or None)

@@ -20,6 +20,7 @@ import numpy as np
 
 from confluence.batch import TrainingBatch
 from confluence.errors import ConfluenceError
+from confluence.evaluation.draws import combine_draws
 from confluence.model.inputs import DbTables, batch_to_inputs, fitted_max_k
 from confluence.model.loss import categorical_logits
 from confluence.model.transformer import RelationalTransformer
@@ -86,10 +87,15 @@ class Predictor:
     """A loaded model bound to one store: head outputs for task seeds or for arbitrary (anchor row, time) pairs.
 
     Contexts are built the way the checkpoint's training built them (its sampler settings and seed), every task of
-    the store served, through the batch stream's ordered passes."""
+    the store served, through the batch stream's ordered passes. With `draws` = n, each seed's answer combines n
+    contexts (the sampler's epochs 0..n-1: other labelled rows, other draws of the walk; `combine_draws`); draw 0
+    is the one context of `draws` = 1."""
 
     def __init__(self, loaded: LoadedModel, store: Store | str | Path, *, batch_size: int | None = None,
-                 threads: int = 1):
+                 threads: int = 1, draws: int = 1):
+        if draws < 1:
+            raise ConfluenceError(f"draws (--draws) must be 1 or more, not {draws}")
+        self.draws = int(draws)
         self.loaded = loaded
         self.store = store if isinstance(store, Store) else Store.open(store)
         cfg = loaded.config
@@ -127,13 +133,18 @@ class Predictor:
 
     def _run(self, task: str | TaskData, seed_ids: np.ndarray, progress: Any = None,
              context: str = "train") -> HeadOutputs:
+        """The seeds' head outputs, `draws` contexts each combined; `progress(m)` per batch of every draw."""
+        return combine_draws([self._draw(task, seed_ids, progress, context, epoch) for epoch in range(self.draws)])
+
+    def _draw(self, task: str | TaskData, seed_ids: np.ndarray, progress: Any, context: str,
+              epoch: int) -> HeadOutputs:
         data = task if isinstance(task, TaskData) else self.stream.sampler.entry(task).task
         n = len(seed_ids)
         k = int(data.cat_count) if int(data.target_stype) == int(SemanticType.CATEGORICAL) else 0
         out = HeadOutputs(np.zeros(n, np.float32), np.zeros(n, np.float32), np.zeros(n, np.float32),
                           np.zeros((n, D_TIME), np.float32), np.zeros((n, k), np.float32))
         lo = 0
-        for batch in self.stream.ordered(task, np.asarray(seed_ids, dtype=np.int64), context=context):
+        for batch in self.stream.ordered(task, np.asarray(seed_ids, dtype=np.int64), epoch=epoch, context=context):
             part = self.forward(batch)
             m = len(part.null_logit)
             out.null_logit[lo: lo + m], out.num_pred[lo: lo + m] = part.null_logit, part.num_pred

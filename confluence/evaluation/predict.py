@@ -29,8 +29,16 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from confluence.errors import ConfluenceError
+from confluence.evaluation.draws import DEFAULT_DRAWS
 from confluence.evaluation.evaluate import subsample
-from confluence.evaluation.inference import HeadOutputs, LoadedModel, Predictor, load_model, sigmoid, softmax
+from confluence.evaluation.inference import (
+    HeadOutputs,
+    LoadedModel,
+    Predictor,
+    load_model,
+    sigmoid,
+    softmax,
+)
 from confluence.evaluation.targets import numerical_predictions, task_categories
 from confluence.preprocess.encode import MAX_EPOCH_US, MIN_EPOCH_US, TIMESTAMP_PERIODS, calendar_fields
 from confluence.sampler.splits import split_index
@@ -315,16 +323,18 @@ def predict(
     top_k: int = 3,
     progress: Any = None,
     clip_numbers: bool = True,
+    draws: int = DEFAULT_DRAWS,
 ) -> pa.Table:
     """Predictions for a split of a task's seeds, or for the anchors in a file. Writes `out` (.parquet / .csv)
     atomically when given; returns the table. `progress`: a `Reporter`-like object (`step(desc, total)`,
     `advance(n)`). `clip_numbers=False` reports numbers plainly de-normalized (seed 004), not clipped to the train
-    targets' range and rounded (`targets.numerical_predictions`). Bad arguments (output suffix, task, split, anchors file) are refused before the model loads."""
+    targets' range and rounded (`targets.numerical_predictions`). `draws`: contexts per anchor whose answers are
+    combined (`inference.combine_draws`; 1: one context). Bad arguments (output suffix, task, split, anchors file) are refused before the model loads."""
     out_path = None if out is None else Path(out)
     if out_path is not None:
         table_format(out_path)
     for name, value, least in (("top_k", top_k, 0), ("max_seeds", max_seeds, 1), ("batch_size", batch_size, 1),
-                               ("threads", threads, 1)):
+                               ("threads", threads, 1), ("draws", draws, 1)):
         if value is not None and value < least:
             raise ConfluenceError(f"{name} (--{name.replace('_', '-')}) must be {least} or more, not {value}")
     store = db if isinstance(db, Store) else Store.open(db)
@@ -335,7 +345,7 @@ def predict(
     else:
         split_index(split or "test")
     loaded = checkpoint if isinstance(checkpoint, LoadedModel) else load_model(checkpoint)
-    predictor = Predictor(loaded, store, batch_size=batch_size, threads=threads)
+    predictor = Predictor(loaded, store, batch_size=batch_size, threads=threads, draws=draws)
     try:
         if anchors is None:
             ids = subsample(predictor.seed_ids(split or "test", task), max_seeds)
@@ -344,7 +354,7 @@ def predict(
             obs = np.asarray(arrays.obs_time)[ids]
             keys = anchor_keys(store, info.anchor_table, rows)
         if progress is not None:
-            progress.step(f"predict {task}", len(rows))
+            progress.step(f"predict {task}", len(rows) * predictor.draws)
         advance = None if progress is None else progress.advance
         if anchors is not None:
             head = predictor.anchor_outputs(task, rows, obs, advance)

@@ -19,7 +19,14 @@ from confluence.errors import ConfluenceError
 from confluence.sampler.builder import PHASES, BatchBuilder, BuildResult
 from confluence.sampler.config import SamplerConfig, labels_for
 from confluence.sampler.data import SamplerData, TaskData, obs_time_cells
-from confluence.sampler.labels import CONTEXT_SPLITS, TRAINING_CONTEXT, LabelIndex, build_label_index, label_times, task_horizon
+from confluence.sampler.labels import (
+    CONTEXT_SPLITS,
+    TRAINING_CONTEXT,
+    LabelIndex,
+    build_label_index,
+    label_times,
+    task_horizon,
+)
 from confluence.sampler.splits import split_index, split_seed_ids, task_split
 from confluence.stypes import D_TIME, SemanticType
 

@@ -19,6 +19,7 @@ from pydantic_core import PydanticCustomError
 from starlette.concurrency import run_in_threadpool
 
 import confluence
+from confluence.evaluation.draws import DEFAULT_DRAWS
 from confluence.serving.service import PredictionService, RequestError, ServeSettings, json_rows
 
 log = logging.getLogger("confluence.serving")
@@ -143,12 +144,12 @@ def _validation_message(errors: list[dict[str, Any]]) -> str:
 
 def create_app(checkpoint: str | Path, db: str | Path, *, batch_size: int | None = None, max_wait_ms: float = 5.0,
                max_anchors: int = 1000, top_k: int = 3, clip_numbers: bool = True, threads: int = 1,
-               warm_up: bool = True) -> FastAPI:
+               warm_up: bool = True, draws: int = DEFAULT_DRAWS) -> FastAPI:
     """The ASGI app serving `checkpoint` on the store `db`. Both load here (a ConfluenceError for a bad path, so a
     server can refuse to start before it binds); the batching worker starts with the app (its lifespan) and
     compiles the model (for every batch shape, unless `warm_up` is off) before `/health` says ready."""
     settings = ServeSettings(batch_size=batch_size, max_wait_ms=max_wait_ms, max_anchors=max_anchors, top_k=top_k,
-                             clip_numbers=clip_numbers, threads=threads, warm_up=warm_up)
+                             clip_numbers=clip_numbers, threads=threads, warm_up=warm_up, draws=draws)
     service = PredictionService(checkpoint, db, settings)
     return build_app(service)
 

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from confluence.batch import TrainingBatch
+from confluence.evaluation.draws import combine_draws
 from confluence.evaluation.inference import HeadOutputs, Predictor
 from confluence.sampler.config import bucket_size
 from confluence.stypes import SemanticType
@@ -141,10 +142,12 @@ class Stats:
 def head_outputs(predictor: Predictor, task: str, anchors: list[tuple[np.ndarray, np.ndarray]],
                  stats: Stats | None = None) -> list[HeadOutputs]:
     """Head outputs for several requests of one task, [(anchor rows, observation times)] each, in shared forward
-    passes; each equals `predictor.anchor_outputs(task, rows, obs)` (up to float rounding where merged)."""
+    passes; each equals `predictor.anchor_outputs(task, rows, obs)` (up to float rounding where merged), its
+    `predictor.draws` contexts per anchor combined the same way."""
     bsz = predictor.batch_size
     sampler, stream = predictor.stream.sampler, predictor.stream
-    pieces: list[list[HeadOutputs]] = [[] for _ in anchors]
+    draws = predictor.draws
+    pieces: list[list[HeadOutputs]] = [[] for _ in range(len(anchors) * draws)]  # request j, draw e: j * draws + e
     pending: list[tuple[int, TrainingBatch, int, int]] = []
     filled = 0
 
@@ -161,24 +164,26 @@ def head_outputs(predictor: Predictor, task: str, anchors: list[tuple[np.ndarray
             lo += b - a
         if stats is not None:
             stats.model_calls += 1
-            stats.merged_calls += len({j for j, *_ in pending}) > 1
+            stats.merged_calls += len({j // draws for j, *_ in pending}) > 1
         pending.clear()
         filled = 0
 
     for j, (rows, obs) in enumerate(anchors):
         custom = sampler.anchor_task(task, rows, obs)
-        for batch in stream.ordered(custom, np.arange(len(rows), dtype=np.int64), context=ANCHOR_CONTEXT):
-            m, a = int(batch.seq_valid.sum()), 0
-            while a < m:
-                take = min(m - a, bsz - filled)
-                pending.append((j, batch, a, a + take))
-                filled += take
-                a += take
-                if filled == bsz:
-                    flush()
+        for epoch in range(draws):
+            for batch in stream.ordered(custom, np.arange(len(rows), dtype=np.int64), epoch=epoch,
+                                        context=ANCHOR_CONTEXT):
+                m, a = int(batch.seq_valid.sum()), 0
+                while a < m:
+                    take = min(m - a, bsz - filled)
+                    pending.append((j * draws + epoch, batch, a, a + take))
+                    filled += take
+                    a += take
+                    if filled == bsz:
+                        flush()
     if pending:
         flush()
-    return [_concat(p) for p in pieces]
+    return [combine_draws([_concat(p) for p in pieces[j * draws: (j + 1) * draws]]) for j in range(len(anchors))]
 
 
 @dataclass

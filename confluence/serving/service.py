@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from confluence.errors import ConfluenceError
+from confluence.evaluation.draws import DEFAULT_DRAWS
 from confluence.evaluation.inference import HeadOutputs, LoadedModel, Predictor, load_model
 from confluence.evaluation.predict import KeyIndex, prediction_table, resolve_anchors
 from confluence.evaluation.report import describe_task
@@ -44,7 +45,8 @@ class ServeSettings:
     """How the service batches and what it accepts. `batch_size`: sequences per forward pass (None: the run's);
     `max_wait_ms`: how long the worker waits for more requests after the first before a model call;
     `max_anchors`: anchors per request; `top_k`: classes listed by default; `clip_numbers`: as in predict;
-    `warm_up`: compile every batch shape before reporting ready (else each on first use)."""
+    `warm_up`: compile every batch shape before reporting ready (else each on first use); `draws`: contexts per
+    anchor whose answers are combined, as in predict (`confluence.evaluation.draws`)."""
 
     batch_size: int | None = None
     max_wait_ms: float = 5.0
@@ -53,11 +55,12 @@ class ServeSettings:
     clip_numbers: bool = True
     threads: int = 1
     warm_up: bool = True
+    draws: int = DEFAULT_DRAWS
 
     def check(self) -> None:
         for name, value, least in (("batch_size", self.batch_size, 1), ("max_wait_ms", self.max_wait_ms, 0),
                                    ("max_anchors", self.max_anchors, 1), ("top_k", self.top_k, 0),
-                                   ("threads", self.threads, 1)):
+                                   ("threads", self.threads, 1), ("draws", self.draws, 1)):
             if value is not None and value < least:
                 raise ConfluenceError(f"{name} (--{name.replace('_', '-')}) must be {least} or more, not {value}")
 
@@ -157,7 +160,7 @@ class PredictionService:
             raise ConfluenceError(f"store {db} has no tasks to serve")
         self.loaded = load_model(checkpoint)
         self.predictor = Predictor(self.loaded, self.store, batch_size=self.settings.batch_size,
-                                   threads=self.settings.threads)
+                                   threads=self.settings.threads, draws=self.settings.draws)
         self.card = model_card(self.loaded, self.store)
         self.tasks = task_infos(self.store)
         # each anchor table's keys sorted once (not hashed again on every request)
