@@ -289,7 +289,7 @@ def test_malformed_json_is_a_4xx(server):
 def test_health_tasks_model_and_the_openapi_page(server, run, tiny_store):
     status, health = server.get("/health")
     assert status == 200 and health["status"] == "ready" and health["store"] == "bookstore", health
-    assert health["batch_size"] == SERVER_BATCH and health["max_anchors"] == 20
+    assert health["batch_size"] == SERVER_BATCH and health["max_anchors"] == 20 and health["draws"] == 4
     assert health["compiled_shapes"] == health["batch_shapes"] >= 1  # every batch shape compiled before ready
     status, tasks = server.get("/tasks")
     store = Store.open(tiny_store)
@@ -369,3 +369,16 @@ def test_the_key_index_finds_what_arrow_finds(kind):
     want = np.asarray(pc.fill_null(pc.index_in(query, value_set=table), -1))
     np.testing.assert_array_equal(KeyIndex(table).rows(query), want)
     assert (KeyIndex(pa.array([], table.type)).rows(query) == -1).all()
+
+
+def test_bench_serve_measures_a_real_server_with_its_draws(run, tiny_store):
+    """`confluence bench serve`'s function: a real `confluence serve` child process, real HTTP requests; the server
+    says how many context draws it answers each anchor from, and the figures come back."""
+    from confluence.bench.serve import bench_serve
+
+    res = bench_serve(run, tiny_store, task="book_genre", clients=(1,), requests=8, warmup=2, batch_size=16,
+                      draws=2, log=lambda _: None)
+    level = res["levels"][0]
+    assert res["draws"] == 2 and res["batch_size"] == 16
+    assert level["requests"] == 8 and level["anchors"] == 8 and level["model_calls"] >= 1
+    assert level["latency_ms"]["p50"] > 0

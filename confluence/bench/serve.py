@@ -120,7 +120,8 @@ def _level(port: int, bodies: list[dict], clients: int) -> dict[str, Any]:
 
 def bench_serve(checkpoint: Path, db: Path, *, task: str | None = None, clients: tuple[int, ...] = (1, 8),
                 requests: int = 200, anchors_per_request: int = 1, batch_size: int | None = None,
-                max_wait_ms: float = 5.0, warmup: int = 10, log: Callable[[str], None] = print) -> dict[str, Any]:
+                max_wait_ms: float = 5.0, warmup: int = 10, draws: int | None = None,
+                log: Callable[[str], None] = print) -> dict[str, Any]:
     """Start the server, measure each client count in turn (after `warmup` requests), stop the server."""
     if requests < 1 or anchors_per_request < 1 or any(c < 1 for c in clients):
         raise ConfluenceError("requests, anchors per request and client counts must be 1 or more")
@@ -134,6 +135,8 @@ def bench_serve(checkpoint: Path, db: Path, *, task: str | None = None, clients:
            "--port", str(port), "--max-wait-ms", str(max_wait_ms), "--log-level", "warning"]
     if batch_size is not None:
         cmd += ["--batch-size", str(batch_size)]
+    if draws is not None:
+        cmd += ["--draws", str(draws)]
     log(f"starting: {' '.join(cmd[2:])}")
     t0 = time.perf_counter()
     errlog = tempfile.TemporaryFile("w+")  # the server's stderr, read back if it fails (a pipe could fill up)
@@ -141,7 +144,8 @@ def bench_serve(checkpoint: Path, db: Path, *, task: str | None = None, clients:
     try:
         health = _wait_ready(proc, port, errlog)
         startup = time.perf_counter() - t0
-        log(f"ready after {startup:.1f} s (batch size {health['batch_size']}, max wait {health['max_wait_ms']} ms)")
+        log(f"ready after {startup:.1f} s (batch size {health['batch_size']}, max wait {health['max_wait_ms']} ms, "
+            f"{health['draws']} context draw(s) per anchor)")
         _level(port, bodies[:warmup], 1)  # compiles the shapes the measured requests need
         levels = []
         for c in clients:
@@ -164,6 +168,6 @@ def bench_serve(checkpoint: Path, db: Path, *, task: str | None = None, clients:
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
         "loadavg_1min": [load_start, os.getloadavg()[0]],  # other jobs on the machine, at start and end
         "task": task, "anchors_per_request": anchors_per_request, "batch_size": health["batch_size"],
-        "max_wait_ms": max_wait_ms, "startup_s": startup, "checkpoint_step": card["step"],
+        "max_wait_ms": max_wait_ms, "draws": health["draws"], "startup_s": startup, "checkpoint_step": card["step"],
         "parameters": card["parameters"], "store": card["store"]["name"], "levels": levels,
     }

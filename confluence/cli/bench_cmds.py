@@ -346,6 +346,7 @@ def bench_serve_cmd(
     batch_size: int | None = typer.Option(None, "--batch-size", min=1, help="The server's --batch-size "
                                           "(default: the run's)."),
     max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", min=0.0, help="The server's --max-wait-ms."),
+    draws: int | None = typer.Option(None, "--draws", min=1, help="The server's --draws (default: its default)."),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the figures to this JSON file."),
 ) -> None:
     """Requests/s, anchors/s and p50/p99 latency of `confluence serve` under concurrent HTTP clients."""
@@ -354,11 +355,11 @@ def bench_serve_cmd(
     try:
         res = bench_serve(checkpoint, db, task=task, clients=tuple(clients), requests=requests,
                           anchors_per_request=anchors_per_request, batch_size=batch_size, max_wait_ms=max_wait_ms,
-                          log=typer.echo)
+                          draws=draws, log=typer.echo)
     except ConfluenceError as exc:
         fail(exc)
     typer.echo(f"{res['store']} / {res['task']}, step {res['checkpoint_step']}, {res['anchors_per_request']} "
-               f"anchor(s) per request, batch size {res['batch_size']}, {res['machine']}, 1-min load average "
+               f"anchor(s) per request, batch size {res['batch_size']}, {res['draws']} draw(s), {res['machine']}, 1-min load average "
                f"{res['loadavg_1min'][0]:.1f} -> {res['loadavg_1min'][1]:.1f}")
     typer.echo(f"{'clients':>7} {'req/s':>8} {'anchors/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'req/call':>9}")
     for r in res["levels"]:

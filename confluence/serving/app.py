@@ -89,6 +89,7 @@ class Health(BaseModel):
     batch_size: int
     max_wait_ms: float
     max_anchors: int
+    draws: int = Field(description="Contexts each anchor is answered from (the server's --draws).")
     compiled_shapes: int = Field(description="Batch shapes the model is compiled for (it compiles them all "
                                              "before it is ready).")
     batch_shapes: int = Field(description="Batch shapes to compile before ready.")
@@ -195,7 +196,8 @@ def build_app(service: PredictionService) -> FastAPI:
         st = service.stats
         body = Health(status=status, store=service.store.name, step=service.loaded.step,
                       batch_size=service.predictor.batch_size, max_wait_ms=service.settings.max_wait_ms,
-                      max_anchors=service.settings.max_anchors, compiled_shapes=service.compiled[0],
+                      max_anchors=service.settings.max_anchors, draws=service.predictor.draws,
+                      compiled_shapes=service.compiled[0],
                       batch_shapes=service.compiled[1],
                       stats=StatsBody(requests=st.requests, anchors=st.anchors, model_calls=st.model_calls,
                                       merged_calls=st.merged_calls, rounds=st.rounds,
