@@ -20,6 +20,7 @@ from confluence.errors import ConfluenceError
 from confluence.evaluation.draws import combine_draws
 from confluence.evaluation.evaluate import evaluate
 from confluence.evaluation.inference import HeadOutputs, Predictor, load_model, sigmoid, softmax
+from confluence.evaluation.predict import predict, seed_prediction_table
 from confluence.model.transformer import RelationalTransformer
 from confluence.serving.batching import head_outputs
 from confluence.store import Store
@@ -139,3 +140,20 @@ def test_a_bad_number_of_draws_is_refused_by_name(labelled):
         Predictor(load_model(path), Store.open(store.path), draws=0)
     res = CliRunner().invoke(app, ["evaluate", "--checkpoint", str(path), "--db", str(store.path), "--draws", "0"])
     assert res.exit_code != 0 and "--draws" in res.output
+
+
+def test_evaluations_kept_outputs_make_the_table_predict_writes(labelled):
+    """The demo writes its predictions from the evaluate step's head outputs instead of computing them again: the
+    table equals `predict --split test --max-seeds N` on the same seeds."""
+    path, store = labelled
+    res = evaluate(path, store.path, split="test", max_seeds=5, draws=2, keep_rows=True)
+    checked = 0
+    for task in store.tasks:
+        rows = res[task.name].get("rows")
+        if rows is None:
+            continue
+        got = seed_prediction_table(store, task.name, rows.seed_ids, rows.head, train_ids=rows.clip_ids)
+        want = predict(path, store, task.name, split="test", max_seeds=5, draws=2)
+        assert got.equals(want), task.name
+        checked += 1
+    assert checked > 0

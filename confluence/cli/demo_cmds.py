@@ -129,16 +129,24 @@ def step_evaluate(ctx: DemoContext) -> None:
 
 def step_predict(ctx: DemoContext) -> None:
     """Write predictions (anchor key, observation time, prediction, p_null, class probabilities) for each task's test
-    seeds."""
-    from confluence.evaluation.predict import predict
+    seeds: the evaluate step's head outputs on exactly those seeds when it kept them (what `confluence predict
+    --split test --max-seeds N` computes again, tested equal), else `predict`."""
+    from confluence.evaluation.predict import predict, seed_prediction_table, write_table_atomic
     from confluence.store import Store
 
     store = Store.open(ctx.store_path)
     pred_dir = ctx.out / "predictions"
+    results = ctx.extra.get("results") or {}
     for task in store.tasks:
-        table = predict(ctx.extra["run"], ctx.store_path, task.name, split="test", batch_size=64,
-                        max_seeds=int(ctx.extra.get("max_seeds", 2000)), out=pred_dir / f"{task.name}.parquet")
-        ctx.console.print(f"{task.name}: {table.num_rows} predictions -> {pred_dir / (task.name + '.parquet')}")
+        out = pred_dir / f"{task.name}.parquet"
+        rows = results.get(task.name, {}).get("rows")
+        if rows is not None and rows.head is not None:
+            table = seed_prediction_table(store, task.name, rows.seed_ids, rows.head, train_ids=rows.clip_ids)
+            write_table_atomic(table, out)
+        else:
+            table = predict(ctx.extra["run"], ctx.store_path, task.name, split="test", batch_size=64,
+                            max_seeds=int(ctx.extra.get("max_seeds", 2000)), out=out)
+        ctx.console.print(f"{task.name}: {table.num_rows} predictions -> {out}")
 
 
 def step_report(ctx: DemoContext) -> None:

@@ -47,6 +47,9 @@ class EvalRows:
     categories: list[str] | None = None
     trivial: dict[str, np.ndarray] | None = None  # the trivial baselines' predictions on the same rows, by name
     train_std: float | None = None  # numerical targets: std of the train targets (normalized MAE)
+    seed_ids: np.ndarray | None = None  # the evaluated seeds (all of them, null targets too), in order
+    head: HeadOutputs | None = None  # the model's head outputs on `seed_ids` (what `predict` would compute)
+    clip_ids: np.ndarray | None = None  # the train seeds that bound numerical predictions (None: not clipped)
 
 
 def subsample(ids: np.ndarray, cap: int | None, seed: int = 0) -> np.ndarray:
@@ -175,7 +178,8 @@ def evaluate(
                 trivial_preds = M.trivial_predictions(stype, train_vals, int(keep.sum()),
                                                       num_classes=truth.num_classes or None)
                 entry["rows"] = EvalRows(truth=truth.values[keep], pred=pred, gbdt=g.predictions if gbdt else None,
-                                         categories=truth.categories, trivial=trivial_preds, train_std=train_std)
+                                         categories=truth.categories, trivial=trivial_preds, train_std=train_std,
+                                         seed_ids=eval_ids, head=out, clip_ids=train_ids if clip_numbers else None)
             results[task] = entry
     finally:
         predictor.close()

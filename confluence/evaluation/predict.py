@@ -309,6 +309,17 @@ def prediction_table(store: Any, task: str, keys: pa.Array, obs: np.ndarray, hea
                      **postprocess(store, task, head, train_ids=train_ids, top_k=top_k)})
 
 
+def seed_prediction_table(store: Any, task: str, seed_ids: np.ndarray, head: HeadOutputs, *,
+                          train_ids: np.ndarray | None, top_k: int = 3) -> pa.Table:
+    """`prediction_table` for seeds of the task (their anchors' keys and observation times): what `predict --split`
+    writes, also from head outputs computed elsewhere (the demo reuses its evaluation's)."""
+    arrays = store.task_arrays(task)
+    ids = np.asarray(seed_ids, dtype=np.int64)
+    keys = anchor_keys(store, store.task(task).anchor_table, np.asarray(arrays.anchor_row)[ids])
+    return prediction_table(store, task, keys, np.asarray(arrays.obs_time)[ids], head, train_ids=train_ids,
+                            top_k=top_k)
+
+
 def predict(
     checkpoint: str | Path | LoadedModel,
     db: str | Path | Store,
@@ -329,7 +340,8 @@ def predict(
     atomically when given; returns the table. `progress`: a `Reporter`-like object (`step(desc, total)`,
     `advance(n)`). `clip_numbers=False` reports numbers plainly de-normalized (seed 004), not clipped to the train
     targets' range and rounded (`targets.numerical_predictions`). `draws`: contexts per anchor whose answers are
-    combined (`inference.combine_draws`; 1: one context). Bad arguments (output suffix, task, split, anchors file) are refused before the model loads."""
+    combined (`inference.combine_draws`; 1: one context). Bad arguments (output suffix, task, split, anchors file)
+    are refused before the model loads."""
     out_path = None if out is None else Path(out)
     if out_path is not None:
         table_format(out_path)
@@ -339,7 +351,6 @@ def predict(
             raise ConfluenceError(f"{name} (--{name.replace('_', '-')}) must be {least} or more, not {value}")
     store = db if isinstance(db, Store) else Store.open(db)
     require_task(store, task)
-    info = store.task(task)
     if anchors is not None:
         rows, obs, keys = read_anchor_file(Path(anchors), store, task)
     else:
@@ -349,10 +360,7 @@ def predict(
     try:
         if anchors is None:
             ids = subsample(predictor.seed_ids(split or "test", task), max_seeds)
-            arrays = store.task_arrays(task)
-            rows = np.asarray(arrays.anchor_row)[ids]
-            obs = np.asarray(arrays.obs_time)[ids]
-            keys = anchor_keys(store, info.anchor_table, rows)
+            rows = np.asarray(store.task_arrays(task).anchor_row)[ids]
         if progress is not None:
             progress.step(f"predict {task}", len(rows) * predictor.draws)
         advance = None if progress is None else progress.advance
@@ -363,7 +371,10 @@ def predict(
         train_ids = predictor.seed_ids("train", task) if clip_numbers else None
     finally:
         predictor.close()
-    table = prediction_table(store, task, keys, obs, head, train_ids=train_ids, top_k=top_k)
+    if anchors is None:
+        table = seed_prediction_table(store, task, ids, head, train_ids=train_ids, top_k=top_k)
+    else:
+        table = prediction_table(store, task, keys, obs, head, train_ids=train_ids, top_k=top_k)
     if out_path is not None:
         write_table_atomic(table, out_path)
     return table
