@@ -359,8 +359,8 @@ def bench_serve_cmd(
     except ConfluenceError as exc:
         fail(exc)
     typer.echo(f"{res['store']} / {res['task']}, step {res['checkpoint_step']}, {res['anchors_per_request']} "
-               f"anchor(s) per request, batch size {res['batch_size']}, {res['draws']} draw(s), {res['machine']}, 1-min load average "
-               f"{res['loadavg_1min'][0]:.1f} -> {res['loadavg_1min'][1]:.1f}")
+               f"anchor(s) per request, batch size {res['batch_size']}, {res['draws']} draw(s), {res['machine']}, "
+               f"1-min load average {res['loadavg_1min'][0]:.1f} -> {res['loadavg_1min'][1]:.1f}")
     typer.echo(f"{'clients':>7} {'req/s':>8} {'anchors/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'req/call':>9}")
     for r in res["levels"]:
         typer.echo(f"{r['clients']:>7} {r['requests_per_s']:>8.1f} {r['anchors_per_s']:>10.1f} "

@@ -6,7 +6,7 @@ sampler's epoch `e`, so draw 0 is exactly the one context of a single draw, and 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import TypeVar
 
 import numpy as np
@@ -36,10 +36,8 @@ def combine_draws(draws: Sequence[H]) -> H:
         return draws[0]
     if not draws:
         raise ValueError("combine_draws needs at least one draw")
-    f64 = [{f.name: np.asarray(getattr(d, f.name), dtype=np.float64) for f in fields(draws[0])} for d in draws]
-
-    def stack(name: str) -> np.ndarray:
-        return np.stack([d[name] for d in f64])
+    def stack(name: str) -> np.ndarray:  # [draws, ...] in float64
+        return np.stack([np.asarray(getattr(d, name), dtype=np.float64) for d in draws])
 
     def binary(name: str) -> np.ndarray:  # logit of the mean probability: log p - log(1 - p), each a log-mean-exp
         x = stack(name)

@@ -20,14 +20,7 @@ import numpy as np
 from confluence.errors import ConfluenceError
 from confluence.evaluation import metrics as M
 from confluence.evaluation.draws import DEFAULT_DRAWS
-from confluence.evaluation.inference import (
-    HeadOutputs,
-    LoadedModel,
-    Predictor,
-    load_model,
-    sigmoid,
-    softmax,
-)
+from confluence.evaluation.inference import HeadOutputs, LoadedModel, Predictor, load_model, sigmoid, softmax
 from confluence.evaluation.targets import decode_targets, numerical_predictions
 from confluence.sampler.config import labels_for
 from confluence.stypes import SemanticType

@@ -31,14 +31,7 @@ import pyarrow.parquet as pq
 from confluence.errors import ConfluenceError
 from confluence.evaluation.draws import DEFAULT_DRAWS
 from confluence.evaluation.evaluate import subsample
-from confluence.evaluation.inference import (
-    HeadOutputs,
-    LoadedModel,
-    Predictor,
-    load_model,
-    sigmoid,
-    softmax,
-)
+from confluence.evaluation.inference import HeadOutputs, LoadedModel, Predictor, load_model, sigmoid, softmax
 from confluence.evaluation.targets import numerical_predictions, task_categories
 from confluence.preprocess.encode import MAX_EPOCH_US, MIN_EPOCH_US, TIMESTAMP_PERIODS, calendar_fields
 from confluence.sampler.splits import split_index
@@ -360,9 +353,8 @@ def predict(
     try:
         if anchors is None:
             ids = subsample(predictor.seed_ids(split or "test", task), max_seeds)
-            rows = np.asarray(store.task_arrays(task).anchor_row)[ids]
         if progress is not None:
-            progress.step(f"predict {task}", len(rows) * predictor.draws)
+            progress.step(f"predict {task}", (len(ids) if anchors is None else len(rows)) * predictor.draws)
         advance = None if progress is None else progress.advance
         if anchors is not None:
             head = predictor.anchor_outputs(task, rows, obs, advance)

@@ -36,9 +36,9 @@ VIA_LABEL = 3  # `BuildResult.via` of a labelled task row
 # which splits' labels a context of each phase may hold ("training": the training stream's batches, the only
 # contexts that `labels_off` and `relabel` change; "train": evaluating or predicting the train split; "all":
 # predictions for anchors outside the task's seeds)
-CONTEXT_SPLITS = {"training": ("train",), "train": ("train",), "val": ("train",), "test": ("train", "val"),
-                  "all": ("train", "val", "test")}
 TRAINING_CONTEXT = "training"
+CONTEXT_SPLITS = {TRAINING_CONTEXT: ("train",), "train": ("train",), "val": ("train",), "test": ("train", "val"),
+                  "all": ("train", "val", "test")}
 _SCAN = 16  # candidates scanned per wanted label in the sibling and recent phases (bounds the work per sequence)
 
 _NUM = int(SemanticType.NUMERICAL)
