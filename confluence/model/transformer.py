@@ -15,7 +15,7 @@ from confluence.model.block import Block, Structure
 from confluence.model.config import ModelConfig
 from confluence.model.encoding import ValueEncoder
 from confluence.model.heads import CopyHead, DecoderHeads, ModelOutput, TimeReference
-from confluence.toolkit.layers import RMSNorm, cast_floating
+from confluence.toolkit.layers import RMSNorm, cast_floating, run_layers
 
 
 class RelationalTransformer(eqx.Module):
@@ -52,12 +52,8 @@ class RelationalTransformer(eqx.Module):
         x = m.encoder(inputs, column_table, category_table)
         x = jnp.where(keep, m.h0_norm(x), jnp.zeros((), x.dtype))
         st = Structure.from_inputs(inputs, attention)  # permutations and masks: once per batch, not per layer
-        for block in m.blocks:
-            if self.cfg.remat:
-                x = eqx.filter_checkpoint(lambda b, x, st: b(x, st, attention))(block, x, st)
-            else:
-                x = block(x, st, attention)
-        return x
+        return run_layers(m.blocks, x, lambda block, h: block(h, st, attention), scan=self.cfg.scan_layers,
+                          remat=self.cfg.remat)
 
     def __call__(
         self, inputs: dict[str, jax.Array], column_table: jax.Array, category_table: jax.Array

@@ -205,3 +205,24 @@ def cast_floating(tree, dtype: jnp.dtype):
         return x
 
     return jax.tree.map(_cast, tree)
+
+
+def run_layers(layers: list, x: jax.Array, call, *, scan: bool = False, remat: bool = False) -> jax.Array:
+    """`x = call(layer, x)` for each layer in order. `scan`: one `lax.scan` over the layers' stacked parameters, so XLA
+    compiles the layer once instead of once per layer (compile time flat in depth; the parameters are stacked inside
+    the step, their gradients come back per layer, checkpoints keep the list). Needs layers of one structure (the
+    same static fields). `remat`: recompute each layer's activations in the backward pass."""
+    step = (lambda layer, h: eqx.filter_checkpoint(call)(layer, h)) if remat else call
+    if not scan or len(layers) < 2:
+        for layer in layers:
+            x = step(layer, x)
+        return x
+    if any(jax.tree.structure(layer) != jax.tree.structure(layers[0]) for layer in layers[1:]):
+        raise ValueError("run_layers(scan=True) needs layers of one structure (equal static fields)")
+    static = eqx.partition(layers[0], eqx.is_array)[1]
+    stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *[eqx.filter(layer, eqx.is_array) for layer in layers])
+
+    def body(h, p):
+        return step(eqx.combine(p, static), h), None
+
+    return jax.lax.scan(body, x, stacked)[0]
