@@ -166,12 +166,14 @@ def test_block_sparse_kernel_and_remat_match_the_reference_through_the_model():
 
 def test_scanned_layers_match_the_unrolled_loop():
     """`model.scan_layers` (one lax.scan over the stacked blocks) computes the same loss and the same per-block
-    gradients as the Python loop, with and without remat; the parameters (and so checkpoints) are the same list."""
+    gradients as the Python loop, with and without remat and with the block-sparse kernel inside the loop; the
+    parameters (and so checkpoints) are the same list."""
     db = tiny_db()
     batch = tiny_batch(db, task=1, seed=3, r=3)
     deep = dataclasses.replace(TINY, n_layers=3)
     ref = _loss_and_grads(dataclasses.replace(deep, scan_layers=False), batch, db)
-    for variant in (dataclasses.replace(deep, scan_layers=True), dataclasses.replace(deep, scan_layers=True, remat=True)):
+    for variant in (dataclasses.replace(deep, scan_layers=True), dataclasses.replace(deep, scan_layers=True, remat=True),
+                    dataclasses.replace(deep, scan_layers=True, attention_impl="block_sparse")):
         got = _loss_and_grads(variant, batch, db)
         assert got[0] == pytest.approx(ref[0], rel=1e-5)
         assert len(got[1]) == len(ref[1])
