@@ -237,3 +237,43 @@ def test_database_metadata_embedded(store):
     assert store.meta["database"]["name"] == "bookstore"
     assert list(store.meta)[:3] == ["format_version", "confluence_version", "name"]
     assert set(bookstore_tables()) == {t.name for t in store.tables}
+
+
+def test_dangling_keys_kept_as_key_only_rows(tmp_path, store):
+    """`dangling_keys="keep"`: the order of customer 99 (no such customer) gets a key-only customers row after the
+    four real ones (always visible, every cell NULL) instead of losing its edge; every other table, edge and task
+    seed is the one of the default store, and the warning says what happened."""
+    import warnings
+
+    src, meta = bookstore_files(tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kept = Store.open(preprocess(src, meta, tmp_path / "kept", encoder=HashEncoder(), progress=False,
+                                     dangling_keys="keep"))
+    assert [(t.name, t.num_rows) for t in kept.tables] == [("customers", 5), ("books", 3), ("orders", 6)]
+    assert [t["key_only_rows"] for t in kept.meta["tables"]] == [1, 0, 0]
+    assert kept.meta["graph"]["dangling"] == {"orders.customer_id": 0, "orders.book_id": 0}
+    assert kept.meta["graph"]["num_key_only_rows"] == 1 and kept.meta["graph"]["num_parent_edges"] == 11
+    assert kept.keys("customers").to_pylist() == [1, 2, 3, 4, 99]
+    assert kept.row_time[4] == INT64_MIN and kept.row_time[:4].tolist() == store.row_time[:4].tolist()
+    assert kept.table("customers").null_time_rows == 0
+    for col in ("country", "age", "is_premium", "bio", "signed_up_at", "name"):
+        assert bits(kept, "customers", col)[4] == 0, col
+    # order 103 (row 11 here, 10 before) now has its customer: row 4, the key-only one
+    assert kept.parent_indices[kept.parent_indptr[11]:kept.parent_indptr[12]].tolist() == [4, 7]  # and book b3
+    for t in store.tasks:  # tasks read the tables as they are: the same anchors (one row later after customers)
+        shift = 1 if t.anchor_table != "customers" else 0
+        a, b = kept.task_arrays(t.name), store.task_arrays(t.name)
+        assert (a.anchor_row == b.anchor_row + shift).all() and (a.obs_time == b.obs_time).all(), t.name
+    texts = [str(w.message) for w in caught]
+    assert any("orders.customer_id" in m and "key-only row" in m for m in texts), texts
+    assert not any("edges are dropped" in m for m in texts)
+
+
+def test_dangling_keys_setting_is_checked(tmp_path):
+    from confluence.errors import ConfigError
+
+    src, meta = bookstore_files(tmp_path)
+    with pytest.raises(ConfigError, match="dangling_keys"):
+        preprocess(src, meta, tmp_path / "bad", encoder=HashEncoder(), progress=False, dangling_keys="ignore")
+    assert not (tmp_path / "bad").exists()

@@ -26,6 +26,9 @@ def preprocess_cmd(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
     strict: bool = typer.Option(False, "--strict", help="Make data warnings (NaN/inf read as NULL, dangling foreign"
                                 " keys, empty tables) errors: exit 1, no store written."),
+    dangling_keys: str = typer.Option("drop", "--dangling-keys", help="A foreign-key value matching no key: 'drop'"
+                                      " its edge, or 'keep' it as a key-only row of the referenced table (rows"
+                                      " sharing it stay siblings)."),
 ) -> None:
     """Preprocess a raw database into a processed store, then print its summary and any data warnings."""
     from confluence.preprocess import preprocess
@@ -44,7 +47,7 @@ def preprocess_cmd(
         with recorded() as found:
             path = preprocess(source, metadata, out, text_encoder=text_encoder, embedding_cache=cache,
                               memory_limit_mb=memory_limit_mb, threads=threads, progress=not quiet,
-                              validate=not no_validate, strict=strict)
+                              validate=not no_validate, strict=strict, dangling_keys=dangling_keys)
         store = Store.open(path)
     except ConfluenceError as exc:
         _warnings(found)

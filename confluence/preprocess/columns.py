@@ -62,6 +62,8 @@ class TablePlan:
     columns: list[ColumnPlan] = field(default_factory=list)
     keys: KeyIndex | None = None
     null_time_rows: int = 0
+    relation: str = ""  # what the passes read: the table itself, or it plus key-only rows (`keyed_relations`)
+    key_only_rows: int = 0  # rows added for foreign-key values that match no key (preprocess's dangling_keys)
 
 
 def batch_rows_for(memory_limit_mb: int) -> int:
@@ -70,12 +72,14 @@ def batch_rows_for(memory_limit_mb: int) -> int:
     return int(min(max(rows, CHUNK), 16 * CHUNK))
 
 
-def scan(con: duckdb.DuckDBPyConnection, table: str, column: str, batch_rows: int) -> Iterator[tuple[int, pa.Array]]:
+def scan(con: duckdb.DuckDBPyConnection, table: str, column: str, batch_rows: int,
+         relation: str = "") -> Iterator[tuple[int, pa.Array]]:
     """Stream one column in row order as (first local row, Arrow array) batches; every batch but the last
-    holds a multiple of 8 rows (bit arrays are written per byte)."""
+    holds a multiple of 8 rows (bit arrays are written per byte). `relation`: the SQL to read instead of the table
+    (`TablePlan.relation`)."""
     row0 = 0
     carry: pa.Array | None = None
-    for batch in _read(con, table, column, batch_rows):
+    for batch in _read(con, table, column, batch_rows, relation):
         arr = batch.column(0)
         if carry is not None:
             arr = pa.concat_arrays([carry, arr])
@@ -91,13 +95,14 @@ def scan(con: duckdb.DuckDBPyConnection, table: str, column: str, batch_rows: in
         yield row0, carry
 
 
-def _read(con: duckdb.DuckDBPyConnection, table: str, column: str, batch_rows: int) -> Iterator[pa.RecordBatch]:
+def _read(con: duckdb.DuckDBPyConnection, table: str, column: str, batch_rows: int,
+          relation: str = "") -> Iterator[pa.RecordBatch]:
     """The raw record batches of one column; read failures become a DataError naming the column."""
     def fail(exc: Exception) -> DataError:
         return DataError(f"table '{table}', column '{column}': cannot read it: {str(exc).splitlines()[0]}")
 
     try:
-        it = iter(arrow_reader(con, f"SELECT {quote(column)} FROM {quote(table)}", batch_rows))
+        it = iter(arrow_reader(con, f"SELECT {quote(column)} FROM {relation or quote(table)}", batch_rows))
     except (duckdb.Error, pa.ArrowException) as exc:
         raise fail(exc) from None
     while True:
@@ -110,14 +115,19 @@ def _read(con: duckdb.DuckDBPyConnection, table: str, column: str, batch_rows: i
         yield batch
 
 
-def make_plan(db: DatabaseMeta, con: duckdb.DuckDBPyConnection) -> tuple[list[TablePlan], list[ColumnPlan]]:
-    """Tables in metadata order with their row offsets; non-ignored columns with their global indices."""
+def make_plan(db: DatabaseMeta, con: duckdb.DuckDBPyConnection, relations: dict[str, str] | None = None
+              ) -> tuple[list[TablePlan], list[ColumnPlan]]:
+    """Tables in metadata order with their row offsets; non-ignored columns with their global indices.
+    `relations`: per table, the SQL the passes read instead of the table (`keyed_relations`)."""
     tables: list[TablePlan] = []
     columns: list[ColumnPlan] = []
     offset = 0
     for ti, t in enumerate(db.tables.values()):
-        n = int(con.execute(f"SELECT count(*) FROM {quote(t.name)}").fetchall()[0][0])
-        tp = TablePlan(meta=t, index=ti, num_rows=n, row_offset=offset)
+        relation = (relations or {}).get(t.name, quote(t.name))
+        n = int(con.execute(f"SELECT count(*) FROM {relation}").fetchall()[0][0])
+        tp = TablePlan(meta=t, index=ti, num_rows=n, row_offset=offset, relation=relation)
+        if relation != quote(t.name):
+            tp.key_only_rows = n - int(con.execute(f"SELECT count(*) FROM {quote(t.name)}").fetchall()[0][0])
         for c in t.non_ignored():
             cp = ColumnPlan(table=t.name, meta=c, column_idx=len(columns))
             tp.columns.append(cp)
@@ -136,7 +146,7 @@ def load_primary_keys(con: duckdb.DuckDBPyConnection, tables: list[TablePlan], b
         if pk is None:
             continue
         parts = []
-        for _row0, arr in scan(con, tp.meta.name, pk, batch_rows):
+        for _row0, arr in scan(con, tp.meta.name, pk, batch_rows, tp.relation):
             parts.append(arr)
             rep.advance(len(arr))
         keys = pa.concat_arrays(parts) if parts else pa.array([], type=pa.int64())
@@ -150,6 +160,7 @@ def statistics_pass(con: duckdb.DuckDBPyConnection, tables: list[TablePlan], col
     Returns the database-wide timestamp moments and the category texts in global categorical order.
     """
     rows = {tp.meta.name: tp.num_rows for tp in tables}
+    relations = {tp.meta.name: tp.relation for tp in tables}
     stat_cols = [c for c in columns if c.stype in (SemanticType.NUMERICAL, SemanticType.TIMESTAMP,
                                                    SemanticType.CATEGORICAL)]
     rep.step("statistics", sum(rows[c.table] for c in stat_cols))
@@ -159,7 +170,7 @@ def statistics_pass(con: duckdb.DuckDBPyConnection, tables: list[TablePlan], col
             c.distinct = DistinctValues()
         else:
             c.moments = MomentStats()
-        for row0, arr in scan(con, c.table, name, batch_rows):
+        for row0, arr in scan(con, c.table, name, batch_rows, relations[c.table]):
             nan, inf = enc.non_finite_counts(arr)
             c.nan, c.inf = c.nan + nan, c.inf + inf
             if c.stype == SemanticType.NUMERICAL:
@@ -220,7 +231,7 @@ def encode_column(con: duckdb.DuckDBPyConnection, writer: StoreWriter, tp: Table
     is_time = name == tp.meta.temporal_column
     seen_texts = np.zeros(0, dtype=bool)  # text columns: which global texts occur in this column
     seen = 0
-    for row0, arr in scan(con, t, name, batch_rows):
+    for row0, arr in scan(con, t, name, batch_rows, tp.relation):
         stop = row0 + len(arr)
         if stype == SemanticType.NUMERICAL:
             x, valid = enc.to_float(arr, t, name, row0)
@@ -264,3 +275,31 @@ def encode_column(con: duckdb.DuckDBPyConnection, writer: StoreWriter, tp: Table
     writer.close(fmt.valid_file(t, name))
     if values_out is not None:
         writer.close(fmt.values_file(t, name))
+
+
+def keyed_relations(db: DatabaseMeta, con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+    """Per table that foreign keys reference: the SQL of the table followed by one key-only row (every other column
+    NULL) for each distinct foreign-key value that matches none of its keys, sorted by key. Such a value still says
+    which rows share a parent (the flights of a plane missing from `planes`); as a row of its own it keeps them
+    siblings instead of dropping their edges. The table's own rows keep their order and come first. Values that
+    do not convert to the key's type stay dangling."""
+    refs: dict[str, list[tuple[str, str]]] = {}
+    for t in db.tables.values():
+        for c in t.foreign_keys():
+            if c.fk_column == db.tables[str(c.fk_table)].primary_key:
+                refs.setdefault(str(c.fk_table), []).append((t.name, c.name))
+    out = {}
+    for name, children in refs.items():
+        pk = db.tables[name].primary_key
+        if pk is None:
+            continue
+        table, key = quote(name), quote(pk)
+        key_type = con.execute(f"SELECT typeof({key}) FROM {table} LIMIT 1").fetchall()
+        if not key_type:  # an empty table: its type from the schema
+            key_type = con.execute(f"SELECT data_type FROM (DESCRIBE SELECT {key} FROM {table})").fetchall()
+        kt = key_type[0][0]
+        values = " UNION ".join(f"SELECT TRY_CAST({quote(col)} AS {kt}) AS k FROM {quote(child)}"
+                                for child, col in children)
+        out[name] = (f"(SELECT * FROM {table} UNION ALL BY NAME (SELECT DISTINCT k AS {key} FROM ({values}) "
+                     f"WHERE k IS NOT NULL AND k NOT IN (SELECT {key} FROM {table}) ORDER BY k))")
+    return out

@@ -15,13 +15,14 @@ import numpy as np
 import pyarrow as pa
 
 import confluence
-from confluence.errors import MetadataError
+from confluence.errors import ConfigError, MetadataError
 from confluence.preprocess.columns import (
     ColumnPlan,
     TablePlan,
     batch_rows_for,
     column_stats,
     encode_column,
+    keyed_relations,
     load_primary_keys,
     make_plan,
     statistics_pass,
@@ -49,7 +50,10 @@ from confluence.textenc.base import TextEncoder
 from confluence.textenc.registry import load_encoder
 
 DEFAULT_MEMORY_LIMIT_MB = 2048
-__all__ = ["DEFAULT_MEMORY_LIMIT_MB", "batch_rows_for", "preprocess"]
+# what becomes of a foreign-key value that matches no key of its table: "drop" (its edge is dropped, the value
+# lost) or "keep" (a key-only row of that table stands for it, so the rows sharing it stay siblings)
+DANGLING_KEYS = ("drop", "keep")
+__all__ = ["DANGLING_KEYS", "DEFAULT_MEMORY_LIMIT_MB", "batch_rows_for", "preprocess"]
 
 
 def preprocess(
@@ -65,6 +69,7 @@ def preprocess(
     progress: bool = True,
     validate: bool = True,
     strict: bool = False,
+    dangling_keys: str = "drop",
 ) -> Path:
     """Preprocess `source` (a path or an opened raw database) with `metadata` into the store directory `out`.
 
@@ -77,7 +82,13 @@ def preprocess(
     validation and by the passes, each once) are issued with `warnings.warn` at the end
     (`confluence.sources.data_warnings.DataWarning`). With `strict=True` they are errors instead: a
     `StrictDataError` (or the validation's `MetadataError`) listing them, and no store is written.
+
+    `dangling_keys` (`DANGLING_KEYS`): "keep" adds to each referenced table one key-only row (its other columns
+    NULL, always visible) per distinct foreign-key value matching none of its keys, after its own rows, instead of
+    dropping those edges; tasks still read the tables as they are (docs/preprocessing.md).
     """
+    if dangling_keys not in DANGLING_KEYS:
+        raise ConfigError("dangling_keys", f"must be one of {', '.join(DANGLING_KEYS)}, got {dangling_keys!r}")
     db = metadata if isinstance(metadata, DatabaseMeta) else load_metadata(metadata)
     duckdb_mb = max(int(memory_limit_mb) // 2, 64)  # DuckDB's share of the budget (the rest: Arrow batches)
     raw = open_raw(source, duckdb_mb)
@@ -85,7 +96,7 @@ def preprocess(
     try:
         if validate:
             problems, warns = check_against_data(db, raw)
-            found.extend(warns)
+            found.extend([dw.dangling_kept(w) for w in warns] if dangling_keys == "keep" else warns)
             if problems:
                 if strict:
                     problems += [f"{w} (a warning; strict mode makes it an error)" for w in found.items]
@@ -101,8 +112,9 @@ def preprocess(
         writer = StoreWriter(out)
         try:
             with Reporter(progress) as rep:
+                relations = keyed_relations(db, con) if dangling_keys == "keep" else None
                 meta = _run(db, con, writer, encoder, embedding_cache, batch_rows_for(memory_limit_mb), rep,
-                            found)
+                            found, relations)
             found.check_strict(strict)
             return writer.commit(meta)
         except BaseException:
@@ -130,8 +142,9 @@ def write_primary_keys(writer: StoreWriter, tables: list) -> None:
 
 
 def _run(db: DatabaseMeta, con: duckdb.DuckDBPyConnection, writer: StoreWriter, encoder: TextEncoder,
-         cache: Any, batch_rows: int, rep: Reporter, found: dw.WarningList) -> dict[str, Any]:
-    tables, columns = make_plan(db, con)
+         cache: Any, batch_rows: int, rep: Reporter, found: dw.WarningList,
+         relations: dict[str, str] | None = None) -> dict[str, Any]:
+    tables, columns = make_plan(db, con, relations)
     by_name = {tp.meta.name: tp for tp in tables}
     num_rows = sum(tp.num_rows for tp in tables)
     found.extend([dw.empty_table(tp.meta.name) for tp in tables if tp.num_rows == 0])
@@ -150,6 +163,11 @@ def _run(db: DatabaseMeta, con: duckdb.DuckDBPyConnection, writer: StoreWriter, 
     rep.step("encoding columns", sum(by_name[c.table].num_rows for c in columns))
     for c in columns:
         encode_column(con, writer, by_name[c.table], c, by_name, texts, row_time, ts_mean, ts_std, batch_rows, rep)
+    for tp in tables:  # key-only rows carry no time: visible at any time (only a visible child leads to one)
+        if tp.key_only_rows and tp.meta.temporal_column is not None:
+            end = tp.row_offset + tp.num_rows
+            row_time[end - tp.key_only_rows:end] = fmt.STATIC_TIME
+            tp.null_time_rows -= tp.key_only_rows
     found.extend([dw.dangling_foreign_key(c.table, c.meta.name, c.dangling,
                                           by_name[c.table].num_rows - c.null_count, str(c.meta.foreign_key))
                   for c in columns if c.dangling])
@@ -314,7 +332,7 @@ def _metadata(db: DatabaseMeta, encoder: TextEncoder, tables: list[TablePlan], c
     table_entries = [
         {"name": tp.meta.name, "index": tp.index, "num_rows": tp.num_rows, "row_offset": tp.row_offset,
          "primary_key": tp.meta.primary_key, "temporal_column": tp.meta.temporal_column,
-         "null_time_rows": tp.null_time_rows, "key_type": str(tp.keys.keys.type) if tp.keys is not None else None,
+         "null_time_rows": tp.null_time_rows, "key_only_rows": tp.key_only_rows, "key_type": str(tp.keys.keys.type) if tp.keys is not None else None,
          "columns": [{"name": c.meta.name, "stype": c.stype.label, "column_idx": c.column_idx,
                       "foreign_key": c.meta.foreign_key, "stats": column_stats(c)} for c in tp.columns]}
         for tp in tables
@@ -335,7 +353,8 @@ def _metadata(db: DatabaseMeta, encoder: TextEncoder, tables: list[TablePlan], c
         "tables": table_entries,
         "columns": column_entries,
         "graph": {"num_parent_edges": num_edges, "num_child_edges": num_edges, "dangling": dangling,
-                  "num_dangling": int(sum(dangling.values()))},
+                  "num_dangling": int(sum(dangling.values())),
+                  "num_key_only_rows": int(sum(tp.key_only_rows for tp in tables))},
         "tasks": task_entries,
         "database": db.to_json(),
     }

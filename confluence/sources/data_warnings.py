@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from confluence.errors import DataError
 
 __all__ = ["DataWarning", "StrictDataError", "WarningList", "recorded", "empty_table", "non_finite",
-           "dangling_foreign_key", "mostly_numbers"]
+           "dangling_foreign_key", "dangling_kept", "mostly_numbers"]
 
 
 class DataWarning(UserWarning):
@@ -129,8 +129,19 @@ def dangling_foreign_key(table: str, column: str, dangling: int, non_null: int, 
             code="all_dangling_foreign_key", table=table, column=column, rows=dangling)
     return DataWarning(
         f"column '{table}.{column}': {dangling} of its {non_null} non-null foreign-key values match no key of"
-        f" {target}; their edges are dropped", code="dangling_foreign_key", table=table, column=column,
-        rows=dangling)
+        f" {target}{DROPPED}", code="dangling_foreign_key", table=table, column=column, rows=dangling)
+
+
+DROPPED = "; their edges are dropped"
+KEPT = "; each distinct value becomes a key-only row of that table (dangling keys kept)"
+
+
+def dangling_kept(w: DataWarning) -> DataWarning:
+    """The same dangling-key warning for a run that keeps such values as key-only rows (preprocess's
+    `dangling_keys="keep"`); any other warning as it is."""
+    if w.code != "dangling_foreign_key" or not w.text.endswith(DROPPED):
+        return w
+    return DataWarning(w.text[: -len(DROPPED)] + KEPT, code=w.code, table=w.table, column=w.column, rows=w.rows)
 
 
 def mostly_numbers(table: str, column: str, numbers: int, non_null: int, example: str) -> DataWarning:

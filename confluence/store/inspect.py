@@ -64,7 +64,9 @@ def summary(store: Store) -> Group:
     header.add_row("embeddings", f"D_t={store.d_t}, {m['num_categories']:,} categories (max K {store.max_k}),"
                                  f" {m['num_texts']:,} texts; encoder {enc['kind']} {enc['fingerprint']}")
     g = m["graph"]
-    header.add_row("FK graph", f"{g['num_parent_edges']:,} edges, {g.get('num_dangling', 0):,} dangling keys dropped")
+    kept = g.get("num_key_only_rows", 0)
+    header.add_row("FK graph", f"{g['num_parent_edges']:,} edges, {g.get('num_dangling', 0):,} dangling keys dropped"
+                   + (f", {kept:,} key-only rows" if kept else ""))
 
     # narrow tables (fit 80 columns, no ellipses in a log): per table one row, the column types in one cell
     tables = Table(title="tables", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
@@ -76,7 +78,9 @@ def summary(store: Store) -> Group:
         time_col = t.temporal_column or "(static)"
         if t.null_time_rows:
             time_col += f" ({t.null_time_rows:,} NULL)"
-        tables.add_row(t.name, f"{t.num_rows:,}", t.primary_key or "-", time_col, kinds)
+        key_only = next((x.get("key_only_rows", 0) for x in m["tables"] if x["name"] == t.name), 0)
+        rows = f"{t.num_rows:,}" + (f" ({key_only:,} key-only)" if key_only else "")
+        tables.add_row(t.name, rows, t.primary_key or "-", time_col, kinds)
 
     fks = Table(title="foreign keys", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("column", "references", "dangling"):
