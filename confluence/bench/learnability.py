@@ -74,9 +74,10 @@ _HEADLINE_BY_LABEL = {stype.label: value for stype, value in M.HEADLINE.items()}
 def run_learnability(out: str | Path, *, spec: PlantedSpec = PlantedSpec(), config: str = "small",
                      sets: dict[str, Any] | None = None, steps: int = 3000, max_seeds: int = 2000,
                      gbdt: bool = True, split: str = "val", text_encoder: str | None = None,
-                     progress: bool = True) -> dict[str, Any]:
+                     progress: bool = True, dangling_keys: str = "drop") -> dict[str, Any]:
     """The whole benchmark under `out` (db/, store/, run/, learnability.json); returns the report. `split` is the
-    one scored: "val" to choose settings, "test" once for the figure that is reported."""
+    one scored: "val" to choose settings, "test" once for the figure that is reported. `dangling_keys`: how the
+    planted database's unmatched foreign keys are preprocessed (`preprocess`)."""
     from confluence.evaluation.evaluate import write_json
     from confluence.preprocess.pipeline import preprocess
     from confluence.training.config import load_config
@@ -88,7 +89,7 @@ def run_learnability(out: str | Path, *, spec: PlantedSpec = PlantedSpec(), conf
     t0 = time.perf_counter()
     db = write_planted(out / "db", spec)
     store = preprocess(db / "raw", db / "planted.metadata.json", out / "store", text_encoder=text_encoder,
-                       progress=progress)
+                       progress=progress, dangling_keys=dangling_keys)
     timings["data_s"] = time.perf_counter() - t0
     cfg = load_config(config, sets or {}).with_max_steps(steps)
     t0 = time.perf_counter()
@@ -98,7 +99,7 @@ def run_learnability(out: str | Path, *, spec: PlantedSpec = PlantedSpec(), conf
     results = score_run(out / "run", store, db, split=split, max_seeds=max_seeds, gbdt=gbdt)
     timings["evaluate_s"] = time.perf_counter() - t0
     report = {"spec": asdict(spec), "config": config, "sets": sets or {}, "steps": steps, "split": split,
-              "max_seeds": max_seeds,
+              "dangling_keys": dangling_keys, "max_seeds": max_seeds,
               "timings": timings, "tasks": summarize(results), "results": results}
     write_json(report, out / "learnability.json")
     return report

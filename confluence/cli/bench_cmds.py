@@ -313,6 +313,8 @@ def bench_learnability_cmd(
     gbdt: bool = typer.Option(True, "--gbdt/--no-gbdt", help="Also fit LightGBM on the same rows."),
     split: str = typer.Option("val", "--split", help="Split scored: val to choose settings, test once to report."),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the report to this JSON file."),
+    dangling_keys: str = typer.Option("drop", "--dangling-keys", help="Preprocess with foreign-key values that match"
+                                      " no key dropped ('drop') or kept as key-only rows ('keep')."),
 ) -> None:
     """Train on a planted-signal database and report each signal's metric against its ceiling, LightGBM and the
     trivial baseline on the same test rows."""
@@ -324,7 +326,8 @@ def bench_learnability_cmd(
         fail(ConfluenceError(f"{out}: not empty; choose a new --out (a finished benchmark is never overwritten)"))
     try:
         report = run_learnability(out, spec=PlantedSpec(seed=seed, customers=customers, noise=noise), config=config,
-                                  sets=parse_sets(set_), steps=steps, max_seeds=max_seeds, gbdt=gbdt, split=split)
+                                  sets=parse_sets(set_), steps=steps, max_seeds=max_seeds, gbdt=gbdt, split=split,
+                                  dangling_keys=dangling_keys)
     except ConfluenceError as exc:
         fail(exc)
     typer.echo(format_table(report["tasks"]))
