@@ -159,18 +159,17 @@ def statistics_pass(con: duckdb.DuckDBPyConnection, tables: list[TablePlan], col
 
     Returns the database-wide timestamp moments and the category texts in global categorical order.
     """
-    rows = {tp.meta.name: tp.num_rows for tp in tables}
-    relations = {tp.meta.name: tp.relation for tp in tables}
+    by_name = {tp.meta.name: tp for tp in tables}
     stat_cols = [c for c in columns if c.stype in (SemanticType.NUMERICAL, SemanticType.TIMESTAMP,
                                                    SemanticType.CATEGORICAL)]
-    rep.step("statistics", sum(rows[c.table] for c in stat_cols))
+    rep.step("statistics", sum(by_name[c.table].num_rows for c in stat_cols))
     for c in stat_cols:
         name = c.meta.name
         if c.stype == SemanticType.CATEGORICAL:
             c.distinct = DistinctValues()
         else:
             c.moments = MomentStats()
-        for row0, arr in scan(con, c.table, name, batch_rows, relations[c.table]):
+        for row0, arr in scan(con, c.table, name, batch_rows, by_name[c.table].relation):
             nan, inf = enc.non_finite_counts(arr)
             c.nan, c.inf = c.nan + nan, c.inf + inf
             if c.stype == SemanticType.NUMERICAL:

@@ -95,8 +95,8 @@ def preprocess(
     found = dw.WarningList()
     try:
         if validate:
-            problems, warns = check_against_data(db, raw)
-            found.extend([dw.dangling_kept(w) for w in warns] if dangling_keys == "keep" else warns)
+            problems, warns = check_against_data(db, raw, keep_dangling=dangling_keys == "keep")
+            found.extend(warns)
             if problems:
                 if strict:
                     problems += [f"{w} (a warning; strict mode makes it an error)" for w in found.items]

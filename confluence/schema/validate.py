@@ -58,8 +58,8 @@ def _example(value: str | None, family: str) -> str:
 
 
 class _Checker:
-    def __init__(self, meta: DatabaseMeta, raw: RawDatabase):
-        self.meta, self.raw = meta, raw
+    def __init__(self, meta: DatabaseMeta, raw: RawDatabase, keep_dangling: bool = False):
+        self.meta, self.raw, self.keep_dangling = meta, raw, keep_dangling
         self.problems: list[str] = []
         self.found = dw.WarningList()
         self.schemas: dict[str, pa.Schema] = {}
@@ -224,7 +224,8 @@ class _Checker:
             )[0]
             if matched < non_null:
                 self.found.add(dw.dangling_foreign_key(table.name, col.name, int(non_null - matched),
-                                                       int(non_null), f"{target.name}.{col.fk_column}"))
+                                                       int(non_null), f"{target.name}.{col.fk_column}",
+                                                       kept=self.keep_dangling))
 
     # -- tasks ---------------------------------------------------------------------------------------------
     def check_task(self, task: TaskMeta) -> None:
@@ -355,10 +356,12 @@ class _Checker:
                 )
 
 
-def check_against_data(meta: DatabaseMeta, raw: RawDatabase) -> tuple[list[str], list[dw.DataWarning]]:
+def check_against_data(meta: DatabaseMeta, raw: RawDatabase, *, keep_dangling: bool = False
+                       ) -> tuple[list[str], list[dw.DataWarning]]:
     """Every problem of `meta` against the data in `raw` (one line each) and every data warning (a NaN or ±inf
-    read as NULL, a foreign key whose values match no key, an empty table), without raising or warning."""
-    checker = _Checker(meta, raw)
+    read as NULL, a foreign key whose values match no key, an empty table), without raising or warning.
+    `keep_dangling`: the warnings say unmatched keys become key-only rows (preprocess's `dangling_keys="keep"`)."""
+    checker = _Checker(meta, raw, keep_dangling)
     checker.run()
     return checker.problems, checker.found.items
 

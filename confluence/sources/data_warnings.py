@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from confluence.errors import DataError
 
 __all__ = ["DataWarning", "StrictDataError", "WarningList", "recorded", "empty_table", "non_finite",
-           "dangling_foreign_key", "dangling_kept", "mostly_numbers"]
+           "dangling_foreign_key", "mostly_numbers"]
 
 
 class DataWarning(UserWarning):
@@ -120,8 +120,10 @@ def non_finite(table: str, column: str, nan: int, inf: int, total: int) -> DataW
         " which are read as NULL (missing)", code="non_finite", table=table, column=column, rows=nan + inf)
 
 
-def dangling_foreign_key(table: str, column: str, dangling: int, non_null: int, target: str) -> DataWarning:
-    """A foreign key some (or all) of whose non-null values match no key of `target` (`table.column`)."""
+def dangling_foreign_key(table: str, column: str, dangling: int, non_null: int, target: str,
+                         kept: bool = False) -> DataWarning:
+    """A foreign key some (or all) of whose non-null values match no key of `target` (`table.column`); `kept`:
+    preprocessing keeps such values as key-only rows (`preprocess(dangling_keys="keep")`) instead of dropping them."""
     if dangling >= non_null:
         return DataWarning(
             f"column '{table}.{column}': none of its {non_null} non-null foreign-key values matches a key of"
@@ -129,19 +131,9 @@ def dangling_foreign_key(table: str, column: str, dangling: int, non_null: int, 
             code="all_dangling_foreign_key", table=table, column=column, rows=dangling)
     return DataWarning(
         f"column '{table}.{column}': {dangling} of its {non_null} non-null foreign-key values match no key of"
-        f" {target}{DROPPED}", code="dangling_foreign_key", table=table, column=column, rows=dangling)
-
-
-DROPPED = "; their edges are dropped"
-KEPT = "; each distinct value becomes a key-only row of that table (dangling keys kept)"
-
-
-def dangling_kept(w: DataWarning) -> DataWarning:
-    """The same dangling-key warning for a run that keeps such values as key-only rows (preprocess's
-    `dangling_keys="keep"`); any other warning as it is."""
-    if w.code != "dangling_foreign_key" or not w.text.endswith(DROPPED):
-        return w
-    return DataWarning(w.text[: -len(DROPPED)] + KEPT, code=w.code, table=w.table, column=w.column, rows=w.rows)
+        f" {target}; " + ("each distinct value becomes a key-only row of that table (dangling keys kept)" if kept
+                          else "their edges are dropped"),
+        code="dangling_foreign_key", table=table, column=column, rows=dangling)
 
 
 def mostly_numbers(table: str, column: str, numbers: int, non_null: int, example: str) -> DataWarning:

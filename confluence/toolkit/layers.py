@@ -212,7 +212,7 @@ def run_layers(layers: list, x: jax.Array, call, *, scan: bool = False, remat: b
     compiles the layer once instead of once per layer (compile time flat in depth; the parameters are stacked inside
     the step, their gradients come back per layer, checkpoints keep the list). Needs layers of one structure (the
     same static fields). `remat`: recompute each layer's activations in the backward pass."""
-    step = (lambda layer, h: eqx.filter_checkpoint(call)(layer, h)) if remat else call
+    step = eqx.filter_checkpoint(call) if remat else call
     if not scan or len(layers) < 2:
         for layer in layers:
             x = step(layer, x)
