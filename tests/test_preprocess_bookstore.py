@@ -251,7 +251,7 @@ def test_dangling_keys_kept_as_key_only_rows(tmp_path, store):
         kept = Store.open(preprocess(src, meta, tmp_path / "kept", encoder=HashEncoder(), progress=False,
                                      dangling_keys="keep"))
     assert [(t.name, t.num_rows) for t in kept.tables] == [("customers", 5), ("books", 3), ("orders", 6)]
-    assert [t["key_only_rows"] for t in kept.meta["tables"]] == [1, 0, 0]
+    assert [t.key_only_rows for t in kept.tables] == [1, 0, 0] and store.table("customers").key_only_rows == 0
     assert kept.meta["graph"]["dangling"] == {"orders.customer_id": 0, "orders.book_id": 0}
     assert kept.meta["graph"]["num_key_only_rows"] == 1 and kept.meta["graph"]["num_parent_edges"] == 11
     assert kept.keys("customers").to_pylist() == [1, 2, 3, 4, 99]

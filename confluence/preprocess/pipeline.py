@@ -332,7 +332,8 @@ def _metadata(db: DatabaseMeta, encoder: TextEncoder, tables: list[TablePlan], c
     table_entries = [
         {"name": tp.meta.name, "index": tp.index, "num_rows": tp.num_rows, "row_offset": tp.row_offset,
          "primary_key": tp.meta.primary_key, "temporal_column": tp.meta.temporal_column,
-         "null_time_rows": tp.null_time_rows, "key_only_rows": tp.key_only_rows, "key_type": str(tp.keys.keys.type) if tp.keys is not None else None,
+         "null_time_rows": tp.null_time_rows, "key_only_rows": tp.key_only_rows,
+         "key_type": str(tp.keys.keys.type) if tp.keys is not None else None,
          "columns": [{"name": c.meta.name, "stype": c.stype.label, "column_idx": c.column_idx,
                       "foreign_key": c.meta.foreign_key, "stats": column_stats(c)} for c in tp.columns]}
         for tp in tables

@@ -78,8 +78,7 @@ def summary(store: Store) -> Group:
         time_col = t.temporal_column or "(static)"
         if t.null_time_rows:
             time_col += f" ({t.null_time_rows:,} NULL)"
-        key_only = next((x.get("key_only_rows", 0) for x in m["tables"] if x["name"] == t.name), 0)
-        rows = f"{t.num_rows:,}" + (f" ({key_only:,} key-only)" if key_only else "")
+        rows = f"{t.num_rows:,}" + (f" ({t.key_only_rows:,} key-only)" if t.key_only_rows else "")
         tables.add_row(t.name, rows, t.primary_key or "-", time_col, kinds)
 
     fks = Table(title="foreign keys", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)

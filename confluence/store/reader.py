@@ -48,6 +48,7 @@ class TableInfo:
     temporal_column: str | None
     null_time_rows: int
     columns: list[ColumnInfo]
+    key_only_rows: int = 0  # its last rows stand for foreign-key values matching no key (preprocess's dangling_keys)
 
     def column(self, name: str) -> ColumnInfo:
         """The non-ignored column `name` of this table."""
@@ -112,6 +113,7 @@ class Store:
                 row_offset=int(t["row_offset"]), primary_key=t["primary_key"],
                 temporal_column=t["temporal_column"], null_time_rows=int(t["null_time_rows"]),
                 columns=[self.columns[int(c["column_idx"])] for c in t["columns"]],
+                key_only_rows=int(t.get("key_only_rows", 0)),
             )
             for t in meta["tables"]
         ]
