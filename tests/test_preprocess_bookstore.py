@@ -277,3 +277,8 @@ def test_dangling_keys_setting_is_checked(tmp_path):
     with pytest.raises(ConfigError, match="dangling_keys"):
         preprocess(src, meta, tmp_path / "bad", encoder=HashEncoder(), progress=False, dangling_keys="ignore")
     assert not (tmp_path / "bad").exists()
+    from confluence.bench.learnability import run_learnability
+
+    with pytest.raises(ConfigError, match="dangling_keys"):  # refused before the planted database is written
+        run_learnability(tmp_path / "bench", dangling_keys="ignore", progress=False)
+    assert not (tmp_path / "bench").exists()

@@ -79,10 +79,11 @@ def run_learnability(out: str | Path, *, spec: PlantedSpec = PlantedSpec(), conf
     one scored: "val" to choose settings, "test" once for the figure that is reported. `dangling_keys`: how the
     planted database's unmatched foreign keys are preprocessed (`preprocess`)."""
     from confluence.evaluation.evaluate import write_json
-    from confluence.preprocess.pipeline import preprocess
+    from confluence.preprocess.pipeline import check_dangling_keys, preprocess
     from confluence.training.config import load_config
     from confluence.training.loop import open_stream, train
 
+    check_dangling_keys(dangling_keys)  # before anything is written under `out`
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}

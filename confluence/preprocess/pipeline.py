@@ -53,7 +53,13 @@ DEFAULT_MEMORY_LIMIT_MB = 2048
 # what becomes of a foreign-key value that matches no key of its table: "drop" (its edge is dropped, the value
 # lost) or "keep" (a key-only row of that table stands for it, so the rows sharing it stay siblings)
 DANGLING_KEYS = ("drop", "keep")
-__all__ = ["DANGLING_KEYS", "DEFAULT_MEMORY_LIMIT_MB", "batch_rows_for", "preprocess"]
+__all__ = ["DANGLING_KEYS", "DEFAULT_MEMORY_LIMIT_MB", "batch_rows_for", "check_dangling_keys", "preprocess"]
+
+
+def check_dangling_keys(value: str) -> None:
+    """A ConfigError unless `value` is one of `DANGLING_KEYS`."""
+    if value not in DANGLING_KEYS:
+        raise ConfigError("dangling_keys", f"must be one of {', '.join(DANGLING_KEYS)}, got {value!r}")
 
 
 def preprocess(
@@ -87,8 +93,7 @@ def preprocess(
     NULL, always visible) per distinct foreign-key value matching none of its keys, after its own rows, instead of
     dropping those edges; tasks still read the tables as they are (docs/preprocessing.md).
     """
-    if dangling_keys not in DANGLING_KEYS:
-        raise ConfigError("dangling_keys", f"must be one of {', '.join(DANGLING_KEYS)}, got {dangling_keys!r}")
+    check_dangling_keys(dangling_keys)
     db = metadata if isinstance(metadata, DatabaseMeta) else load_metadata(metadata)
     duckdb_mb = max(int(memory_limit_mb) // 2, 64)  # DuckDB's share of the budget (the rest: Arrow batches)
     raw = open_raw(source, duckdb_mb)
