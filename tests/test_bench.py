@@ -46,6 +46,27 @@ def test_cli_rejects_unknown_kind():
     assert "sideways" in result.output
 
 
+def test_cli_bench_attention_times_each_launch_and_the_script_picks_one(tmp_path):
+    """`--launch HxW` times the kernel per launch (named "kernel" for 1x4); `scripts/best_launch.py` reads the
+    report; a bad launch is refused by name."""
+    from scripts.best_launch import best_launch
+
+    out = tmp_path / "bench.json"
+    args = ["bench", "attention", "--seq-len", "48", "--batch-size", "1", "--heads", "2", "--head-dim", "16",
+            "--block", "16", "--repeats", "1", "--kind", "column", "--impl", "kernel", "--no-train",
+            "--launch", "1x4", "--launch", "2x8", "--json", str(out)]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    (row,) = report["rows"]
+    assert set(row["fwd_bwd_ms"]) == {"kernel", "kernel[h=2,w=8]"}, row["errors"]
+    assert best_launch(report) in {(1, 4), (2, 8)}
+    row["fwd_bwd_ms"]["kernel[h=2,w=8]"] = 0.0
+    assert best_launch(report) == (2, 8)
+    bad = CliRunner().invoke(app, ["bench", "attention", "--launch", "3x4", "--no-train"])
+    assert bad.exit_code != 0 and "3x4" in bad.output
+
+
 def test_bench_function_reports_speedups_per_kind():
     cfg = AttentionBenchConfig(
         seq_lens=(48,), batch_size=1, heads=1, head_dim=16, block=16, repeats=1, kinds=("column",),
@@ -72,6 +93,22 @@ def test_gpu_path_lowers_to_triton(kind):
     assert text.count("custom_call @__gpu$xla.gpu.triton") == (3 if kind == "column" else 6)
     for name in ("fwd", "dq", "dkv"):
         assert f'name = "block_sparse_{name}_{kind}"' in text
+
+
+def test_gpu_path_lowers_with_several_heads_per_program():
+    """Four heads per program and eight warps (`model.kernel_heads` / `kernel_warps`) pass the Triton lowering."""
+    struct = tuple(jnp.asarray(x) for x in synthetic_structure(0, "outbound", 2, 100))
+    q = jnp.zeros((2, 100, 8, 32), jnp.bfloat16)
+
+    def loss(q, k, v):
+        out = block_sparse_attention(q, k, v, "outbound", *struct, block=64, interpret=False, heads=4, warps=8)
+        return jnp.sum(out.astype(jnp.float32))
+
+    with cuda_lowering():
+        lowered = jax.jit(jax.grad(loss, (0, 1, 2))).trace(q, q, q).lower(lowering_platforms=("cuda",))
+    text = lowered.as_text()
+    assert text.count("custom_call @__gpu$xla.gpu.triton") == 6
+    assert "num_warps = 8" in text
 
 
 def test_end_to_end_training_compares_both_attention_impls(monkeypatch):

@@ -121,3 +121,35 @@ def test_contiguous_rows_whose_tiles_straddle_bit_words(kind):
     assert span.max() == 1 and span.max() < fast_words(16)  # some tiles touch two words, none three
     q, k, v, do = random_qkv(6, 1, s, 2, 16)
     assert_close_to_reference(run_both(kind, struct, q, k, v, do, block=16))
+
+
+@pytest.mark.parametrize("kind", MASK_KINDS)
+def test_heads_per_program_give_the_same_bits(kind):
+    """Several heads per program share a tile's list, loads and mask: the same numbers as one head per program,
+    bit for bit (the dynamic word loop included: unsorted structure, tiles of 16)."""
+    struct = tuple(jnp.asarray(x) for x in random_unsorted(4, 2, 70, 90))
+    q, k, v, do = random_qkv(7, 2, 70, 4, 16)
+
+    def value_and_grads(heads, warps):
+        def loss(q, k, v):
+            out = block_sparse_attention(q, k, v, kind, *struct, block=16, heads=heads, warps=warps)
+            return jnp.sum(out.astype(jnp.float32) * do)
+
+        val, grads = jax.jit(jax.value_and_grad(loss, (0, 1, 2)))(q, k, v)
+        return [np.asarray(val), *(np.asarray(g) for g in grads)]
+
+    one = value_and_grads(1, 4)
+    for heads, warps in ((2, 4), (4, 8)):
+        for a, b in zip(one, value_and_grads(heads, warps), strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize(
+    ("heads", "warps", "match"),
+    [(3, 4, "power of two"), (8, 4, "must divide"), (2, 3, "warps per program")],
+)
+def test_bad_launch_is_rejected(heads, warps, match):
+    struct = synthetic_structure(1, "column", 1, 32)
+    q, k, v, _ = random_qkv(0, 1, 32, 4, 16)
+    with pytest.raises(ValueError, match=match):
+        block_sparse_attention(q, k, v, "column", *struct, block=16, heads=heads, warps=warps)

@@ -8,7 +8,9 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
+from confluence.errors import ConfigError
 from confluence.model.attention import get_attention, register_attention
 from confluence.model.inputs import batch_to_inputs
 from confluence.model.kernels import BLOCK_SPARSE, block_sparse
@@ -23,6 +25,18 @@ _TOLERANCES = {"cpu": (1e-4, 1e-3, 1e-5), "gpu": (1e-2, 5e-2, 1e-2)}
 
 def test_block_sparse_is_registered():
     assert get_attention("block_sparse") is BLOCK_SPARSE and BLOCK_SPARSE.permuted
+
+
+def test_kernel_launch_settings_select_a_launch():
+    """`model.kernel_heads` / `kernel_warps` pick the kernel's launch; the defaults are the registered kernel."""
+    a = get_attention("block_sparse", kernel_heads=2, kernel_warps=8)
+    assert a is get_attention("block_sparse", kernel_heads=2, kernel_warps=8) and a is not BLOCK_SPARSE
+    assert "heads=2, warps=8" in a.name
+    assert get_attention("reference", kernel_heads=2) is get_attention("reference")
+    with pytest.raises(ConfigError, match="kernel_heads"):
+        dataclasses.replace(TINY, kernel_heads=4)  # TINY has 2 heads
+    with pytest.raises(ConfigError, match="kernel_warps"):
+        dataclasses.replace(TINY, kernel_warps=3)
 
 
 def test_model_forward_and_grads_match_reference():

@@ -49,6 +49,9 @@ class AttentionBenchConfig:
     repeats: int = 10
     kinds: Sequence[MaskKind] = MASK_KINDS
     implementations: Sequence[str] = ("kernel", "reference", "dense")
+    # the kernel's launches to time, (heads per program, warps per program): (1, 4) is the default launch, timed
+    # as "kernel"; any other as "kernel[h=H,w=W]" (the same numbers, another grid: docs/attention_kernel.md)
+    kernel_launches: Sequence[tuple[int, int]] = ((1, 4),)
     seed: int = 0
 
 
@@ -77,8 +80,13 @@ def _median_ms(fn: Callable[[], Any], repeats: int) -> float:
     return float(statistics.median(times))
 
 
+def launch_name(heads: int, warps: int) -> str:
+    """The report's name of a kernel launch: "kernel" for the default, else "kernel[h=H,w=W]"."""
+    return "kernel" if (heads, warps) == (1, 4) else f"kernel[h={heads},w={warps}]"
+
+
 def _attention_fn(
-    name: str, kind: MaskKind, struct: tuple[jax.Array, ...], block: int
+    name: str, kind: MaskKind, struct: tuple[jax.Array, ...], block: int, launch: tuple[int, int] = (1, 4)
 ) -> tuple[Any, Callable[..., jax.Array]]:
     """(what the implementation builds once per batch and kind, the sublayer's attention given it). The prepared
     part is computed before timing and passed to the jitted attention as an argument, as training shares it across
@@ -86,7 +94,8 @@ def _attention_fn(
     log, 2026-11-24)."""
     if name == "kernel":
         st = jax.jit(lambda *a: block_structure(kind, *a, block))(*struct)
-        return st, lambda q, k, v, st: attend_block_sparse(q, k, v, kind, st)
+        heads, warps = launch
+        return st, lambda q, k, v, st: attend_block_sparse(q, k, v, kind, st, heads=heads, warps=warps)
     if name == "reference":  # builds its mask inside each sublayer, as the model's reference path does
         return struct, lambda q, k, v, st: reference_attention(q, k, v, kind, *st)
     if name in ("dense", "dense_xla"):
@@ -118,17 +127,23 @@ def bench_one(
     q, k, v, do = _inputs(cfg.seed, b, s, cfg.heads, cfg.head_dim)
     build = jax.jit(lambda *a: block_structure(kind, *a, cfg.block))
     res.structure_ms = _median_ms(lambda: build(*args), cfg.repeats)
+    runs = []
     for name in cfg.implementations:
+        if name == "kernel":
+            runs += [(launch_name(*launch), name, launch) for launch in cfg.kernel_launches]
+        else:
+            runs.append((name, name, (1, 4)))
+    for label, name, launch in runs:
         try:
-            prep, fn = _attention_fn(name, kind, args, cfg.block)
+            prep, fn = _attention_fn(name, kind, args, cfg.block, launch)
             fwd = jax.jit(fn)
             grad = jax.jit(
                 jax.grad(lambda q, k, v, p, fn=fn: jnp.vdot(fn(q, k, v, p).astype(jnp.float32), do), (0, 1, 2))
             )
-            res.fwd_ms[name] = _median_ms(lambda fwd=fwd, p=prep: fwd(q, k, v, p), cfg.repeats)
-            res.fwd_bwd_ms[name] = _median_ms(lambda grad=grad, p=prep: grad(q, k, v, p), cfg.repeats)
+            res.fwd_ms[label] = _median_ms(lambda fwd=fwd, p=prep: fwd(q, k, v, p), cfg.repeats)
+            res.fwd_bwd_ms[label] = _median_ms(lambda grad=grad, p=prep: grad(q, k, v, p), cfg.repeats)
         except Exception as exc:  # an implementation the backend lacks (e.g. cuDNN at this shape): report it
-            res.errors[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            res.errors[label] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
     return res
 
 

@@ -166,6 +166,18 @@ def bench_train_cmd(
     _write_json(json_out, d)
 
 
+def _parse_launch(text: str) -> tuple[int, int]:
+    """`--launch HxW` -> (heads, warps) per program of the kernel, checked."""
+    from confluence.model.kernels.block_sparse import check_launch
+
+    try:
+        heads, warps = (int(x) for x in text.lower().split("x"))
+        check_launch(heads, warps)
+    except ValueError as exc:
+        raise typer.BadParameter(f"--launch {text!r}: expected HxW, e.g. 2x8 ({exc})") from exc
+    return heads, warps
+
+
 def _end_to_end_training(recipe: str, steps: int) -> dict[str, object]:
     """Training cells/s of `recipe` with the reference attention and with the kernel."""
     from confluence.bench.train import train_throughput
@@ -206,6 +218,14 @@ def bench_attention_cmd(
     ] = None,
     head_dim: Annotated[int, typer.Option(help="Head dimension.")] = 32,
     block: Annotated[int, typer.Option(help="Kernel tile size (power of two >= 16).")] = 64,
+    launch: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--launch",
+            metavar="HxW",
+            help="Kernel launch to time: H heads and W warps per program, e.g. 2x8 (repeatable). Default: 1x4.",
+        ),
+    ] = None,
     repeats: Annotated[
         int | None, typer.Option(help="Timed runs per measurement (median). Default 10 GPU, 2 CPU.")
     ] = None,
@@ -261,6 +281,7 @@ def bench_attention_cmd(
         bad = [x for x in values if x not in allowed]
         if bad:
             raise typer.BadParameter(f"{name} {bad[0]!r} is not one of {', '.join(allowed)}")
+    launches = tuple(_parse_launch(x) for x in launch or ["1x4"])
     cfg = AttentionBenchConfig(
         seq_lens=tuple(seq_len or (GPU_SEQ_LENS if on_gpu else CPU_SEQ_LENS)),
         batch_size=batch_size if batch_size is not None else (None if on_gpu else 2),
@@ -270,6 +291,7 @@ def bench_attention_cmd(
         repeats=repeats if repeats is not None else (10 if on_gpu else 2),
         kinds=kinds,
         implementations=() if stats_only else impls,
+        kernel_launches=launches,
     )
     if not on_gpu:
         typer.echo(

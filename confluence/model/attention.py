@@ -159,6 +159,7 @@ REFERENCE = Attention("reference", dense_mask, lambda q, k, v, kind, mask: maske
 # dependency on Pallas); other implementations can be added with `register_attention`.
 
 _ATTENTION_IMPLS: dict[str, Attention] = {"reference": REFERENCE}
+_KERNEL_LAUNCHES: dict[tuple[int, int], Attention] = {}  # the block-sparse kernel's other launches, made once each
 
 
 def register_attention(name: str, impl: Attention | AttentionFn) -> None:
@@ -167,15 +168,23 @@ def register_attention(name: str, impl: Attention | AttentionFn) -> None:
     _ATTENTION_IMPLS[name] = impl if isinstance(impl, Attention) else Attention.from_function(name, impl)
 
 
-def get_attention(name: str) -> Attention:
+def get_attention(name: str, *, kernel_heads: int = 1, kernel_warps: int = 4) -> Attention:
     """Resolve an attention implementation by name; raises ValueError listing the available ones.
-    "auto" is the block-sparse kernel when the default backend is a GPU and the reference elsewhere."""
+    "auto" is the block-sparse kernel when the default backend is a GPU and the reference elsewhere.
+    `kernel_heads` / `kernel_warps` set the block-sparse kernel's launch (heads and warps per program)."""
     if name == "auto":
         name = "block_sparse" if jax.default_backend() == "gpu" else "reference"
     if name == "block_sparse" and name not in _ATTENTION_IMPLS:
         from confluence.model.kernels import BLOCK_SPARSE
 
         _ATTENTION_IMPLS[name] = BLOCK_SPARSE
+    if name == "block_sparse" and (kernel_heads, kernel_warps) != (1, 4):
+        launch = (kernel_heads, kernel_warps)
+        if launch not in _KERNEL_LAUNCHES:
+            from confluence.model.kernels import block_sparse
+
+            _KERNEL_LAUNCHES[launch] = block_sparse(heads=kernel_heads, warps=kernel_warps)
+        return _KERNEL_LAUNCHES[launch]
     try:
         return _ATTENTION_IMPLS[name]
     except KeyError:

@@ -29,6 +29,11 @@ class ModelConfig:
     norm_eps: float = 1e-6
     compute_dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"  # activations / matmuls; params FP32
     attention_impl: str = "reference"  # "reference" | "block_sparse" | "auto" (confluence.model.attention)
+    # the block-sparse kernel's launch on a GPU (tuning only: the same results, tested bit for bit in the
+    # interpreter): heads computed by one program (a power of two dividing n_heads; its heads share the tile
+    # list, the scalar loads and the tile mask) and Triton warps per program (docs/attention_kernel.md)
+    kernel_heads: int = 1
+    kernel_warps: int = 4
     remat: bool = False  # recompute each block's activations in the backward pass (less memory, ~1/3 more FLOPs)
     # True: the blocks run as one `lax.scan` over their stacked parameters, so XLA compiles one block instead of
     # n_layers (the `base` step compiles 24 % faster on the CPU) but runs them without fusion across blocks (the
@@ -78,6 +83,10 @@ class ModelConfig:
         if self.d_model % self.n_heads:
             raise ConfigError("d_model", f"{self.d_model} is not divisible by n_heads={self.n_heads}")
         one_of("compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
+        if self.kernel_heads < 1 or self.kernel_heads & (self.kernel_heads - 1) or self.n_heads % self.kernel_heads:
+            raise ConfigError("kernel_heads", f"{self.kernel_heads} is not a power of two dividing n_heads="
+                                              f"{self.n_heads}")
+        one_of("kernel_warps", self.kernel_warps, (1, 2, 4, 8, 16))
         one_of("category_codes_by", self.category_codes_by, ("row", "value"))
         one_of("copy_numbers", self.copy_numbers, ("mean", "median"))
         non_negative(self, "category_codes", "numeric_frequencies", "numeric_by_column_init")

@@ -47,7 +47,8 @@ class RelationalTransformer(eqx.Module):
         inputs = {k: jnp.asarray(v) for k, v in inputs.items()}
         column_table, category_table = jnp.asarray(column_table), jnp.asarray(category_table)
         m = cast_floating(self, jnp.dtype(self.cfg.compute_dtype))
-        attention = get_attention(self.cfg.attention_impl)
+        attention = get_attention(self.cfg.attention_impl, kernel_heads=self.cfg.kernel_heads,
+                                  kernel_warps=self.cfg.kernel_warps)
         keep = ~inputs["is_padding"][..., None]
         x = m.encoder(inputs, column_table, category_table)
         x = jnp.where(keep, m.h0_norm(x), jnp.zeros((), x.dtype))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,8 +29,19 @@ from confluence.model.attention import Attention, MaskKind
 from confluence.model.kernels.structure import BlockStructure, block_structure, check_kind
 
 DEFAULT_BLOCK = 64
+DEFAULT_HEADS = 1  # heads per program: one program per (tile, batch, head)
 NUM_WARPS = 4
 NUM_STAGES = 2
+
+
+class Launch(NamedTuple):
+    """How the kernels are launched (nothing here changes what they compute): `heads` per program (a power of two
+    dividing H; the programs of one tile pair's heads share its tile list, its scalar loads and its mask), Triton
+    warps per program, and whether to run through the Pallas interpreter."""
+
+    heads: int = DEFAULT_HEADS
+    warps: int = NUM_WARPS
+    interpret: bool = False
 
 
 def _precision(a: jax.Array) -> lax.Precision | None:
@@ -87,6 +99,40 @@ def _tile_mask(
     return m
 
 
+def _group(heads: int) -> list[int | None]:
+    """The heads one program computes: `[None]` for one head (its axis squeezed away by the BlockSpec), else the
+    indices `0..heads-1` into the program's block of heads."""
+    return [None] if heads == 1 else list(range(heads))
+
+
+def _load(ref, g: int | None, rows=None) -> jax.Array:
+    """Rows of head `g` of a `[rows, (heads,) d]` q / k / v / dO block (all rows when `rows` is None)."""
+    if g is None:
+        return ref[...] if rows is None else ref[rows, :]
+    return ref[:, g, :] if rows is None else ref[rows, g, :]
+
+
+def _store(ref, g: int | None, x: jax.Array) -> None:
+    if g is None:
+        ref[...] = x
+    else:
+        ref[:, g, :] = x
+
+
+def _load_stat(ref, g: int | None, rows=None) -> jax.Array:
+    """Entries of head `g` of a `[(heads,) rows]` log-sum-exp / delta block."""
+    if g is None:
+        return ref[...] if rows is None else ref[rows]
+    return ref[g, :] if rows is None else ref[g, rows]
+
+
+def _store_stat(ref, g: int | None, x: jax.Array) -> None:
+    if g is None:
+        ref[...] = x
+    else:
+        ref[g, :] = x
+
+
 def _fwd_kernel(
     kv_list_ref,
     kv_cnt_ref,
@@ -104,41 +150,48 @@ def _fwd_kernel(
     kind: MaskKind,
     block: int,
     words: int | None,
+    heads: int,
 ):
     qt = pl.program_id(0)
     q0 = pl.multiple_of(qt * block, block)
-    q = q_ref[...]
+    hs = _group(heads)
+    qs = [_load(q_ref, g) for g in hs]
     qkey = qkey_ref[pl.ds(q0, block)]
-    d = q.shape[-1]
+    d = qs[0].shape[-1]
 
     def body(n, carry):
-        acc, m, lsum = carry
         kt = kv_list_ref[n]
         k0 = pl.multiple_of(kt * block, block)
-        k = k_ref[pl.ds(k0, block), :]
-        v = v_ref[pl.ds(k0, block), :]
+        kvs = [(_load(k_ref, g, pl.ds(k0, block)), _load(v_ref, g, pl.ds(k0, block))) for g in hs]
         mask = _tile_mask(
             kind, qkey, kkey_ref[pl.ds(k0, block)], bits_ref, q0, wlo_ref[kt], whi_ref[kt], words
         )
-        s = jnp.where(mask, _dot_t(q, k), -jnp.inf)
-        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-        m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
-        p = jnp.exp(s - m_safe[:, None])
-        corr = jnp.exp(m - m_safe)
-        l_new = corr * lsum + jnp.sum(p, axis=-1)
-        acc = corr[:, None] * acc + _dot(p.astype(v.dtype), v)
-        return acc, m_new, l_new
+        out = []
+        for q, (k, v), (acc, m, lsum) in zip(qs, kvs, carry, strict=True):
+            s = jnp.where(mask, _dot_t(q, k), -jnp.inf)
+            m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+            m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+            p = jnp.exp(s - m_safe[:, None])
+            corr = jnp.exp(m - m_safe)
+            l_new = corr * lsum + jnp.sum(p, axis=-1)
+            acc = corr[:, None] * acc + _dot(p.astype(v.dtype), v)
+            out.append((acc, m_new, l_new))
+        return tuple(out)
 
-    init = (
-        jnp.zeros((block, d), jnp.float32),
-        jnp.full((block,), -jnp.inf, jnp.float32),
-        jnp.zeros((block,), jnp.float32),
+    init = tuple(
+        (
+            jnp.zeros((block, d), jnp.float32),
+            jnp.full((block,), -jnp.inf, jnp.float32),
+            jnp.zeros((block,), jnp.float32),
+        )
+        for _ in hs
     )
-    acc, m, lsum = lax.fori_loop(0, kv_cnt_ref[qt], body, init)
-    seen = lsum > 0.0
-    safe = jnp.where(seen, lsum, 1.0)
-    o_ref[...] = (acc / safe[:, None]).astype(o_ref.dtype)
-    lse_ref[...] = jnp.where(seen, m + jnp.log(safe), 0.0)
+    res = lax.fori_loop(0, kv_cnt_ref[qt], body, init)
+    for g, (acc, m, lsum) in zip(hs, res, strict=True):
+        seen = lsum > 0.0
+        safe = jnp.where(seen, lsum, 1.0)
+        _store(o_ref, g, (acc / safe[:, None]).astype(o_ref.dtype))
+        _store_stat(lse_ref, g, jnp.where(seen, m + jnp.log(safe), 0.0))
 
 
 def _dq_kernel(
@@ -160,29 +213,35 @@ def _dq_kernel(
     kind: MaskKind,
     block: int,
     words: int | None,
+    heads: int,
 ):
     qt = pl.program_id(0)
     q0 = pl.multiple_of(qt * block, block)
-    q = q_ref[...]
-    do = do_ref[...]
-    lse = lse_ref[...]
-    delta = delta_ref[...]
+    hs = _group(heads)
+    qs = [_load(q_ref, g) for g in hs]
+    dos = [_load(do_ref, g) for g in hs]
+    lses = [_load_stat(lse_ref, g) for g in hs]
+    deltas = [_load_stat(delta_ref, g) for g in hs]
     qkey = qkey_ref[pl.ds(q0, block)]
 
-    def body(n, dq):
+    def body(n, carry):
         kt = kv_list_ref[n]
         k0 = pl.multiple_of(kt * block, block)
-        k = k_ref[pl.ds(k0, block), :]
-        v = v_ref[pl.ds(k0, block), :]
+        kvs = [(_load(k_ref, g, pl.ds(k0, block)), _load(v_ref, g, pl.ds(k0, block))) for g in hs]
         mask = _tile_mask(
             kind, qkey, kkey_ref[pl.ds(k0, block)], bits_ref, q0, wlo_ref[kt], whi_ref[kt], words
         )
-        p = jnp.where(mask, jnp.exp(_dot_t(q, k) - lse[:, None]), 0.0)
-        ds = p * (_dot_t(do, v) - delta[:, None])
-        return dq + _dot(ds.astype(k.dtype), k)
+        out = []
+        for q, do, lse, delta, (k, v), dq in zip(qs, dos, lses, deltas, kvs, carry, strict=True):
+            p = jnp.where(mask, jnp.exp(_dot_t(q, k) - lse[:, None]), 0.0)
+            ds = p * (_dot_t(do, v) - delta[:, None])
+            out.append(dq + _dot(ds.astype(k.dtype), k))
+        return tuple(out)
 
-    dq = lax.fori_loop(0, kv_cnt_ref[qt], body, jnp.zeros(q.shape, jnp.float32))
-    dq_ref[...] = dq.astype(dq_ref.dtype)
+    init = tuple(jnp.zeros(q.shape, jnp.float32) for q in qs)
+    res = lax.fori_loop(0, kv_cnt_ref[qt], body, init)
+    for g, dq in zip(hs, res, strict=True):
+        _store(dq_ref, g, dq.astype(dq_ref.dtype))
 
 
 def _dkv_kernel(
@@ -205,38 +264,45 @@ def _dkv_kernel(
     kind: MaskKind,
     block: int,
     words: int | None,
+    heads: int,
 ):
     kt = pl.program_id(0)
     k0 = pl.multiple_of(kt * block, block)
-    k = k_ref[...]
-    v = v_ref[...]
+    hs = _group(heads)
+    ks = [_load(k_ref, g) for g in hs]
+    vs = [_load(v_ref, g) for g in hs]
     kkey = kkey_ref[pl.ds(k0, block)]
     wlo = wlo_ref[kt]
     whi = whi_ref[kt]
 
     def body(n, carry):
-        dk, dv = carry
         qt = q_list_ref[n]
         q0 = pl.multiple_of(qt * block, block)
-        q = q_ref[pl.ds(q0, block), :]
-        do = do_ref[pl.ds(q0, block), :]
-        lse = lse_ref[pl.ds(q0, block)]
-        delta = delta_ref[pl.ds(q0, block)]
+        rows = pl.ds(q0, block)
+        tiles = [
+            (_load(q_ref, g, rows), _load(do_ref, g, rows), _load_stat(lse_ref, g, rows),
+             _load_stat(delta_ref, g, rows))
+            for g in hs
+        ]
         mask = _tile_mask(kind, qkey_ref[pl.ds(q0, block)], kkey, bits_ref, q0, wlo, whi, words)
-        p = jnp.where(mask, jnp.exp(_dot_t(q, k) - lse[:, None]), 0.0)  # [Tq, Tk]
-        dv = dv + _dot(p.astype(do.dtype).T, do)
-        ds = p * (_dot_t(do, v) - delta[:, None])
-        dk = dk + _dot(ds.astype(q.dtype).T, q)
-        return dk, dv
+        out = []
+        for k, v, (q, do, lse, delta), (dk, dv) in zip(ks, vs, tiles, carry, strict=True):
+            p = jnp.where(mask, jnp.exp(_dot_t(q, k) - lse[:, None]), 0.0)  # [Tq, Tk]
+            dv = dv + _dot(p.astype(do.dtype).T, do)
+            ds = p * (_dot_t(do, v) - delta[:, None])
+            dk = dk + _dot(ds.astype(q.dtype).T, q)
+            out.append((dk, dv))
+        return tuple(out)
 
-    zeros = jnp.zeros(k.shape, jnp.float32)
-    dk, dv = lax.fori_loop(0, q_cnt_ref[kt], body, (zeros, zeros))
-    dk_ref[...] = dk.astype(dk_ref.dtype)
-    dv_ref[...] = dv.astype(dv_ref.dtype)
+    init = tuple((jnp.zeros(k.shape, jnp.float32), jnp.zeros(k.shape, jnp.float32)) for k in ks)
+    res = lax.fori_loop(0, q_cnt_ref[kt], body, init)
+    for g, (dk, dv) in zip(hs, res, strict=True):
+        _store(dk_ref, g, dk.astype(dk_ref.dtype))
+        _store(dv_ref, g, dv.astype(dv_ref.dtype))
 
 
 def _specs(st: BlockStructure, sp: int, block: int) -> list[pl.BlockSpec]:
-    """BlockSpecs of (tile list, counts, wlo, whi, qkey, kkey, bits) for a grid (tile, batch, head)."""
+    """BlockSpecs of (tile list, counts, wlo, whi, qkey, kkey, bits) for a grid (tile, batch, head group)."""
     nt = sp // block
     w = st.qbits.shape[1]
     return [
@@ -250,24 +316,29 @@ def _specs(st: BlockStructure, sp: int, block: int) -> list[pl.BlockSpec]:
     ]
 
 
-def _tile_spec(block: int, d: int) -> pl.BlockSpec:
-    return pl.BlockSpec((None, block, None, d), lambda t, b, h: (b, t, h, 0))
+def _heads_dim(heads: int) -> int | None:
+    """Block size of the head axis: squeezed (None) for one head per program, else the group."""
+    return None if heads == 1 else heads
 
 
-def _full_spec(sp: int, d: int) -> pl.BlockSpec:
-    return pl.BlockSpec((None, sp, None, d), lambda t, b, h: (b, 0, h, 0))
+def _tile_spec(block: int, d: int, heads: int) -> pl.BlockSpec:
+    return pl.BlockSpec((None, block, _heads_dim(heads), d), lambda t, b, h: (b, t, h, 0))
 
 
-def _stat_tile_spec(block: int) -> pl.BlockSpec:
-    return pl.BlockSpec((None, None, block), lambda t, b, h: (b, h, t))
+def _full_spec(sp: int, d: int, heads: int) -> pl.BlockSpec:
+    return pl.BlockSpec((None, sp, _heads_dim(heads), d), lambda t, b, h: (b, 0, h, 0))
 
 
-def _stat_full_spec(sp: int) -> pl.BlockSpec:
-    return pl.BlockSpec((None, None, sp), lambda t, b, h: (b, h, 0))
+def _stat_tile_spec(block: int, heads: int) -> pl.BlockSpec:
+    return pl.BlockSpec((None, _heads_dim(heads), block), lambda t, b, h: (b, h, t))
 
 
-def _params() -> plgpu.CompilerParams:
-    return plgpu.CompilerParams(num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+def _stat_full_spec(sp: int, heads: int) -> pl.BlockSpec:
+    return pl.BlockSpec((None, _heads_dim(heads), sp), lambda t, b, h: (b, h, 0))
+
+
+def _params(warps: int) -> plgpu.CompilerParams:
+    return plgpu.CompilerParams(num_warps=warps, num_stages=NUM_STAGES)
 
 
 def _dispatch(st: BlockStructure, kind: MaskKind, call: Callable[[int | None], Callable], *operands):
@@ -289,22 +360,23 @@ def fast_words(block: int) -> int:
     return max(2, block // 32 + 1)
 
 
-def _forward(q, k, v, st: BlockStructure, kind: MaskKind, block: int, interpret: bool):
+def _forward(q, k, v, st: BlockStructure, kind: MaskKind, block: int, launch: Launch):
     bsz, sp, h, d = q.shape
+    g = launch.heads
     nt = sp // block
 
     def call(words: int | None) -> Callable:
         return pl.pallas_call(
-            functools.partial(_fwd_kernel, kind=kind, block=block, words=words),
-            grid=(nt, bsz, h),
-            in_specs=[*_specs(st, sp, block), _tile_spec(block, d), _full_spec(sp, d), _full_spec(sp, d)],
-            out_specs=[_tile_spec(block, d), _stat_tile_spec(block)],
+            functools.partial(_fwd_kernel, kind=kind, block=block, words=words, heads=g),
+            grid=(nt, bsz, h // g),
+            in_specs=[*_specs(st, sp, block), _tile_spec(block, d, g), _full_spec(sp, d, g), _full_spec(sp, d, g)],
+            out_specs=[_tile_spec(block, d, g), _stat_tile_spec(block, g)],
             out_shape=[
                 jax.ShapeDtypeStruct(q.shape, v.dtype),
                 jax.ShapeDtypeStruct((bsz, h, sp), jnp.float32),
             ],
-            compiler_params=_params(),
-            interpret=interpret,
+            compiler_params=_params(launch.warps),
+            interpret=launch.interpret,
             name=f"block_sparse_fwd_{kind}",
         )
 
@@ -312,49 +384,50 @@ def _forward(q, k, v, st: BlockStructure, kind: MaskKind, block: int, interpret:
     return _dispatch(st, kind, call, *meta, q, k, v)
 
 
-def _backward(q, k, v, o, lse, do, st: BlockStructure, kind: MaskKind, block: int, interpret: bool):
+def _backward(q, k, v, o, lse, do, st: BlockStructure, kind: MaskKind, block: int, launch: Launch):
     bsz, sp, h, d = q.shape
+    g = launch.heads
     nt = sp // block
     delta = jnp.einsum("bshd,bshd->bhs", o.astype(jnp.float32), do.astype(jnp.float32))
     do = do.astype(q.dtype)
 
     def dq_call(words: int | None) -> Callable:
         return pl.pallas_call(
-            functools.partial(_dq_kernel, kind=kind, block=block, words=words),
-            grid=(nt, bsz, h),
+            functools.partial(_dq_kernel, kind=kind, block=block, words=words, heads=g),
+            grid=(nt, bsz, h // g),
             in_specs=[
                 *_specs(st, sp, block),
-                _tile_spec(block, d),
-                _full_spec(sp, d),
-                _full_spec(sp, d),
-                _tile_spec(block, d),
-                _stat_tile_spec(block),
-                _stat_tile_spec(block),
+                _tile_spec(block, d, g),
+                _full_spec(sp, d, g),
+                _full_spec(sp, d, g),
+                _tile_spec(block, d, g),
+                _stat_tile_spec(block, g),
+                _stat_tile_spec(block, g),
             ],
-            out_specs=_tile_spec(block, d),
+            out_specs=_tile_spec(block, d, g),
             out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-            compiler_params=_params(),
-            interpret=interpret,
+            compiler_params=_params(launch.warps),
+            interpret=launch.interpret,
             name=f"block_sparse_dq_{kind}",
         )
 
     def dkv_call(words: int | None) -> Callable:
         return pl.pallas_call(
-            functools.partial(_dkv_kernel, kind=kind, block=block, words=words),
-            grid=(nt, bsz, h),
+            functools.partial(_dkv_kernel, kind=kind, block=block, words=words, heads=g),
+            grid=(nt, bsz, h // g),
             in_specs=[
                 *_specs(st, sp, block),
-                _full_spec(sp, d),
-                _tile_spec(block, d),
-                _tile_spec(block, d),
-                _full_spec(sp, d),
-                _stat_full_spec(sp),
-                _stat_full_spec(sp),
+                _full_spec(sp, d, g),
+                _tile_spec(block, d, g),
+                _tile_spec(block, d, g),
+                _full_spec(sp, d, g),
+                _stat_full_spec(sp, g),
+                _stat_full_spec(sp, g),
             ],
-            out_specs=[_tile_spec(block, d), _tile_spec(block, d)],
+            out_specs=[_tile_spec(block, d, g), _tile_spec(block, d, g)],
             out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-            compiler_params=_params(),
-            interpret=interpret,
+            compiler_params=_params(launch.warps),
+            interpret=launch.interpret,
             name=f"block_sparse_dkv_{kind}",
         )
 
@@ -365,18 +438,18 @@ def _backward(q, k, v, o, lse, do, st: BlockStructure, kind: MaskKind, block: in
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _attend(q, k, v, st: BlockStructure, kind: MaskKind, block: int, interpret: bool):
-    return _forward(q, k, v, st, kind, block, interpret)[0]
+def _attend(q, k, v, st: BlockStructure, kind: MaskKind, block: int, launch: Launch):
+    return _forward(q, k, v, st, kind, block, launch)[0]
 
 
-def _attend_fwd(q, k, v, st, kind, block, interpret):
-    o, lse = _forward(q, k, v, st, kind, block, interpret)
+def _attend_fwd(q, k, v, st, kind, block, launch):
+    o, lse = _forward(q, k, v, st, kind, block, launch)
     return o, (q, k, v, o, lse, st)
 
 
-def _attend_bwd(kind, block, interpret, res, do):
+def _attend_bwd(kind, block, launch, res, do):
     q, k, v, o, lse, st = res
-    dq, dk, dv = _backward(q, k, v, o, lse, do, st, kind, block, interpret)
+    dq, dk, dv = _backward(q, k, v, o, lse, do, st, kind, block, launch)
     return dq, dk, dv, None
 
 
@@ -400,15 +473,34 @@ def _check_block(block: int) -> None:
         raise ValueError(f"block must be a power of two >= 16, got {block}")
 
 
+def check_launch(heads: int, warps: int) -> None:
+    if heads < 1 or heads & (heads - 1):
+        raise ValueError(f"heads per program must be a power of two >= 1, got {heads}")
+    if warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"warps per program must be one of 1, 2, 4, 8, 16, got {warps}")
+
+
 def attend_block_sparse(
-    q: jax.Array, k: jax.Array, v: jax.Array, kind: MaskKind, st: BlockStructure, *, interpret: bool | None = None
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    kind: MaskKind,
+    st: BlockStructure,
+    *,
+    interpret: bool | None = None,
+    heads: int = DEFAULT_HEADS,
+    warps: int = NUM_WARPS,
 ) -> jax.Array:
     """One sublayer's attention on a structure from `block_structure` (built once per batch and kind): q / k / v
-    `[B, S, H, dh]` in the sublayer's permuted order; returns `[B, S, H, dh]` in v's dtype."""
+    `[B, S, H, dh]` in the sublayer's permuted order; returns `[B, S, H, dh]` in v's dtype. `heads` per program
+    (dividing H) and `warps` per program tune the GPU launch only: the result is the same."""
     check_kind(kind)
+    check_launch(heads, warps)
     if q.ndim != 4 or q.shape != k.shape or q.shape != v.shape:
         raise ValueError(f"q, k, v must share one [B, S, H, dh] shape, got {q.shape}, {k.shape}, {v.shape}")
-    bsz, s, _, d = q.shape
+    bsz, s, h, d = q.shape
+    if h % heads:
+        raise ValueError(f"heads per program ({heads}) must divide the number of heads ({h})")
     sp = st.kkey.shape[1]
     if st.kkey.shape[0] != bsz or not 0 <= sp - s < sp // st.kv_cnt.shape[1]:
         raise ValueError(f"structure of shape {st.kkey.shape} does not fit q of shape {q.shape}")
@@ -418,7 +510,7 @@ def attend_block_sparse(
     dp = max(16, pl.next_power_of_2(d))
     dtype = jnp.promote_types(q.dtype, v.dtype)
     qp, kp, vp = (_pad_to(x.astype(dtype), sp, dp) for x in (q, k, v))
-    out = _attend(qp, kp, vp, st, kind, block, interpret)
+    out = _attend(qp, kp, vp, st, kind, block, Launch(heads, warps, bool(interpret)))
     return out[:, :s, :, :d].astype(v.dtype)
 
 
@@ -434,6 +526,8 @@ def block_sparse_attention(
     *,
     block: int = DEFAULT_BLOCK,
     interpret: bool | None = None,
+    heads: int = DEFAULT_HEADS,
+    warps: int = NUM_WARPS,
 ) -> jax.Array:
     """Masked attention that skips all-empty tiles; same contract as `confluence.model.attention`.
 
@@ -441,7 +535,7 @@ def block_sparse_attention(
     `[B, S]` permuted alike, `fk_adj` `[B, R, R]`. Returns `[B, S, H, dh]` in v's dtype; exactly 0 for a query with
     no visible key. Differentiable in q, k, v (custom VJP with block-sparse dQ and dK/dV kernels). `block` is the
     square tile size (a power of two, at least 16); `interpret=None` runs compiled on a GPU and through the Pallas
-    interpreter elsewhere.
+    interpreter elsewhere; `heads` and `warps` per program tune the GPU launch (`attend_block_sparse`).
     """
     check_kind(kind)
     _check_block(block)
@@ -452,19 +546,25 @@ def block_sparse_attention(
         if x.shape != (bsz, s):
             raise ValueError(f"{name} must be [B={bsz}, S={s}], got {x.shape}")
     st = block_structure(kind, row_ids, col_ids, is_padding, fk_adj, block)
-    return attend_block_sparse(q, k, v, kind, st, interpret=interpret)
+    return attend_block_sparse(q, k, v, kind, st, interpret=interpret, heads=heads, warps=warps)
 
 
-def block_sparse(block: int = DEFAULT_BLOCK, interpret: bool | None = None) -> Attention:
+def block_sparse(
+    block: int = DEFAULT_BLOCK, interpret: bool | None = None, heads: int = DEFAULT_HEADS, warps: int = NUM_WARPS
+) -> Attention:
     """The kernel as an `Attention`: the tile structure of each kind is built once per batch (`block_structure`)
     and shared by the sublayers of every layer."""
     _check_block(block)
+    check_launch(heads, warps)
     name = f"block_sparse(block={block}, interpret={interpret})"
+    if (heads, warps) != (DEFAULT_HEADS, NUM_WARPS):
+        name = f"block_sparse(block={block}, interpret={interpret}, heads={heads}, warps={warps})"
     return Attention(
         name,
         lambda kind, row_ids, col_ids, is_padding, fk_adj: block_structure(
             kind, row_ids, col_ids, is_padding, fk_adj, block),
-        lambda q, k, v, kind, st: attend_block_sparse(q, k, v, kind, st, interpret=interpret),
+        lambda q, k, v, kind, st: attend_block_sparse(q, k, v, kind, st, interpret=interpret, heads=heads,
+                                                      warps=warps),
     )
 
 
