@@ -14,7 +14,7 @@
 #
 # Usage, here: `scripts/gpu_wheels.sh` once (wheels the GPU image lacks, into .whl/), then through the device tool:
 #   run(command="scripts/gpu_measure.sh", carry=[".whl"], timeout_s=600)
-# Each part has its own time limit (T1 240 s, T1B 45, T1C 60, T2 60 + T2B 75, T3 40, T4 80: inside the call's 600 s), so a
+# Each part has its own time limit (T1 220 s, T1B 45, T1C 60, T2 60 + T2B 75 + T2C 40, T3 40, T4 60: inside the call's 600 s), so a
 # slow part cannot take the others' time; what a part printed before its limit is kept.
 # Results land in $OUT (or ./gpu_out when OUT is unset): one JSON / log per part, and summary.txt.
 set -uo pipefail
@@ -30,7 +30,7 @@ log "jax: $($PY -c 'import jax, jaxlib; print(jax.__version__, jaxlib.__version_
 
 if part 1; then
 log "1. bench train base (block-sparse kernel)"
-timeout -s INT "${T1:-240}" $CLI bench train --config base --steps 10 --windows 5 --breakdown --json "$OUT/train_base_kernel.json" \
+timeout -s INT "${T1:-220}" $CLI bench train --config base --steps 10 --windows 5 --breakdown --json "$OUT/train_base_kernel.json" \
   2>&1 | tee "$OUT/train_base_kernel.log" | tail -20 | tee -a "$OUT/summary.txt"
 log "1b. bench train base (dense reference attention)"
 timeout -s INT "${T1B:-45}" $CLI bench train --config base --steps 5 --windows 3 --set model.attention_impl=reference \
@@ -53,6 +53,9 @@ print("store built")
 EOF
 timeout -s INT "${T2B:-75}" $CLI bench attention --store "$STORE" -s 1024 -s 4096 --no-train --json "$OUT/attention_demo.json" \
   2>&1 | tail -40 | tee -a "$OUT/summary.txt"
+log "2c. the kernel on seed 000's row orders (sampler.perm_tile = 0): the same batch's tiles before the tile-aware orders"
+timeout -s INT "${T2C:-40}" $CLI bench attention --store "$STORE" -s 1024 --no-train --impl kernel --perm-tile 0 \
+  --json "$OUT/attention_demo_seed_orders.json" 2>&1 | tail -6 | tee -a "$OUT/summary.txt"
 
 fi
 
@@ -87,7 +90,7 @@ fi
 if part 4; then
 log "4. tests on the CUDA backend"
 $PY -m pip list 2>/dev/null | grep -i -E "^(pytest|hypothesis) " >/dev/null || echo "pytest / hypothesis missing" | tee -a "$OUT/summary.txt"
-JAX_PLATFORMS=cuda timeout "${T4:-80}" $PY -m pytest -q -x -p no:cacheprovider tests/test_kernel_attention.py \
+JAX_PLATFORMS=cuda timeout "${T4:-60}" $PY -m pytest -q -x -p no:cacheprovider tests/test_kernel_attention.py \
   tests/test_kernel_model.py tests/test_kernel_real_batch.py tests/test_kernel_structure.py tests/test_model_attention.py \
   tests/test_model_vjps.py tests/test_model_forward.py tests/test_training_optim.py 2>&1 | tail -15 | tee -a "$OUT/summary.txt"
 fi

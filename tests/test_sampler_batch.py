@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -49,12 +51,57 @@ def test_permutations(seed):
                 assert _contiguous(b.seq_row_ids[i][perm[:n]])
 
 
+def _visited_tiles(b, i, kind, tile):
+    """Tiles of the kind's dense mask (padding excluded) holding a visible pair, positions in the kind's order."""
+    perm = (b.out_perm if kind == "outbound" else b.in_perm)[i].astype(np.int64)
+    rows, pad = b.seq_row_ids[i][perm].astype(np.int64), b.is_padding[i][perm]
+    adj = b.fk_adj[i].astype(bool)
+    m = adj | np.eye(len(adj), dtype=bool) if kind == "outbound" else adj.T
+    r = np.where(pad, 0, rows)
+    mask = m[r][:, r] & ~pad[:, None] & ~pad[None, :]
+    nt = -(-b.seq_len // tile)
+    mask = np.pad(mask, (0, nt * tile - b.seq_len))
+    return int(mask.reshape(nt, tile, nt, tile).any(axis=(1, 3)).sum())
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_tile_aware_row_orders_never_visit_more_tiles(seed):
+    """`perm_tile` picks, per sequence and kind, the row order visiting the fewest tiles: never more than seed
+    000's Cuthill-McKee order (`perm_tile = 0`), fewer somewhere; rows stay contiguous, padding last, and every
+    other field of the batch is unchanged."""
+    store = random_store(seed, n_tables=6, max_rows=80)
+    seed_cfg = dataclasses.replace(CFG, perm_tile=0)
+    fewer = 0
+    for e in Sampler([store], CFG).entries:
+        ids = np.arange(min(8, e.task.num_seeds))
+        old = Sampler([store], seed_cfg).build(e.task.name, ids)
+        new = Sampler([store], dataclasses.replace(CFG, perm_tile=16)).build(e.task.name, ids)
+        for name in ("seq_row_ids", "column_ids", "is_padding", "fk_adj", "col_perm", "numeric_values"):
+            np.testing.assert_array_equal(getattr(old.batch, name), getattr(new.batch, name))
+        for i in range(new.batch.batch_size):
+            n = int(new.n_real[i])
+            for kind in ("outbound", "inbound"):
+                perm = (new.batch.out_perm if kind == "outbound" else new.batch.in_perm)[i]
+                _check_perm(perm, n, new.batch.seq_len)
+                assert _contiguous(new.batch.seq_row_ids[i][perm[:n]])
+                a, c = _visited_tiles(old.batch, i, kind, 16), _visited_tiles(new.batch, i, kind, 16)
+                assert c <= a, (e.task.name, i, kind)
+                fewer += c < a
+    assert fewer > 0
+
+
+def test_perm_tile_must_be_zero_or_a_power_of_two():
+    for bad in (8, 48, -64, True):
+        with pytest.raises(ConfluenceError, match="perm_tile"):
+            dataclasses.replace(CFG, perm_tile=bad)
+
+
 def test_walk_example_outbound_order_matches_the_seed():
     # Cuthill-McKee from the row with the fewest parents: book 42 (r2) or customer 23 (r1) first, then the
     # orders that point at it; the dense 6x6 band holds every edge.
     store = walk_example()
     first = int(np.flatnonzero(np.asarray(store.task_arrays("rating").anchor_row) == local_row(store, "orders", 1))[0])
-    res = Sampler([store], CFG).build("rating", np.array([first]))
+    res = Sampler([store], dataclasses.replace(CFG, perm_tile=0)).build("rating", np.array([first]))
     b = res.batch
     n = int(res.n_real[0])
     rows_out = [int(r) for r in dict.fromkeys(b.seq_row_ids[0][b.out_perm[0][:n]].tolist())]

@@ -155,8 +155,11 @@ def synthetic_source(seed: int) -> StructureSource:
     return lambda s, b: {kind: synthetic_structure(seed, kind, b, s) for kind in MASK_KINDS}
 
 
-def sampler_source(store_path: str, task: str | None = None, seed: int = 0) -> tuple[StructureSource, str]:
-    """(seq_len, batch_size) -> the structures of one real sampler batch of `task` (default: the store's first)."""
+def sampler_source(
+    store_path: str, task: str | None = None, seed: int = 0, perm_tile: int | None = None
+) -> tuple[StructureSource, str]:
+    """(seq_len, batch_size) -> the structures of one real sampler batch of `task` (default: the store's first);
+    `perm_tile` is the sampler's (None: its default; 0: seed 000's row orders)."""
     from confluence.sampler.config import SamplerConfig
     from confluence.sampler.sampler import Sampler
     from confluence.store import Store
@@ -166,7 +169,8 @@ def sampler_source(store_path: str, task: str | None = None, seed: int = 0) -> t
     store.task(name)  # raises, naming the task, when it does not exist
 
     def source(s: int, b: int) -> dict[str, PermutedStructure]:
-        with Sampler([store], SamplerConfig(batch_size=b, seq_len=s, tasks=(name,)), seed=seed) as sampler:
+        extra = {} if perm_tile is None else {"perm_tile": perm_tile}
+        with Sampler([store], SamplerConfig(batch_size=b, seq_len=s, tasks=(name,), **extra), seed=seed) as sampler:
             n = sampler.entry(name).task.num_seeds
             ids = np.random.default_rng(seed).choice(n, size=b, replace=n < b)
             batch = sampler.batch_for_seeds(name, ids)

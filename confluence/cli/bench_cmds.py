@@ -253,6 +253,11 @@ def bench_attention_cmd(
     task: Annotated[
         str | None, typer.Option(help="Task of --store to sample (default: its first task).")
     ] = None,
+    perm_tile: Annotated[
+        int | None,
+        typer.Option(help="The sampler's perm_tile for --store batches (0: seed 000's row orders). Default: the "
+                          "sampler's."),
+    ] = None,
     train: Annotated[bool, typer.Option(help="Also measure end-to-end training cells/s.")] = True,
     train_config: Annotated[
         str | None,
@@ -301,7 +306,7 @@ def bench_attention_cmd(
         from confluence.bench.attention import sampler_source
 
         try:
-            source, source_name = sampler_source(str(store), task, cfg.seed)
+            source, source_name = sampler_source(str(store), task, cfg.seed, perm_tile)
         except (ConfluenceError, FileNotFoundError) as exc:
             raise typer.BadParameter(f"--store {store}: {exc}") from exc
         report = run_attention_bench(cfg, source, source_name, log=typer.echo)

@@ -262,7 +262,7 @@ class BatchBuilder:
             c3 = time.thread_time()
             perms_chunk(
                 lo, hi, out["column_ids"], out["seq_row_ids"], n_real, nrows, edges, n_edges, d.col_stype.shape[0],
-                out["col_perm"], out["out_perm"], out["in_perm"],
+                out["col_perm"], out["out_perm"], out["in_perm"], cfg.perm_tile,
             )
             cpu_parts["walk"][lo] += c2 - c1
             cpu_parts["linearize"][lo] += c3 - c2

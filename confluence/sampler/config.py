@@ -76,6 +76,10 @@ class SamplerConfig:
     # it turns this on itself (RunConfig). Off, the field holds CHILD_RANK_UNKNOWN and the sampler saves the rank's
     # binary searches and its per-foreign-key copy of the child lists (docs/sampler.md)
     child_rank: bool = False
+    # > 0: the outbound / inbound permutations take, of a few row orders, the one whose mask visits the fewest
+    # tiles of this size (the block-sparse kernel's tile: its work follows the visited tiles); 0 = seed 000's
+    # Cuthill-McKee orders alone. Only the kernel reads the permutations (docs/sampler.md, "Permutations")
+    perm_tile: int = 64
     row_buckets: tuple[int, ...] = (16, 32, 64, 128, 256)  # R is padded up to one of these
     text_buckets: tuple[int, ...] = (16, 64, 256, 1024, 4096, 16384)  # U is padded up to one of these
     split: SplitConfig = field(default_factory=SplitConfig)
@@ -124,6 +128,9 @@ class SamplerConfig:
         if w and self.child_counts == "none":
             raise ConfigError("child_count_windows", "needs child_counts = \"anchor\" or \"all\" (the windows are "
                                                      "more count cells)")
+        if isinstance(self.perm_tile, bool) or not isinstance(self.perm_tile, int) or (
+                self.perm_tile != 0 and (self.perm_tile < 16 or self.perm_tile & (self.perm_tile - 1))):
+            raise ConfigError("perm_tile", f"must be 0 or a power of two >= 16, got {self.perm_tile!r}")
         for name in ("row_buckets", "text_buckets"):
             b = getattr(self, name)
             if not b or sorted(b) != list(b) or min(b) < 1:
