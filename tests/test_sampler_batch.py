@@ -46,19 +46,23 @@ def test_permutations(seed):
             for perm in (b.col_perm[i], b.out_perm[i], b.in_perm[i]):
                 _check_perm(perm, n, b.seq_len)
             cols = b.column_ids[i][b.col_perm[i][:n]]
-            assert (np.diff(cols) >= 0).all()  # grouped, ascending
+            assert _contiguous(cols)  # grouped (ascending ids unless packing the groups visits fewer tiles)
             for perm in (b.out_perm[i], b.in_perm[i]):
                 assert _contiguous(b.seq_row_ids[i][perm[:n]])
 
 
 def _visited_tiles(b, i, kind, tile):
     """Tiles of the kind's dense mask (padding excluded) holding a visible pair, positions in the kind's order."""
-    perm = (b.out_perm if kind == "outbound" else b.in_perm)[i].astype(np.int64)
+    perm = {"outbound": b.out_perm, "inbound": b.in_perm, "column": b.col_perm}[kind][i].astype(np.int64)
     rows, pad = b.seq_row_ids[i][perm].astype(np.int64), b.is_padding[i][perm]
-    adj = b.fk_adj[i].astype(bool)
-    m = adj | np.eye(len(adj), dtype=bool) if kind == "outbound" else adj.T
-    r = np.where(pad, 0, rows)
-    mask = m[r][:, r] & ~pad[:, None] & ~pad[None, :]
+    if kind == "column":
+        cols = b.column_ids[i][perm].astype(np.int64)
+        mask = (cols[:, None] == cols[None, :]) & ~pad[:, None] & ~pad[None, :]
+    else:
+        adj = b.fk_adj[i].astype(bool)
+        m = adj | np.eye(len(adj), dtype=bool) if kind == "outbound" else adj.T
+        r = np.where(pad, 0, rows)
+        mask = m[r][:, r] & ~pad[:, None] & ~pad[None, :]
     nt = -(-b.seq_len // tile)
     mask = np.pad(mask, (0, nt * tile - b.seq_len))
     return int(mask.reshape(nt, tile, nt, tile).any(axis=(1, 3)).sum())
@@ -66,28 +70,29 @@ def _visited_tiles(b, i, kind, tile):
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
 def test_tile_aware_row_orders_never_visit_more_tiles(seed):
-    """`perm_tile` picks, per sequence and kind, the row order visiting the fewest tiles: never more than seed
-    000's Cuthill-McKee order (`perm_tile = 0`), fewer somewhere; rows stay contiguous, padding last, and every
-    other field of the batch is unchanged."""
+    """`perm_tile` picks, per sequence and kind, the order visiting the fewest tiles: never more than seed 000's
+    orders (`perm_tile = 0`: Cuthill-McKee rows, ascending column ids), fewer somewhere; rows and columns stay
+    contiguous, padding last, and every other field of the batch is unchanged."""
     store = random_store(seed, n_tables=6, max_rows=80)
     seed_cfg = dataclasses.replace(CFG, perm_tile=0)
-    fewer = 0
+    fewer = {"outbound": 0, "inbound": 0, "column": 0}
     for e in Sampler([store], CFG).entries:
         ids = np.arange(min(8, e.task.num_seeds))
         old = Sampler([store], seed_cfg).build(e.task.name, ids)
         new = Sampler([store], dataclasses.replace(CFG, perm_tile=16)).build(e.task.name, ids)
-        for name in ("seq_row_ids", "column_ids", "is_padding", "fk_adj", "col_perm", "numeric_values"):
+        for name in ("seq_row_ids", "column_ids", "is_padding", "fk_adj", "numeric_values"):
             np.testing.assert_array_equal(getattr(old.batch, name), getattr(new.batch, name))
         for i in range(new.batch.batch_size):
             n = int(new.n_real[i])
-            for kind in ("outbound", "inbound"):
-                perm = (new.batch.out_perm if kind == "outbound" else new.batch.in_perm)[i]
-                _check_perm(perm, n, new.batch.seq_len)
-                assert _contiguous(new.batch.seq_row_ids[i][perm[:n]])
+            for kind, perms, key in (("outbound", new.batch.out_perm, new.batch.seq_row_ids),
+                                     ("inbound", new.batch.in_perm, new.batch.seq_row_ids),
+                                     ("column", new.batch.col_perm, new.batch.column_ids)):
+                _check_perm(perms[i], n, new.batch.seq_len)
+                assert _contiguous(key[i][perms[i][:n]])
                 a, c = _visited_tiles(old.batch, i, kind, 16), _visited_tiles(new.batch, i, kind, 16)
                 assert c <= a, (e.task.name, i, kind)
-                fewer += c < a
-    assert fewer > 0
+                fewer[kind] += c < a
+    assert fewer["outbound"] > 0 and fewer["column"] > 0, fewer
 
 
 def test_perm_tile_must_be_zero_or_a_power_of_two():

@@ -1,14 +1,16 @@
 """The three attention permutations of seed 000 section 4 (numba, nogil), padding always last.
 
-* `col_perm`: cells grouped by global column id (ascending), original order within a column (a stable
-  counting sort, O(S + distinct columns)).
+* `col_perm`: cells grouped by global column id (ascending; with `tile > 0` possibly another order of the groups,
+  below), original order within a column (a stable counting sort, O(S + distinct columns)).
 * `out_perm` / `in_perm`: cells grouped by row, rows in Cuthill-McKee order of the symmetrized row graph, so
   the outbound (`I + fk_adj`) and inbound (`fk_adj^T`) masks keep their non-zeros near the diagonal. The two
   orders differ in where each component starts and how ties break: outbound starts from rows with the fewest
   parents (dimension rows, followed by the rows pointing at them), inbound from rows with the fewest children.
   The forward order is kept (its reverse has the same bandwidth and reads less naturally).
 
-With `tile > 0` (the default, `SamplerConfig.perm_tile`), each of the two row orders is the one, among a few
+With `tile > 0` (the default, `SamplerConfig.perm_tile`), `col_perm` orders the column groups so that they fill
+tile after tile (the largest group that fits the room left, `_pack_groups`) when that visits fewer `tile` x `tile`
+tiles than ascending ids, and each of the two row orders is the one, among a few
 candidates, whose mask visits the fewest `tile` x `tile` tiles, which is what the block-sparse kernel's work
 follows: the Cuthill-McKee order above, the walk's own row order, and the walk's order with each row followed by
 its parents that fewer than h rows point at (h = 2, 3, 4; rows with more children first). Ties keep Cuthill-McKee,
@@ -122,6 +124,49 @@ def _visited_tiles(
 
 
 @njit(nogil=True, cache=True)
+def _pack_groups(sizes: np.ndarray, nd: int, tile: int, out: np.ndarray) -> None:
+    """An order of the column groups that fills tile after tile: the largest group that fits the room left in the
+    current tile, else the largest left (it straddles); ties to the lower column id."""
+    used = np.zeros(nd, dtype=np.bool_)
+    room = tile
+    for t in range(nd):
+        best = -1
+        for k in range(nd):
+            if not used[k] and sizes[k] <= room and (best < 0 or sizes[k] > sizes[best]):
+                best = k
+        if best < 0:
+            for k in range(nd):
+                if not used[k] and (best < 0 or sizes[k] > sizes[best]):
+                    best = k
+        used[best] = True
+        out[t] = best
+        room = (room - sizes[best]) % tile
+        if room <= 0:
+            room += tile
+
+
+@njit(nogil=True, cache=True)
+def _group_tiles(
+    order: np.ndarray, sizes: np.ndarray, nd: int, tile: int, n_tiles: int, stamp: np.ndarray, sid: int
+) -> int:
+    """Tiles the column mask visits with its groups contiguous in `order`: each group's square of tiles."""
+    pos = 0
+    count = 0
+    for k in range(nd):
+        g = order[k]
+        lo = pos // tile
+        hi = (pos + sizes[g] - 1) // tile
+        pos += sizes[g]
+        for a in range(lo, hi + 1):
+            for c in range(lo, hi + 1):
+                idx = a * n_tiles + c
+                if stamp[idx] != sid:
+                    stamp[idx] = sid
+                    count += 1
+    return count
+
+
+@njit(nogil=True, cache=True)
 def _group_rows(rows_of: np.ndarray, n_real: int, nr: int, rank: np.ndarray, out: np.ndarray) -> None:
     """Permutation that groups cells by row, rows by `rank`, padding last."""
     start = np.zeros(nr + 1, dtype=np.int64)
@@ -172,6 +217,18 @@ def perms_chunk(
                 nd += 1
             cnt[c] += 1
         ds = np.sort(distinct[:nd])
+        if tile > 0:  # the column groups packed into tiles, when that visits fewer tiles than ascending ids
+            sizes = np.empty(nd, dtype=np.int64)
+            for k in range(nd):
+                sizes[k] = cnt[ds[k]]
+            packed = np.empty(nd, dtype=np.int64)
+            _pack_groups(sizes, nd, tile, packed)
+            ident = np.arange(nd)
+            sid += 1
+            before = _group_tiles(ident, sizes, nd, tile, n_tiles, stamp, sid)
+            sid += 1
+            if _group_tiles(packed, sizes, nd, tile, n_tiles, stamp, sid) < before:
+                ds = ds[packed]
         acc = 0
         for k in range(nd):
             c = ds[k]
