@@ -268,6 +268,15 @@ def test_dangling_keys_kept_as_key_only_rows(tmp_path, store):
     texts = [str(w.message) for w in caught]
     assert any("orders.customer_id" in m and "key-only row" in m for m in texts), texts
     assert not any("edges are dropped" in m for m in texts)
+    assert not any(getattr(w.message, "code", "") == "key_only_rows" for w in caught)  # the column said it
+    # without validation nothing names the columns: the table says how many key-only rows it got
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        preprocess(src, meta, tmp_path / "kept2", encoder=HashEncoder(), progress=False, dangling_keys="keep",
+                   validate=False)
+    said = [w.message for w in caught if getattr(w.message, "code", "") == "key_only_rows"]
+    assert [(w.table, w.rows) for w in said] == [("customers", 1)], [str(w.message) for w in caught]
+    assert "table 'customers': 1 key-only rows added" in str(said[0])
 
 
 def test_dangling_keys_setting_is_checked(tmp_path):

@@ -119,7 +119,7 @@ def preprocess(
             with Reporter(progress) as rep:
                 relations = keyed_relations(db, con) if dangling_keys == "keep" else None
                 meta = _run(db, con, writer, encoder, embedding_cache, batch_rows_for(memory_limit_mb), rep,
-                            found, relations)
+                            found, relations, warn_key_only=not validate)
             found.check_strict(strict)
             return writer.commit(meta)
         except BaseException:
@@ -148,7 +148,9 @@ def write_primary_keys(writer: StoreWriter, tables: list) -> None:
 
 def _run(db: DatabaseMeta, con: duckdb.DuckDBPyConnection, writer: StoreWriter, encoder: TextEncoder,
          cache: Any, batch_rows: int, rep: Reporter, found: dw.WarningList,
-         relations: dict[str, str] | None = None) -> dict[str, Any]:
+         relations: dict[str, str] | None = None, warn_key_only: bool = False) -> dict[str, Any]:
+    """The passes over the data; `warn_key_only`: say per table how many key-only rows were added (without
+    validation nothing else names the dangling keys kept)."""
     tables, columns = make_plan(db, con, relations)
     by_name = {tp.meta.name: tp for tp in tables}
     num_rows = sum(tp.num_rows for tp in tables)
@@ -173,6 +175,8 @@ def _run(db: DatabaseMeta, con: duckdb.DuckDBPyConnection, writer: StoreWriter, 
             end = tp.row_offset + tp.num_rows
             row_time[end - tp.key_only_rows:end] = fmt.STATIC_TIME
             tp.null_time_rows -= tp.key_only_rows
+    if warn_key_only:
+        found.extend([dw.key_only_rows(tp.meta.name, tp.key_only_rows) for tp in tables if tp.key_only_rows])
     found.extend([dw.dangling_foreign_key(c.table, c.meta.name, c.dangling,
                                           by_name[c.table].num_rows - c.null_count, str(c.meta.foreign_key))
                   for c in columns if c.dangling])

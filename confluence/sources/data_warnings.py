@@ -28,7 +28,7 @@ __all__ = ["DataWarning", "StrictDataError", "WarningList", "recorded", "empty_t
 
 class DataWarning(UserWarning):
     """A suspicious but readable property of the data. `code` says which kind (`empty_table`, `non_finite`,
-    `dangling_foreign_key`, `all_dangling_foreign_key`, `mostly_numbers`); `table`, `column` and `rows`
+    `dangling_foreign_key`, `all_dangling_foreign_key`, `key_only_rows`, `mostly_numbers`); `table`, `column` and `rows`
     (how many rows are concerned) name it."""
 
     def __init__(self, message: str, *, code: str, table: str | None = None, column: str | None = None,
@@ -134,6 +134,15 @@ def dangling_foreign_key(table: str, column: str, dangling: int, non_null: int, 
         f" {target}; " + ("each distinct value becomes a key-only row of that table (dangling keys kept)" if kept
                           else "their edges are dropped"),
         code="dangling_foreign_key", table=table, column=column, rows=dangling)
+
+
+def key_only_rows(table: str, rows: int) -> DataWarning:
+    """Rows added to `table` for foreign-key values matching none of its keys (`preprocess(dangling_keys="keep")`),
+    said per table when no validation named the referencing columns."""
+    return DataWarning(
+        f"table '{table}': {rows} key-only rows added, one per distinct foreign-key value that matches none of its"
+        " keys (dangling keys kept; validate the data to see which columns hold them)",
+        code="key_only_rows", table=table, rows=rows)
 
 
 def mostly_numbers(table: str, column: str, numbers: int, non_null: int, example: str) -> DataWarning:
