@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from confluence.bench.train import _Bench  # noqa: E402
+from confluence.bench.train import StepBench  # noqa: E402
 from confluence.toolkit.config import parse_sets  # noqa: E402
 from confluence.training.config import load_config  # noqa: E402
 
@@ -48,11 +48,11 @@ def main() -> None:
 
         register_attention("block_sparse_compiled", functools.partial(block_sparse_attention, interpret=False))
         overrides.setdefault("model", {})["attention_impl"] = "block_sparse_compiled"
-    b = _Bench(load_config(args.recipe, overrides))
+    b = StepBench(load_config(args.recipe, overrides))
     tr = b.trainer
     out: dict = {"recipe": args.recipe, "set": args.set}
     if args.cuda:
-        from tests.fixtures.gpu import cuda_lowering
+        from confluence.bench.cuda_lowering import cuda_lowering
 
         host = jax.tree.map(np.asarray, (b.state, b.inputs[0], b.tabs))  # not the CPU mesh's arrays
         t0 = time.perf_counter()

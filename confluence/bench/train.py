@@ -69,7 +69,7 @@ class BenchResult:
     breakdown: dict | None = None  # see `step_breakdown`
 
 
-class _Bench:
+class StepBench:
     """A recipe's trainer, replicated state and one synthetic batch per target type, ready to time."""
 
     def __init__(self, cfg: RunConfig):
@@ -114,7 +114,7 @@ def bench_train(cfg: RunConfig, recipe: str, steps: int = 5, peak_flops: float |
     """Compile the fused train step of `cfg`, then time `windows` windows of `steps` steps over one synthetic batch
     per target type (the median window is the figure: these machines are noisy). `breakdown` adds
     `step_breakdown`'s figures."""
-    b = _Bench(cfg)
+    b = StepBench(cfg)
     s = cfg.sampler
     xla_flops = None
     t0 = time.perf_counter()
@@ -156,7 +156,7 @@ def bench_train(cfg: RunConfig, recipe: str, steps: int = 5, peak_flops: float |
 
 def _parts(cfg: RunConfig, steps: int, windows: int) -> dict[str, float]:
     """Median ms of forward + loss, forward + backward, optimizer update and the fused step, first batch."""
-    b = _Bench(cfg)
+    b = StepBench(cfg)
     tr, inp, tabs = b.trainer, b.inputs[0], b.tabs
     grads, _ = tr._grad(b.state[0], inp, *tabs)
 
