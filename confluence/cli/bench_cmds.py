@@ -255,8 +255,8 @@ def bench_attention_cmd(
     ] = None,
     perm_tile: Annotated[
         int | None,
-        typer.Option(help="The sampler's perm_tile for --store batches (0: seed 000's row orders). Default: the "
-                          "sampler's."),
+        typer.Option(help="The sampler's perm_tile for --store batches (0: seed 000's orders). Default: --block, "
+                          "the tile the orders are chosen for."),
     ] = None,
     train: Annotated[bool, typer.Option(help="Also measure end-to-end training cells/s.")] = True,
     train_config: Annotated[
@@ -306,7 +306,8 @@ def bench_attention_cmd(
         from confluence.bench.attention import sampler_source
 
         try:
-            source, source_name = sampler_source(str(store), task, cfg.seed, perm_tile)
+            source, source_name = sampler_source(str(store), task, cfg.seed,
+                                                 block if perm_tile is None else perm_tile)
         except (ConfluenceError, FileNotFoundError) as exc:
             raise typer.BadParameter(f"--store {store}: {exc}") from exc
         report = run_attention_bench(cfg, source, source_name, log=typer.echo)
