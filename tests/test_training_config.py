@@ -101,6 +101,17 @@ def test_configs_of_the_flat_layout_still_load():
     assert migrate(c.to_dict()) == c.to_dict()
 
 
+def test_runs_saved_before_perm_tile_keep_their_row_orders():
+    """A checkpoint's config without `sampler.perm_tile` (saved before it existed) resumes with seed 000's orders
+    (0), the batches it trained on; a recipe, or a config saved since, gets the tile-aware default or its own."""
+    saved = load_config("small").to_dict()
+    assert saved["sampler"]["perm_tile"] == 64
+    del saved["sampler"]["perm_tile"]
+    assert RunConfig.from_dict(saved).sampler.perm_tile == 0
+    assert RunConfig.from_dict(load_config("small").to_dict()).sampler.perm_tile == 64
+    assert load_config("small").sampler.perm_tile == 64
+
+
 def test_describe_changes_lists_what_differs():
     a = load_config("small")
     b = load_config("small", {"loop": {"max_steps": 800}, "sampler": {"task_weights": {"x": 2}}})

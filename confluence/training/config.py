@@ -70,8 +70,13 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RunConfig:
-        """A tree from its dict (as saved with a checkpoint); older layouts are read too (`migrate`)."""
-        return overlay(cls(), migrate(d))
+        """A tree from its dict (as saved with a checkpoint); older layouts are read too (`migrate`). A run saved
+        before `sampler.perm_tile` existed keeps the row orders it was trained on (seed 000's: 0), so it resumes
+        with the same batches."""
+        d = migrate(d)
+        if isinstance(d.get("sampler"), Mapping) and "perm_tile" not in d["sampler"]:
+            d["sampler"] = {**d["sampler"], "perm_tile": 0}
+        return overlay(cls(), d)
 
     def with_max_steps(self, steps: int) -> RunConfig:
         """The run made `steps` long (the learning-rate schedule follows when `optim.total_steps` is unset)."""
