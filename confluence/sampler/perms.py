@@ -8,13 +8,14 @@
   parents (dimension rows, followed by the rows pointing at them), inbound from rows with the fewest children.
   The forward order is kept (its reverse has the same bandwidth and reads less naturally).
 
-With `tile > 0` (the default, `SamplerConfig.perm_tile`), `col_perm` orders the column groups so that they fill
-tile after tile (the largest group that fits the room left, `_pack_groups`) when that visits fewer `tile` x `tile`
-tiles than ascending ids, and each of the two row orders is the one, among a few
-candidates, whose mask visits the fewest `tile` x `tile` tiles, which is what the block-sparse kernel's work
-follows: the Cuthill-McKee order above, the walk's own row order, and the walk's order with each row followed by
-its parents that fewer than h rows point at (h = 2, 3, 4; rows with more children first). Ties keep Cuthill-McKee,
-so the result is never worse than seed 000's order on that count. `tile = 0` is seed 000's order alone.
+With `tile > 0` (the default, `SamplerConfig.perm_tile`) the orders are chosen by what the block-sparse kernel's
+work follows, the `tile` x `tile` tiles a mask visits. `col_perm` orders the column groups to fill tile after tile
+(the largest group that fits the room left, `_pack_groups`) when that visits fewer tiles than ascending ids. Each of
+the two row orders is the candidate whose mask visits the fewest tiles: the Cuthill-McKee order above, the walk's
+own row order, the walk's order with each row followed by its parents that fewer than h rows point at (h = 1..4;
+rows with more children first), and the rows with children first (fewest children first, or in the walk's order
+with the leaves grouped by their lowest parent). Ties keep Cuthill-McKee, so the result never visits more tiles
+than seed 000's order. `tile = 0` is seed 000's orders alone.
 """
 
 from __future__ import annotations
@@ -290,12 +291,26 @@ def perms_chunk(
                     pfill[i] += 1
             for i in range(nr):
                 par[par_ptr[i]:par_ptr[i + 1]] = np.sort(par[par_ptr[i]:par_ptr[i + 1]])
-            cands = np.empty((4, nr), dtype=np.int64)
+            cands = np.empty((7, nr), dtype=np.int64)
             for i in range(nr):
                 cands[0, i] = i  # the walk's order
             stack = np.empty(nr + ne + 1, dtype=np.int64)
-            for h in range(3):
-                _follow_parents(par_ptr, par, n_chi, nr, h + 2, stack, cands[h + 1])
+            for h in range(4):
+                _follow_parents(par_ptr, par, n_chi, nr, h + 1, stack, cands[h + 1])
+            # rows with children first, fewest children first, then the leaves; and rows with children first (walk
+            # order), then the leaves grouped by their lowest parent
+            kb = np.empty(nr, dtype=np.int64)
+            kc = np.empty(nr, dtype=np.int64)
+            for i in range(nr):
+                if n_chi[i] > 0:
+                    kb[i] = n_chi[i] * big + i
+                    kc[i] = i
+                else:
+                    kb[i] = big * big + i
+                    low = par[par_ptr[i]] if par_ptr[i + 1] > par_ptr[i] else -1
+                    kc[i] = (low + 2) * big + i
+            cands[5] = np.argsort(kb)
+            cands[6] = np.argsort(kc)
             first_t = np.empty(nr, dtype=np.int64)
             last_t = np.empty(nr, dtype=np.int64)
         for which in range(2):
