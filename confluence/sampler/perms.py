@@ -91,6 +91,19 @@ def _follow_parents(
 
 
 @njit(nogil=True, cache=True)
+def _mark_tiles(a0: int, a1: int, c0: int, c1: int, n_tiles: int, stamp: np.ndarray, sid: int) -> int:
+    """Mark the tiles (a0..a1) x (c0..c1) as visited in this count (`stamp == sid`); returns how many were new."""
+    new = 0
+    for a in range(a0, a1 + 1):
+        for c in range(c0, c1 + 1):
+            idx = a * n_tiles + c
+            if stamp[idx] != sid:
+                stamp[idx] = sid
+                new += 1
+    return new
+
+
+@njit(nogil=True, cache=True)
 def _visited_tiles(
     order: np.ndarray, cells: np.ndarray, nr: int, edges_b: np.ndarray, ne: int, inbound: bool, tile: int,
     n_tiles: int, stamp: np.ndarray, sid: int, first: np.ndarray, last: np.ndarray,
@@ -115,12 +128,7 @@ def _visited_tiles(
             kk = q
         if cells[q] == 0 or cells[kk] == 0:
             continue
-        for a in range(first[q], last[q] + 1):
-            for c in range(first[kk], last[kk] + 1):
-                idx = a * n_tiles + c
-                if stamp[idx] != sid:
-                    stamp[idx] = sid
-                    count += 1
+        count += _mark_tiles(first[q], last[q], first[kk], last[kk], n_tiles, stamp, sid)
     return count
 
 
@@ -158,12 +166,7 @@ def _group_tiles(
         lo = pos // tile
         hi = (pos + sizes[g] - 1) // tile
         pos += sizes[g]
-        for a in range(lo, hi + 1):
-            for c in range(lo, hi + 1):
-                idx = a * n_tiles + c
-                if stamp[idx] != sid:
-                    stamp[idx] = sid
-                    count += 1
+        count += _mark_tiles(lo, hi, lo, hi, n_tiles, stamp, sid)
     return count
 
 
