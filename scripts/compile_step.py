@@ -1,6 +1,6 @@
 """Where a recipe's training step spends its compile time, on this machine (docs/training_speed.md, "Compilation").
 
-    python scripts/compile_step.py RECIPE [--set KEY=VALUE ...] [--cuda]
+    python scripts/compile_step.py RECIPE [--set KEY=VALUE ...] [--cuda [--both-word-loops]]
 
 Lowers and compiles each jitted part of the train step (forward + loss, forward + backward, optimizer update, the
 fused step) on one synthetic batch of the recipe's shapes, without running any, and prints seconds per part as JSON.
@@ -11,7 +11,6 @@ counts what XLA will compile there: Triton kernels, sorts, dot products, charact
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
 import time
@@ -40,13 +39,17 @@ def main() -> None:
     ap.add_argument("recipe")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--cuda", action="store_true")
+    ap.add_argument("--both-word-loops", action="store_true",
+                    help="with --cuda: the kernel as before 2026-11-25 (both word-loop variants and a lax.cond)")
     args = ap.parse_args()
     overrides = parse_sets(args.set)
     if args.cuda:
         from confluence.model.attention import register_attention
-        from confluence.model.kernels import block_sparse_attention
+        from confluence.model.kernels import block_sparse
 
-        register_attention("block_sparse_compiled", functools.partial(block_sparse_attention, interpret=False))
+        # the model's kernel (structures prepared once per batch), compiled as on a GPU
+        register_attention("block_sparse_compiled",
+                           block_sparse(interpret=False, contiguous_rows=not args.both_word_loops))
         overrides.setdefault("model", {})["attention_impl"] = "block_sparse_compiled"
     b = StepBench(load_config(args.recipe, overrides))
     tr = b.trainer

@@ -111,6 +111,25 @@ def test_gpu_path_lowers_with_several_heads_per_program():
     assert "num_warps = 8" in text
 
 
+@pytest.mark.parametrize("kind", ["outbound", "column"])
+def test_model_launch_compiles_one_word_loop_variant(kind):
+    """The model's kernel (`block_sparse()`: rows contiguous) lowers three Triton kernels per kind, not six: no
+    dynamic word-loop variant and no `lax.cond` between them."""
+    from confluence.model.kernels import block_sparse
+
+    attention = block_sparse(interpret=False)  # compiled, as on a GPU
+    struct = tuple(jnp.asarray(x) for x in synthetic_structure(0, kind, 2, 100))
+    q = jnp.zeros((2, 100, 2, 32), jnp.bfloat16)
+
+    def loss(q, k, v):
+        st = attention.prepare(kind, *struct)
+        return jnp.sum(attention.attend(q, k, v, kind, st).astype(jnp.float32))
+
+    with cuda_lowering():
+        text = jax.jit(jax.grad(loss, (0, 1, 2))).trace(q, q, q).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("custom_call @__gpu$xla.gpu.triton") == 3
+
+
 def test_end_to_end_training_compares_both_attention_impls(monkeypatch):
     import confluence.bench.train as bench
     from confluence.cli import bench_cmds

@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 
 from confluence.model.attention import MASK_KINDS, dense_mask, reference_attention
-from confluence.model.kernels import block_sparse_attention, block_structure, synthetic_structure
+from confluence.model.kernels import (
+    attend_block_sparse,
+    block_sparse_attention,
+    block_structure,
+    synthetic_structure,
+)
 from confluence.model.kernels.block_sparse import fast_words
 from tests.fixtures.kernel import assert_close_to_reference, random_qkv, random_unsorted, run_both
 
@@ -153,3 +158,27 @@ def test_bad_launch_is_rejected(heads, warps, match):
     q, k, v, _ = random_qkv(0, 1, 32, 4, 16)
     with pytest.raises(ValueError, match=match):
         block_sparse_attention(q, k, v, "column", *struct, block=16, heads=heads, warps=warps)
+
+
+@pytest.mark.parametrize("kind", ["outbound", "inbound"])
+def test_contiguous_rows_promise(kind):
+    """`contiguous_rows=True` (the model's launch) runs only the unrolled word loop: the same bits as the
+    `lax.cond` dispatch on rows kept contiguous, and NaN, never a silently wrong answer, when an input breaks it."""
+    struct = tuple(jnp.asarray(x) for x in synthetic_structure(11, kind, 2, 100))
+    q, k, v, do = random_qkv(0, 2, 100, 2, 16)
+    st = block_structure(kind, *struct, 32)
+
+    def run(st, contiguous, q, k, v, do):
+        def loss(q, k, v):
+            out = attend_block_sparse(q, k, v, kind, st, contiguous_rows=contiguous)
+            return jnp.sum(out.astype(jnp.float32) * do)
+
+        val, grads = jax.jit(jax.value_and_grad(loss, (0, 1, 2)))(q, k, v)
+        return [np.asarray(val), *(np.asarray(g) for g in grads)]
+
+    for a, b in zip(run(st, False, q, k, v, do), run(st, True, q, k, v, do), strict=True):
+        np.testing.assert_array_equal(a, b)
+    row, col, pad, adj = random_unsorted(7, 2, 117, 200)  # ranks scattered: tiles span more words
+    st = block_structure(kind, *(jnp.asarray(x) for x in (row, col, pad, adj)), 16)
+    assert int(jnp.max(st.whi - st.wlo)) >= fast_words(16)
+    assert all(np.isnan(x).all() for x in run(st, True, *random_qkv(1, 2, 117, 2, 16)))

@@ -95,7 +95,9 @@ def _attention_fn(
     if name == "kernel":
         st = jax.jit(lambda *a: block_structure(kind, *a, block))(*struct)
         heads, warps = launch
-        return st, lambda q, k, v, st: attend_block_sparse(q, k, v, kind, st, heads=heads, warps=warps)
+        # the model's launch: the sampler's (and the synthetic structures') rows are contiguous
+        return st, lambda q, k, v, st: attend_block_sparse(q, k, v, kind, st, heads=heads, warps=warps,
+                                                           contiguous_rows=True)
     if name == "reference":  # builds its mask inside each sublayer, as the model's reference path does
         return struct, lambda q, k, v, st: reference_attention(q, k, v, kind, *st)
     if name in ("dense", "dense_xla"):

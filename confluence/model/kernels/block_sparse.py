@@ -37,11 +37,13 @@ NUM_STAGES = 2
 class Launch(NamedTuple):
     """How the kernels are launched (nothing here changes what they compute): `heads` per program (a power of two
     dividing H; the programs of one tile pair's heads share its tile list, its scalar loads and its mask), Triton
-    warps per program, and whether to run through the Pallas interpreter."""
+    warps per program, whether to run through the Pallas interpreter, and whether every input keeps each row's
+    cells contiguous (`contiguous`: one word-loop variant compiled instead of two, no `lax.cond`)."""
 
     heads: int = DEFAULT_HEADS
     warps: int = NUM_WARPS
     interpret: bool = False
+    contiguous: bool = False  # rows contiguous in every input (the sampler's orders): compile the unrolled word loop only
 
 
 def _precision(a: jax.Array) -> lax.Precision | None:
@@ -341,18 +343,25 @@ def _params(warps: int) -> plgpu.CompilerParams:
     return plgpu.CompilerParams(num_warps=warps, num_stages=NUM_STAGES)
 
 
-def _dispatch(st: BlockStructure, kind: MaskKind, call: Callable[[int | None], Callable], *operands):
+def _dispatch(st: BlockStructure, kind: MaskKind, call: Callable[[int | None], Callable], *operands,
+              contiguous: bool = False):
     """`call(words)(*operands)`, with the word loop unrolled when every key tile spans few enough words.
 
     Row ranks are contiguous per row after the sampler's permutations, so a tile of T positions spans at most
-    T consecutive ranks, i.e. at most T/32 + 1 words: the unrolled variant is the normal case; arbitrary orders
-    fall back to the dynamic loop (both variants are compiled; `lax.cond` picks one on the device).
+    T consecutive ranks, i.e. at most T/32 + 1 words: the unrolled variant is the normal case. Without
+    `contiguous`, arbitrary orders fall back to the dynamic loop (both variants are compiled; `lax.cond` picks one
+    on the device). With it only the unrolled variant is compiled and run, and should an input break the promise
+    its outputs are NaN (loud, never silently wrong).
     """
     if kind == "column":
         return call(None)(*operands)
     block = st.kkey.shape[1] // st.wlo.shape[1]
     words = fast_words(block)
-    return lax.cond(jnp.max(st.whi - st.wlo) < words, call(words), call(None), *operands)
+    fits = jnp.max(st.whi - st.wlo) < words
+    if contiguous:
+        out = call(words)(*operands)
+        return jax.tree.map(lambda x: jnp.where(fits, x, jnp.asarray(jnp.nan, x.dtype)), out)
+    return lax.cond(fits, call(words), call(None), *operands)
 
 
 def fast_words(block: int) -> int:
@@ -381,7 +390,7 @@ def _forward(q, k, v, st: BlockStructure, kind: MaskKind, block: int, launch: La
         )
 
     meta = (st.kv_list, st.kv_cnt, st.wlo, st.whi, st.qkey, st.kkey, st.qbits)
-    return _dispatch(st, kind, call, *meta, q, k, v)
+    return _dispatch(st, kind, call, *meta, q, k, v, contiguous=launch.contiguous)
 
 
 def _backward(q, k, v, o, lse, do, st: BlockStructure, kind: MaskKind, block: int, launch: Launch):
@@ -432,8 +441,8 @@ def _backward(q, k, v, o, lse, do, st: BlockStructure, kind: MaskKind, block: in
         )
 
     common = (st.wlo, st.whi, st.qkey, st.kkey, st.qbits, q, k, v, do, lse, delta)
-    dq = _dispatch(st, kind, dq_call, st.kv_list, st.kv_cnt, *common)
-    dk, dv = _dispatch(st, kind, dkv_call, st.q_list, st.q_cnt, *common)
+    dq = _dispatch(st, kind, dq_call, st.kv_list, st.kv_cnt, *common, contiguous=launch.contiguous)
+    dk, dv = _dispatch(st, kind, dkv_call, st.q_list, st.q_cnt, *common, contiguous=launch.contiguous)
     return dq, dk, dv
 
 
@@ -490,10 +499,13 @@ def attend_block_sparse(
     interpret: bool | None = None,
     heads: int = DEFAULT_HEADS,
     warps: int = NUM_WARPS,
+    contiguous_rows: bool = False,
 ) -> jax.Array:
     """One sublayer's attention on a structure from `block_structure` (built once per batch and kind): q / k / v
     `[B, S, H, dh]` in the sublayer's permuted order; returns `[B, S, H, dh]` in v's dtype. `heads` per program
-    (dividing H) and `warps` per program tune the GPU launch only: the result is the same."""
+    (dividing H) and `warps` per program tune the GPU launch only: the result is the same. `contiguous_rows`
+    promises that each row's cells are contiguous in the permuted order (the sampler's permutations always are):
+    only the unrolled word loop is compiled, and an input that breaks the promise gets NaN, not a wrong answer."""
     check_kind(kind)
     check_launch(heads, warps)
     if q.ndim != 4 or q.shape != k.shape or q.shape != v.shape:
@@ -510,7 +522,7 @@ def attend_block_sparse(
     dp = max(16, pl.next_power_of_2(d))
     dtype = jnp.promote_types(q.dtype, v.dtype)
     qp, kp, vp = (_pad_to(x.astype(dtype), sp, dp) for x in (q, k, v))
-    out = _attend(qp, kp, vp, st, kind, block, Launch(heads, warps, bool(interpret)))
+    out = _attend(qp, kp, vp, st, kind, block, Launch(heads, warps, bool(interpret), bool(contiguous_rows)))
     return out[:, :s, :, :d].astype(v.dtype)
 
 
@@ -550,21 +562,25 @@ def block_sparse_attention(
 
 
 def block_sparse(
-    block: int = DEFAULT_BLOCK, interpret: bool | None = None, heads: int = DEFAULT_HEADS, warps: int = NUM_WARPS
+    block: int = DEFAULT_BLOCK, interpret: bool | None = None, heads: int = DEFAULT_HEADS, warps: int = NUM_WARPS,
+    contiguous_rows: bool = True,
 ) -> Attention:
     """The kernel as an `Attention`: the tile structure of each kind is built once per batch (`block_structure`)
-    and shared by the sublayers of every layer."""
+    and shared by the sublayers of every layer. The model's batches keep each row's cells contiguous in the
+    outbound / inbound orders (the sampler's and the synthetic batches' permutations), so by default only the
+    unrolled word loop is compiled (`attend_block_sparse(contiguous_rows=True)`)."""
     _check_block(block)
     check_launch(heads, warps)
     name = f"block_sparse(block={block}, interpret={interpret})"
-    if (heads, warps) != (DEFAULT_HEADS, NUM_WARPS):
-        name = f"block_sparse(block={block}, interpret={interpret}, heads={heads}, warps={warps})"
+    if (heads, warps, contiguous_rows) != (DEFAULT_HEADS, NUM_WARPS, True):
+        name = (f"block_sparse(block={block}, interpret={interpret}, heads={heads}, warps={warps}, "
+                f"contiguous_rows={contiguous_rows})")
     return Attention(
         name,
         lambda kind, row_ids, col_ids, is_padding, fk_adj: block_structure(
             kind, row_ids, col_ids, is_padding, fk_adj, block),
         lambda q, k, v, kind, st: attend_block_sparse(q, k, v, kind, st, interpret=interpret, heads=heads,
-                                                      warps=warps),
+                                                      warps=warps, contiguous_rows=contiguous_rows),
     )
 
 
