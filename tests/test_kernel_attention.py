@@ -160,13 +160,16 @@ def test_bad_launch_is_rejected(heads, warps, match):
         block_sparse_attention(q, k, v, "column", *struct, block=16, heads=heads, warps=warps)
 
 
-@pytest.mark.parametrize("kind", ["outbound", "inbound"])
-def test_contiguous_rows_promise(kind):
-    """`contiguous_rows=True` (the model's launch) runs only the unrolled word loop: the same bits as the
-    `lax.cond` dispatch on rows kept contiguous, and NaN, never a silently wrong answer, when an input breaks it."""
-    struct = tuple(jnp.asarray(x) for x in synthetic_structure(11, kind, 2, 100))
-    q, k, v, do = random_qkv(0, 2, 100, 2, 16)
-    st = block_structure(kind, *struct, 32)
+@pytest.mark.parametrize(("kind", "block"), [("outbound", 16), ("inbound", 32), ("outbound", 64), ("inbound", 64),
+                                             ("outbound", 128)])
+def test_contiguous_rows_promise(kind, block):
+    """`contiguous_rows=True` (the model's launch) runs only the bit-window mask: the same bits as the `lax.cond`
+    dispatch (unrolled or dynamic word loop) on rows kept contiguous, whose ranks cross 32-bit words at every
+    offset, and NaN, never a silently wrong answer, when an input breaks the promise."""
+    struct = tuple(jnp.asarray(x) for x in synthetic_structure(11, kind, 2, 520))  # over 64 rows: 3+ words of ranks
+    q, k, v, do = random_qkv(0, 2, 520, 2, 16)
+    st = block_structure(kind, *struct, block)
+    assert int(jnp.max(st.whi)) >= 2
 
     def run(st, contiguous, q, k, v, do):
         def loss(q, k, v):

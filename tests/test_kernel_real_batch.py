@@ -57,3 +57,32 @@ def test_kernel_matches_reference_on_demo_batches(demo_store, task, seq_len, blo
         assert np.all(results[0][0][empty] == 0.0)
         if kind == "inbound":  # leaf rows (no child in the sample) see nothing
             assert empty[~struct.is_padding].any()
+
+
+@pytest.mark.slow
+def test_model_launch_on_demo_batches_at_base_size(demo_store):
+    """The model's launch (`contiguous_rows=True`: the bit-window mask, no dynamic word loop) on real batches of
+    the sampler's tile-aware orders at S = 1024 (about 90 rows: ranks across 3 words): the same bits as the
+    `lax.cond` dispatch, and no NaN (the sampler keeps its promise)."""
+    import jax
+    import jax.numpy as jnp
+
+    from confluence.model.kernels import attend_block_sparse, block_structure
+
+    batch = sample(demo_store, "flights.dep_delay", 1024, 2, 128)
+    q, k, v, do = random_qkv(3, 2, 1024, 2, 16)
+    for kind in ("outbound", "inbound"):
+        st = block_structure(kind, *(jnp.asarray(x) for x in batch_structure(batch, kind)), 64)
+        assert int(jnp.max(st.whi)) >= 2
+
+        def run(contiguous, st=st, kind=kind):
+            def loss(q, k, v):
+                out = attend_block_sparse(q, k, v, kind, st, contiguous_rows=contiguous)
+                return jnp.sum(out.astype(jnp.float32) * do)
+
+            return [np.asarray(x) for x in jax.tree.leaves(jax.jit(jax.value_and_grad(loss, (0, 1, 2)))(q, k, v))]
+
+        window = run(True)
+        assert all(np.isfinite(x).all() for x in window)
+        for a, b in zip(run(False), window, strict=True):
+            np.testing.assert_array_equal(a, b)

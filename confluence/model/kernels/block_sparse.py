@@ -65,6 +65,41 @@ def _dot_t(a: jax.Array, b: jax.Array) -> jax.Array:
     )
 
 
+WINDOW = "window"  # the word-loop variant for key tiles whose ranks span fewer than 32 * window_words(T)
+
+
+def window_words(block: int) -> int:
+    """32-bit words of the bit window a key tile of `block` consecutive ranks reads (`_window_mask`)."""
+    return max(1, block // 32)
+
+
+def _window_mask(kkey: jax.Array, bits_ref, q0: jax.Array, tq: int) -> jax.Array:
+    """[Tq, Tk] visibility of a row-kind tile whose key ranks span fewer than 32 * n bits (n = `window_words`).
+
+    Each query row's adjacency bits from the tile's lowest key rank r0 on are shifted into n window words once
+    per row (n + 1 word loads, a funnel shift each), so a pair costs one select among the n words, one shift and
+    one test, instead of a pass per touched word. Padding keys (rank -1) see nothing.
+    """
+    tk = kkey.shape[0]
+    n = window_words(tk)
+    last = bits_ref.shape[0] - 1
+    valid = kkey >= 0
+    r0 = jnp.min(jnp.where(valid, kkey, jnp.int32(2**30)))
+    r0 = jnp.where(r0 == 2**30, 0, r0)  # an all-padding tile: any window, nothing is valid
+    w0 = r0 >> 5
+    sh = r0 & 31
+    src = [bits_ref[jnp.minimum(w0 + m, last), pl.ds(q0, tq)] for m in range(n + 1)]
+    win = []
+    for m in range(n):
+        hi = lax.shift_left(src[m + 1], jnp.where(sh == 0, 0, 32 - sh))
+        win.append(lax.shift_right_logical(src[m], sh) | jnp.where(sh == 0, 0, hi))
+    d = jnp.where(valid, kkey - r0, 0)
+    w = jnp.broadcast_to(win[0][:, None], (tq, tk))
+    for m in range(1, n):
+        w = jnp.where(((d >> 5) == m)[None, :], win[m][:, None], w)
+    return ((lax.shift_right_logical(w, (d & 31)[None, :]) & 1) != 0) & valid[None, :]
+
+
 def _tile_mask(
     kind: MaskKind,
     qkey: jax.Array,
@@ -73,17 +108,21 @@ def _tile_mask(
     q0: jax.Array,
     wlo: jax.Array,
     whi: jax.Array,
-    words: int | None,
+    words: int | str | None,
 ) -> jax.Array:
     """[Tq, Tk] visibility of one tile from the query keys / bit rows and the key labels.
 
     Row kinds visit the 32-bit words `wlo..whi` that the key tile's ranks touch: unrolled `words` times when the
     caller knows every tile spans at most that many (no nested loop, so Triton can pipeline the tile loop; a word
-    index past `whi` is clamped into range, which only repeats hits already counted), else in a dynamic loop.
+    index past `whi` is clamped into range, which only repeats hits already counted), else in a dynamic loop;
+    `words = WINDOW` reads a bit window from the tile's lowest rank instead (`_window_mask`), for key tiles whose
+    ranks span fewer than 32 * `window_words(T)` (rows contiguous: at most T consecutive ranks).
     """
     if kind == "column":
         return qkey[:, None] == kkey[None, :]
     tq = qkey.shape[0]
+    if words == WINDOW:
+        return _window_mask(kkey, bits_ref, q0, tq)
     kword = kkey >> 5
     kbit = kkey & 31
 
@@ -151,7 +190,7 @@ def _fwd_kernel(
     *,
     kind: MaskKind,
     block: int,
-    words: int | None,
+    words: int | str | None,
     heads: int,
 ):
     qt = pl.program_id(0)
@@ -214,7 +253,7 @@ def _dq_kernel(
     *,
     kind: MaskKind,
     block: int,
-    words: int | None,
+    words: int | str | None,
     heads: int,
 ):
     qt = pl.program_id(0)
@@ -265,7 +304,7 @@ def _dkv_kernel(
     *,
     kind: MaskKind,
     block: int,
-    words: int | None,
+    words: int | str | None,
     heads: int,
 ):
     kt = pl.program_id(0)
@@ -343,25 +382,29 @@ def _params(warps: int) -> plgpu.CompilerParams:
     return plgpu.CompilerParams(num_warps=warps, num_stages=NUM_STAGES)
 
 
-def _dispatch(st: BlockStructure, kind: MaskKind, call: Callable[[int | None], Callable], *operands,
+def _dispatch(st: BlockStructure, kind: MaskKind, call: Callable[[int | str | None], Callable], *operands,
               contiguous: bool = False):
     """`call(words)(*operands)`, with the word loop unrolled when every key tile spans few enough words.
 
     Row ranks are contiguous per row after the sampler's permutations, so a tile of T positions spans at most
     T consecutive ranks, i.e. at most T/32 + 1 words: the unrolled variant is the normal case. Without
     `contiguous`, arbitrary orders fall back to the dynamic loop (both variants are compiled; `lax.cond` picks one
-    on the device). With it only the unrolled variant is compiled and run, and should an input break the promise
-    its outputs are NaN (loud, never silently wrong).
+    on the device). With it only the bit-window variant (`_window_mask`) is compiled and run, and should an input
+    break the promise (a key tile whose ranks span 32 * `window_words(T)` or more) its outputs are NaN (loud,
+    never silently wrong).
     """
     if kind == "column":
         return call(None)(*operands)
     block = st.kkey.shape[1] // st.wlo.shape[1]
-    words = fast_words(block)
-    fits = jnp.max(st.whi - st.wlo) < words
     if contiguous:
-        out = call(words)(*operands)
+        keys = st.kkey.reshape(st.kkey.shape[0], -1, block)
+        valid = keys >= 0
+        span = jnp.max(jnp.where(valid, keys, -1), axis=-1) - jnp.min(jnp.where(valid, keys, 2**30), axis=-1)
+        fits = jnp.max(jnp.where(valid.any(-1), span, 0)) < 32 * window_words(block)
+        out = call(WINDOW)(*operands)
         return jax.tree.map(lambda x: jnp.where(fits, x, jnp.asarray(jnp.nan, x.dtype)), out)
-    return lax.cond(fits, call(words), call(None), *operands)
+    words = fast_words(block)
+    return lax.cond(jnp.max(st.whi - st.wlo) < words, call(words), call(None), *operands)
 
 
 def fast_words(block: int) -> int:
@@ -374,7 +417,7 @@ def _forward(q, k, v, st: BlockStructure, kind: MaskKind, block: int, launch: La
     g = launch.heads
     nt = sp // block
 
-    def call(words: int | None) -> Callable:
+    def call(words: int | str | None) -> Callable:
         return pl.pallas_call(
             functools.partial(_fwd_kernel, kind=kind, block=block, words=words, heads=g),
             grid=(nt, bsz, h // g),
@@ -400,7 +443,7 @@ def _backward(q, k, v, o, lse, do, st: BlockStructure, kind: MaskKind, block: in
     delta = jnp.einsum("bshd,bshd->bhs", o.astype(jnp.float32), do.astype(jnp.float32))
     do = do.astype(q.dtype)
 
-    def dq_call(words: int | None) -> Callable:
+    def dq_call(words: int | str | None) -> Callable:
         return pl.pallas_call(
             functools.partial(_dq_kernel, kind=kind, block=block, words=words, heads=g),
             grid=(nt, bsz, h // g),
@@ -420,7 +463,7 @@ def _backward(q, k, v, o, lse, do, st: BlockStructure, kind: MaskKind, block: in
             name=f"block_sparse_dq_{kind}",
         )
 
-    def dkv_call(words: int | None) -> Callable:
+    def dkv_call(words: int | str | None) -> Callable:
         return pl.pallas_call(
             functools.partial(_dkv_kernel, kind=kind, block=block, words=words, heads=g),
             grid=(nt, bsz, h // g),
