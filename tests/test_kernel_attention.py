@@ -171,16 +171,20 @@ def test_contiguous_rows_promise(kind, block):
     st = block_structure(kind, *struct, block)
     assert int(jnp.max(st.whi)) >= 2
 
-    def run(st, contiguous, q, k, v, do):
+    def run(st, contiguous, q, k, v, do, heads=1):
         def loss(q, k, v):
-            out = attend_block_sparse(q, k, v, kind, st, contiguous_rows=contiguous)
+            out = attend_block_sparse(q, k, v, kind, st, contiguous_rows=contiguous, heads=heads)
             return jnp.sum(out.astype(jnp.float32) * do)
 
         val, grads = jax.jit(jax.value_and_grad(loss, (0, 1, 2)))(q, k, v)
         return [np.asarray(val), *(np.asarray(g) for g in grads)]
 
-    for a, b in zip(run(st, False, q, k, v, do), run(st, True, q, k, v, do), strict=True):
+    window = run(st, True, q, k, v, do)
+    for a, b in zip(run(st, False, q, k, v, do), window, strict=True):
         np.testing.assert_array_equal(a, b)
+    if block == 64:  # two heads per program share the window mask: the same bits
+        for a, b in zip(window, run(st, True, q, k, v, do, heads=2), strict=True):
+            np.testing.assert_array_equal(a, b)
     row, col, pad, adj = random_unsorted(7, 2, 117, 200)  # ranks scattered: tiles span more words
     st = block_structure(kind, *(jnp.asarray(x) for x in (row, col, pad, adj)), 16)
     assert int(jnp.max(st.whi - st.wlo)) >= fast_words(16)
