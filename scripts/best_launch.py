@@ -1,7 +1,7 @@
 """Print `H W` of the fastest kernel launch in a `bench attention --launch ...` report (scripts/gpu_measure.sh).
 
 Fastest = the least forward + backward time summed over the report's rows, among the launches measured in every
-row; the totals go to stderr. The default launch ("kernel") is `1 4`.
+row; the totals go to stderr. The default launch ("kernel") is the model's (`confluence.model.config`).
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import re
 import sys
+
+from confluence.model.config import KERNEL_HEADS, KERNEL_WARPS
 
 
 def best_launch(report: dict) -> tuple[int, int]:
@@ -20,9 +22,9 @@ def best_launch(report: dict) -> tuple[int, int]:
     complete = {n: t for n, t in total.items() if n.startswith("kernel") and all(n in r["fwd_bwd_ms"] for r in rows)}
     print({n: round(t, 3) for n, t in sorted(complete.items(), key=lambda kv: kv[1])}, file=sys.stderr)
     if not complete:
-        return 1, 4
+        return KERNEL_HEADS, KERNEL_WARPS
     m = re.fullmatch(r"kernel\[h=(\d+),w=(\d+)\]", min(complete, key=complete.get))
-    return (int(m[1]), int(m[2])) if m else (1, 4)
+    return (int(m[1]), int(m[2])) if m else (KERNEL_HEADS, KERNEL_WARPS)
 
 
 if __name__ == "__main__":

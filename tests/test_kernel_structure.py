@@ -40,6 +40,22 @@ def test_keys_and_bits_reproduce_dense_mask(kind, struct, block):
 
 
 @pytest.mark.parametrize("kind,struct,block", list(structures()))
+def test_key_tile_words_and_span(kind, struct, block):
+    """wlo / whi (the words a key tile's ranks touch) and kspan (its highest minus lowest rank: what the bit-window
+    mask relies on) from the keys directly; -1 for a tile without keys and for the column kind."""
+    row, col, pad, adj = (jnp.asarray(x) for x in struct)
+    st = block_structure(kind, row, col, pad, adj, block)
+    keys = np.asarray(st.kkey).reshape(row.shape[0], -1, block)
+    for b in range(keys.shape[0]):
+        for t in range(keys.shape[1]):
+            k = keys[b, t][keys[b, t] >= 0]
+            span = -1 if kind == "column" or k.size == 0 else int(k.max() - k.min())
+            assert int(st.kspan[b, t]) == span
+            if kind != "column" and k.size:
+                assert (int(st.wlo[b, t]), int(st.whi[b, t])) == (int(k.min()) >> 5, int(k.max()) >> 5)
+
+
+@pytest.mark.parametrize("kind,struct,block", list(structures()))
 def test_tile_counts_and_lists_match_dense_mask(kind, struct, block):
     row, col, pad, adj = (jnp.asarray(x) for x in struct)
     b, s = row.shape

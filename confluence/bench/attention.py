@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from confluence.model.attention import MASK_KINDS, MaskKind, dense_mask, reference_attention
+from confluence.model.config import KERNEL_HEADS, KERNEL_WARPS
 from confluence.model.kernels.block_sparse import DEFAULT_BLOCK, attend_block_sparse, default_interpret
 from confluence.model.kernels.structure import block_structure, tile_stats
 from confluence.model.kernels.synthetic import PermutedStructure, batch_structure, synthetic_structure
@@ -49,9 +50,9 @@ class AttentionBenchConfig:
     repeats: int = 10
     kinds: Sequence[MaskKind] = MASK_KINDS
     implementations: Sequence[str] = ("kernel", "reference", "dense")
-    # the kernel's launches to time, (heads per program, warps per program): (1, 4) is the default launch, timed
-    # as "kernel"; any other as "kernel[h=H,w=W]" (the same numbers, another grid: docs/attention_kernel.md)
-    kernel_launches: Sequence[tuple[int, int]] = ((1, 4),)
+    # the kernel's launches to time, (heads per program, warps per program): the model's default launch is timed
+    # as "kernel", any other as "kernel[h=H,w=W]" (the same numbers, another grid: docs/attention_kernel.md)
+    kernel_launches: Sequence[tuple[int, int]] = ((KERNEL_HEADS, KERNEL_WARPS),)
     seed: int = 0
 
 
@@ -81,12 +82,13 @@ def _median_ms(fn: Callable[[], Any], repeats: int) -> float:
 
 
 def launch_name(heads: int, warps: int) -> str:
-    """The report's name of a kernel launch: "kernel" for the default, else "kernel[h=H,w=W]"."""
-    return "kernel" if (heads, warps) == (1, 4) else f"kernel[h={heads},w={warps}]"
+    """The report's name of a kernel launch: "kernel" for the model's default, else "kernel[h=H,w=W]"."""
+    return "kernel" if (heads, warps) == (KERNEL_HEADS, KERNEL_WARPS) else f"kernel[h={heads},w={warps}]"
 
 
 def _attention_fn(
-    name: str, kind: MaskKind, struct: tuple[jax.Array, ...], block: int, launch: tuple[int, int] = (1, 4)
+    name: str, kind: MaskKind, struct: tuple[jax.Array, ...], block: int,
+    launch: tuple[int, int] = (KERNEL_HEADS, KERNEL_WARPS)
 ) -> tuple[Any, Callable[..., jax.Array]]:
     """(what the implementation builds once per batch and kind, the sublayer's attention given it). The prepared
     part is computed before timing and passed to the jitted attention as an argument, as training shares it across
@@ -134,7 +136,7 @@ def bench_one(
         if name == "kernel":
             runs += [(launch_name(*launch), name, launch) for launch in cfg.kernel_launches]
         else:
-            runs.append((name, name, (1, 4)))
+            runs.append((name, name, (KERNEL_HEADS, KERNEL_WARPS)))
     for label, name, launch in runs:
         try:
             prep, fn = _attention_fn(name, kind, args, cfg.block, launch)

@@ -223,7 +223,8 @@ def bench_attention_cmd(
         typer.Option(
             "--launch",
             metavar="HxW",
-            help="Kernel launch to time: H heads and W warps per program, e.g. 2x8 (repeatable). Default: 1x4.",
+            help="Kernel launch to time: H heads and W warps per program, e.g. 2x8 (repeatable). Default: the "
+                 "model's launch.",
         ),
     ] = None,
     repeats: Annotated[
@@ -286,7 +287,7 @@ def bench_attention_cmd(
         bad = [x for x in values if x not in allowed]
         if bad:
             raise typer.BadParameter(f"{name} {bad[0]!r} is not one of {', '.join(allowed)}")
-    launches = tuple(_parse_launch(x) for x in launch or ["1x4"])
+    launches = tuple(_parse_launch(x) for x in launch) if launch else None
     cfg = AttentionBenchConfig(
         seq_lens=tuple(seq_len or (GPU_SEQ_LENS if on_gpu else CPU_SEQ_LENS)),
         batch_size=batch_size if batch_size is not None else (None if on_gpu else 2),
@@ -296,7 +297,7 @@ def bench_attention_cmd(
         repeats=repeats if repeats is not None else (10 if on_gpu else 2),
         kinds=kinds,
         implementations=() if stats_only else impls,
-        kernel_launches=launches,
+        **({"kernel_launches": launches} if launches else {}),
     )
     if not on_gpu:
         typer.echo(

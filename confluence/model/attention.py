@@ -35,6 +35,8 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 
+from confluence.model.config import KERNEL_HEADS, KERNEL_WARPS
+
 MaskKind = Literal["outbound", "inbound", "column"]
 MASK_KINDS: tuple[MaskKind, ...] = ("outbound", "inbound", "column")
 
@@ -168,7 +170,7 @@ def register_attention(name: str, impl: Attention | AttentionFn) -> None:
     _ATTENTION_IMPLS[name] = impl if isinstance(impl, Attention) else Attention.from_function(name, impl)
 
 
-def get_attention(name: str, *, kernel_heads: int = 1, kernel_warps: int = 4) -> Attention:
+def get_attention(name: str, *, kernel_heads: int = KERNEL_HEADS, kernel_warps: int = KERNEL_WARPS) -> Attention:
     """Resolve an attention implementation by name; raises ValueError listing the available ones.
     "auto" is the block-sparse kernel when the default backend is a GPU and the reference elsewhere.
     `kernel_heads` / `kernel_warps` set the block-sparse kernel's launch (heads and warps per program)."""
@@ -178,7 +180,7 @@ def get_attention(name: str, *, kernel_heads: int = 1, kernel_warps: int = 4) ->
         from confluence.model.kernels import BLOCK_SPARSE
 
         _ATTENTION_IMPLS[name] = BLOCK_SPARSE
-    if name == "block_sparse" and (kernel_heads, kernel_warps) != (1, 4):
+    if name == "block_sparse" and (kernel_heads, kernel_warps) != (KERNEL_HEADS, KERNEL_WARPS):
         launch = (kernel_heads, kernel_warps)
         if launch not in _KERNEL_LAUNCHES:
             from confluence.model.kernels import block_sparse

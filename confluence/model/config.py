@@ -16,6 +16,25 @@ def ffn_hidden_dim(d_model: int, multiple: int = 256) -> int:
     return int(math.ceil((8.0 * d_model / 3.0) / multiple) * multiple)
 
 
+# The block-sparse kernel's launch on a GPU (docs/attention_kernel.md, "Launch"): the default, and what is allowed.
+KERNEL_HEADS = 1  # heads per program: one program per (tile, batch, head)
+KERNEL_WARPS = 4  # Triton warps per program
+KERNEL_WARP_CHOICES = (1, 2, 4, 8, 16)
+
+
+def kernel_launch_problems(heads: int, warps: int, n_heads: int | None = None) -> list[tuple[str, str]]:
+    """("heads" | "warps", what is wrong) for each bad part of a kernel launch; `n_heads`: the heads it must divide."""
+    out = []
+    if heads < 1 or heads & (heads - 1):
+        out.append(("heads", f"heads per program must be a power of two >= 1, got {heads}"))
+    elif n_heads is not None and n_heads % heads:
+        out.append(("heads", f"heads per program ({heads}) must divide the number of heads ({n_heads})"))
+    if warps not in KERNEL_WARP_CHOICES:
+        out.append(("warps", f"warps per program must be one of {', '.join(map(str, KERNEL_WARP_CHOICES))}, "
+                              f"got {warps}"))
+    return out
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Shape and numerics of the relational transformer. `d_t` is a property of the processed store."""
@@ -32,8 +51,8 @@ class ModelConfig:
     # the block-sparse kernel's launch on a GPU (tuning only: the same results, tested bit for bit in the
     # interpreter): heads computed by one program (a power of two dividing n_heads; its heads share the tile
     # list, the scalar loads and the tile mask) and Triton warps per program (docs/attention_kernel.md)
-    kernel_heads: int = 1
-    kernel_warps: int = 4
+    kernel_heads: int = KERNEL_HEADS
+    kernel_warps: int = KERNEL_WARPS
     remat: bool = False  # recompute each block's activations in the backward pass (less memory, ~1/3 more FLOPs)
     # True: the blocks run as one `lax.scan` over their stacked parameters, so XLA compiles one block instead of
     # n_layers (the `base` step compiles 24 % faster on the CPU) but runs them without fusion across blocks (the
@@ -83,10 +102,8 @@ class ModelConfig:
         if self.d_model % self.n_heads:
             raise ConfigError("d_model", f"{self.d_model} is not divisible by n_heads={self.n_heads}")
         one_of("compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
-        if self.kernel_heads < 1 or self.kernel_heads & (self.kernel_heads - 1) or self.n_heads % self.kernel_heads:
-            raise ConfigError("kernel_heads", f"{self.kernel_heads} is not a power of two dividing n_heads="
-                                              f"{self.n_heads}")
-        one_of("kernel_warps", self.kernel_warps, (1, 2, 4, 8, 16))
+        for which, problem in kernel_launch_problems(self.kernel_heads, self.kernel_warps, self.n_heads):
+            raise ConfigError(f"kernel_{which}", problem)
         one_of("category_codes_by", self.category_codes_by, ("row", "value"))
         one_of("copy_numbers", self.copy_numbers, ("mean", "median"))
         non_negative(self, "category_codes", "numeric_frequencies", "numeric_by_column_init")

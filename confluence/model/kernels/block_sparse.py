@@ -26,11 +26,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from confluence.model.attention import Attention, MaskKind
+from confluence.model.config import KERNEL_HEADS, KERNEL_WARPS, kernel_launch_problems
 from confluence.model.kernels.structure import BlockStructure, block_structure, check_kind
 
 DEFAULT_BLOCK = 64
-DEFAULT_HEADS = 1  # heads per program: one program per (tile, batch, head)
-NUM_WARPS = 4
+DEFAULT_HEADS = KERNEL_HEADS  # heads per program (the model's default launch: confluence.model.config)
+NUM_WARPS = KERNEL_WARPS
 NUM_STAGES = 2
 
 
@@ -38,12 +39,12 @@ class Launch(NamedTuple):
     """How the kernels are launched (nothing here changes what they compute): `heads` per program (a power of two
     dividing H; the programs of one tile pair's heads share its tile list, its scalar loads and its mask), Triton
     warps per program, whether to run through the Pallas interpreter, and whether every input keeps each row's
-    cells contiguous (`contiguous`: one word-loop variant compiled instead of two, no `lax.cond`)."""
+    cells contiguous (`contiguous`: the bit-window mask compiled alone instead of two word loops and a `lax.cond`)."""
 
     heads: int = DEFAULT_HEADS
     warps: int = NUM_WARPS
     interpret: bool = False
-    contiguous: bool = False  # rows contiguous in every input (the sampler's orders): compile the unrolled word loop only
+    contiguous: bool = False  # rows contiguous in every input (the sampler's orders): the bit-window mask only
 
 
 def _precision(a: jax.Array) -> lax.Precision | None:
@@ -146,32 +147,14 @@ def _group(heads: int) -> list[int | None]:
     return [None] if heads == 1 else list(range(heads))
 
 
-def _load(ref, g: int | None, rows=None) -> jax.Array:
-    """Rows of head `g` of a `[rows, (heads,) d]` q / k / v / dO block (all rows when `rows` is None)."""
+def _at(g: int | None, rows=None, stat: bool = False):
+    """The index of head `g`'s rows (all when `rows` is None) in a program's block: `[rows, (heads,) d]` for
+    q / k / v / dO / outputs, `[(heads,) rows]` for the log-sum-exp and delta (`stat`); `g = None` is the one-head
+    block whose head axis the BlockSpec squeezed away."""
     if g is None:
-        return ref[...] if rows is None else ref[rows, :]
-    return ref[:, g, :] if rows is None else ref[rows, g, :]
-
-
-def _store(ref, g: int | None, x: jax.Array) -> None:
-    if g is None:
-        ref[...] = x
-    else:
-        ref[:, g, :] = x
-
-
-def _load_stat(ref, g: int | None, rows=None) -> jax.Array:
-    """Entries of head `g` of a `[(heads,) rows]` log-sum-exp / delta block."""
-    if g is None:
-        return ref[...] if rows is None else ref[rows]
-    return ref[g, :] if rows is None else ref[g, rows]
-
-
-def _store_stat(ref, g: int | None, x: jax.Array) -> None:
-    if g is None:
-        ref[...] = x
-    else:
-        ref[g, :] = x
+        return ... if rows is None else ((rows,) if stat else (rows, slice(None)))
+    r = slice(None) if rows is None else rows
+    return (g, r) if stat else (r, g, slice(None))
 
 
 def _fwd_kernel(
@@ -196,14 +179,14 @@ def _fwd_kernel(
     qt = pl.program_id(0)
     q0 = pl.multiple_of(qt * block, block)
     hs = _group(heads)
-    qs = [_load(q_ref, g) for g in hs]
+    qs = [q_ref[_at(g)] for g in hs]
     qkey = qkey_ref[pl.ds(q0, block)]
     d = qs[0].shape[-1]
 
     def body(n, carry):
         kt = kv_list_ref[n]
         k0 = pl.multiple_of(kt * block, block)
-        kvs = [(_load(k_ref, g, pl.ds(k0, block)), _load(v_ref, g, pl.ds(k0, block))) for g in hs]
+        kvs = [(k_ref[_at(g, pl.ds(k0, block))], v_ref[_at(g, pl.ds(k0, block))]) for g in hs]
         mask = _tile_mask(
             kind, qkey, kkey_ref[pl.ds(k0, block)], bits_ref, q0, wlo_ref[kt], whi_ref[kt], words
         )
@@ -231,8 +214,8 @@ def _fwd_kernel(
     for g, (acc, m, lsum) in zip(hs, res, strict=True):
         seen = lsum > 0.0
         safe = jnp.where(seen, lsum, 1.0)
-        _store(o_ref, g, (acc / safe[:, None]).astype(o_ref.dtype))
-        _store_stat(lse_ref, g, jnp.where(seen, m + jnp.log(safe), 0.0))
+        o_ref[_at(g)] = (acc / safe[:, None]).astype(o_ref.dtype)
+        lse_ref[_at(g, stat=True)] = jnp.where(seen, m + jnp.log(safe), 0.0)
 
 
 def _dq_kernel(
@@ -259,16 +242,16 @@ def _dq_kernel(
     qt = pl.program_id(0)
     q0 = pl.multiple_of(qt * block, block)
     hs = _group(heads)
-    qs = [_load(q_ref, g) for g in hs]
-    dos = [_load(do_ref, g) for g in hs]
-    lses = [_load_stat(lse_ref, g) for g in hs]
-    deltas = [_load_stat(delta_ref, g) for g in hs]
+    qs = [q_ref[_at(g)] for g in hs]
+    dos = [do_ref[_at(g)] for g in hs]
+    lses = [lse_ref[_at(g, stat=True)] for g in hs]
+    deltas = [delta_ref[_at(g, stat=True)] for g in hs]
     qkey = qkey_ref[pl.ds(q0, block)]
 
     def body(n, carry):
         kt = kv_list_ref[n]
         k0 = pl.multiple_of(kt * block, block)
-        kvs = [(_load(k_ref, g, pl.ds(k0, block)), _load(v_ref, g, pl.ds(k0, block))) for g in hs]
+        kvs = [(k_ref[_at(g, pl.ds(k0, block))], v_ref[_at(g, pl.ds(k0, block))]) for g in hs]
         mask = _tile_mask(
             kind, qkey, kkey_ref[pl.ds(k0, block)], bits_ref, q0, wlo_ref[kt], whi_ref[kt], words
         )
@@ -282,7 +265,7 @@ def _dq_kernel(
     init = tuple(jnp.zeros(q.shape, jnp.float32) for q in qs)
     res = lax.fori_loop(0, kv_cnt_ref[qt], body, init)
     for g, dq in zip(hs, res, strict=True):
-        _store(dq_ref, g, dq.astype(dq_ref.dtype))
+        dq_ref[_at(g)] = dq.astype(dq_ref.dtype)
 
 
 def _dkv_kernel(
@@ -310,8 +293,8 @@ def _dkv_kernel(
     kt = pl.program_id(0)
     k0 = pl.multiple_of(kt * block, block)
     hs = _group(heads)
-    ks = [_load(k_ref, g) for g in hs]
-    vs = [_load(v_ref, g) for g in hs]
+    ks = [k_ref[_at(g)] for g in hs]
+    vs = [v_ref[_at(g)] for g in hs]
     kkey = kkey_ref[pl.ds(k0, block)]
     wlo = wlo_ref[kt]
     whi = whi_ref[kt]
@@ -321,8 +304,8 @@ def _dkv_kernel(
         q0 = pl.multiple_of(qt * block, block)
         rows = pl.ds(q0, block)
         tiles = [
-            (_load(q_ref, g, rows), _load(do_ref, g, rows), _load_stat(lse_ref, g, rows),
-             _load_stat(delta_ref, g, rows))
+            (q_ref[_at(g, rows)], do_ref[_at(g, rows)], lse_ref[_at(g, rows, stat=True)],
+             delta_ref[_at(g, rows, stat=True)])
             for g in hs
         ]
         mask = _tile_mask(kind, qkey_ref[pl.ds(q0, block)], kkey, bits_ref, q0, wlo, whi, words)
@@ -338,8 +321,8 @@ def _dkv_kernel(
     init = tuple((jnp.zeros(k.shape, jnp.float32), jnp.zeros(k.shape, jnp.float32)) for k in ks)
     res = lax.fori_loop(0, q_cnt_ref[kt], body, init)
     for g, (dk, dv) in zip(hs, res, strict=True):
-        _store(dk_ref, g, dk.astype(dk_ref.dtype))
-        _store(dv_ref, g, dv.astype(dv_ref.dtype))
+        dk_ref[_at(g)] = dk.astype(dk_ref.dtype)
+        dv_ref[_at(g)] = dv.astype(dv_ref.dtype)
 
 
 def _specs(st: BlockStructure, sp: int, block: int) -> list[pl.BlockSpec]:
@@ -397,10 +380,7 @@ def _dispatch(st: BlockStructure, kind: MaskKind, call: Callable[[int | str | No
         return call(None)(*operands)
     block = st.kkey.shape[1] // st.wlo.shape[1]
     if contiguous:
-        keys = st.kkey.reshape(st.kkey.shape[0], -1, block)
-        valid = keys >= 0
-        span = jnp.max(jnp.where(valid, keys, -1), axis=-1) - jnp.min(jnp.where(valid, keys, 2**30), axis=-1)
-        fits = jnp.max(jnp.where(valid.any(-1), span, 0)) < 32 * window_words(block)
+        fits = jnp.max(st.kspan) < 32 * window_words(block)
         out = call(WINDOW)(*operands)
         return jax.tree.map(lambda x: jnp.where(fits, x, jnp.asarray(jnp.nan, x.dtype)), out)
     words = fast_words(block)
@@ -525,11 +505,11 @@ def _check_block(block: int) -> None:
         raise ValueError(f"block must be a power of two >= 16, got {block}")
 
 
-def check_launch(heads: int, warps: int) -> None:
-    if heads < 1 or heads & (heads - 1):
-        raise ValueError(f"heads per program must be a power of two >= 1, got {heads}")
-    if warps not in (1, 2, 4, 8, 16):
-        raise ValueError(f"warps per program must be one of 1, 2, 4, 8, 16, got {warps}")
+def check_launch(heads: int, warps: int, n_heads: int | None = None) -> None:
+    """Raise a ValueError saying what is wrong with a launch (`kernel_launch_problems`)."""
+    problems = kernel_launch_problems(heads, warps, n_heads)
+    if problems:
+        raise ValueError("; ".join(problem for _, problem in problems))
 
 
 def attend_block_sparse(
@@ -548,14 +528,12 @@ def attend_block_sparse(
     `[B, S, H, dh]` in the sublayer's permuted order; returns `[B, S, H, dh]` in v's dtype. `heads` per program
     (dividing H) and `warps` per program tune the GPU launch only: the result is the same. `contiguous_rows`
     promises that each row's cells are contiguous in the permuted order (the sampler's permutations always are):
-    only the unrolled word loop is compiled, and an input that breaks the promise gets NaN, not a wrong answer."""
+    only the bit-window mask is compiled, and an input that breaks the promise gets NaN, not a wrong answer."""
     check_kind(kind)
-    check_launch(heads, warps)
     if q.ndim != 4 or q.shape != k.shape or q.shape != v.shape:
         raise ValueError(f"q, k, v must share one [B, S, H, dh] shape, got {q.shape}, {k.shape}, {v.shape}")
     bsz, s, h, d = q.shape
-    if h % heads:
-        raise ValueError(f"heads per program ({heads}) must divide the number of heads ({h})")
+    check_launch(heads, warps, h)
     sp = st.kkey.shape[1]
     if st.kkey.shape[0] != bsz or not 0 <= sp - s < sp // st.kv_cnt.shape[1]:
         raise ValueError(f"structure of shape {st.kkey.shape} does not fit q of shape {q.shape}")
@@ -611,7 +589,7 @@ def block_sparse(
     """The kernel as an `Attention`: the tile structure of each kind is built once per batch (`block_structure`)
     and shared by the sublayers of every layer. The model's batches keep each row's cells contiguous in the
     outbound / inbound orders (the sampler's and the synthetic batches' permutations), so by default only the
-    unrolled word loop is compiled (`attend_block_sparse(contiguous_rows=True)`)."""
+    bit-window mask is compiled (`attend_block_sparse(contiguous_rows=True)`)."""
     _check_block(block)
     check_launch(heads, warps)
     name = f"block_sparse(block={block}, interpret={interpret})"

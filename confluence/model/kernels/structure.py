@@ -36,6 +36,7 @@ class BlockStructure(NamedTuple):
     qbits: jax.Array  # [B, W, Sp] bit-packed adjacency row of each query (row kinds; zeros for column)
     wlo: jax.Array  # [B, nT] first 32-bit word touched by the key tile's ranks (row kinds)
     whi: jax.Array  # [B, nT] last such word; whi < wlo for an all-padding tile
+    kspan: jax.Array  # [B, nT] highest minus lowest rank of the key tile's keys (row kinds); -1 without any
     kv_list: jax.Array  # [B, nT, nT] per query tile: non-empty key tiles first, ascending
     kv_cnt: jax.Array  # [B, nT] number of non-empty key tiles per query tile
     q_list: jax.Array  # [B, nT, nT] per key tile: non-empty query tiles first, ascending
@@ -153,6 +154,7 @@ def block_structure(
         qbits = jnp.zeros((b, 1, sp), jnp.int32)
         wlo = jnp.zeros((b, nt), jnp.int32)
         whi = jnp.full((b, nt), -1, jnp.int32)
+        kspan = jnp.full((b, nt), -1, jnp.int32)
     else:
         num_rows = fk_adj.shape[1]
         if fk_adj.shape != (b, num_rows, num_rows):
@@ -165,11 +167,13 @@ def block_structure(
         counts = _tile_counts(labels, num_rows, block)
         reach = jnp.einsum("btr,brs->bts", counts, adj.astype(jnp.float32), precision=hp)
         nnz = jnp.einsum("bts,bus->btu", reach, counts, precision=hp)
-        kw = (labels >> 5).reshape(b, nt, block)
+        kr = labels.reshape(b, nt, block)
         kvalid = valid.reshape(b, nt, block)
-        whi = jnp.max(jnp.where(kvalid, kw, -1), axis=-1).astype(jnp.int32)
-        wlo = jnp.min(jnp.where(kvalid, kw, jnp.iinfo(jnp.int32).max), axis=-1)
-        wlo = jnp.where(whi < 0, 0, wlo).astype(jnp.int32)
+        rhi = jnp.max(jnp.where(kvalid, kr, -1), axis=-1).astype(jnp.int32)
+        rlo = jnp.min(jnp.where(kvalid, kr, jnp.iinfo(jnp.int32).max), axis=-1)
+        rlo = jnp.where(rhi < 0, 0, rlo).astype(jnp.int32)
+        whi, wlo = jnp.where(rhi < 0, -1, rhi >> 5), rlo >> 5
+        kspan = jnp.where(rhi < 0, -1, rhi - rlo)
     nnz = jnp.round(nnz).astype(jnp.int32)
     nonempty = nnz > 0
     kv_list, kv_cnt = _tile_lists(nonempty)
@@ -180,6 +184,7 @@ def block_structure(
         qbits=qbits,
         wlo=wlo,
         whi=whi,
+        kspan=kspan,
         kv_list=kv_list,
         kv_cnt=kv_cnt,
         q_list=q_list,
