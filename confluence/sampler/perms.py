@@ -91,6 +91,58 @@ def _follow_parents(
 
 
 @njit(nogil=True, cache=True)
+def _csr(edges_b: np.ndarray, ne: int, counts: np.ndarray, nr: int, both: bool) -> tuple[np.ndarray, np.ndarray]:
+    """CSR of the row graph from the edge list (child << 16 | parent; self-edges left out), in edge order: each row's
+    parents (`both=False`, `counts` = parents per row), or its parents and children (`both=True`, `counts` = both)."""
+    ptr = np.zeros(nr + 1, dtype=np.int64)
+    for i in range(nr):
+        ptr[i + 1] = ptr[i] + counts[i]
+    out = np.empty(ptr[nr], dtype=np.int64)
+    fill = ptr[:nr].copy()
+    for k in range(ne):
+        i = edges_b[k] >> 16
+        j = edges_b[k] & 0xFFFF
+        if i == j:
+            continue
+        out[fill[i]] = j
+        fill[i] += 1
+        if both:
+            out[fill[j]] = i
+            fill[j] += 1
+    return ptr, out
+
+
+@njit(nogil=True, cache=True)
+def _row_candidates(edges_b: np.ndarray, ne: int, n_par: np.ndarray, n_chi: np.ndarray, nr: int) -> np.ndarray:
+    """[7, nr] row orders to weigh against Cuthill-McKee (module docstring): the walk's order; the walk's order
+    following parents, rows with at least h = 1..4 children first; rows with children first, fewest children first,
+    then the leaves; rows with children first, then the leaves grouped by their lowest parent."""
+    par_ptr, par = _csr(edges_b, ne, n_par, nr, False)
+    for i in range(nr):
+        par[par_ptr[i]:par_ptr[i + 1]] = np.sort(par[par_ptr[i]:par_ptr[i + 1]])
+    cands = np.empty((7, nr), dtype=np.int64)
+    for i in range(nr):
+        cands[0, i] = i
+    stack = np.empty(nr + ne + 1, dtype=np.int64)
+    for h in range(4):
+        _follow_parents(par_ptr, par, n_chi, nr, h + 1, stack, cands[h + 1])
+    big = nr + 1
+    kb = np.empty(nr, dtype=np.int64)
+    kc = np.empty(nr, dtype=np.int64)
+    for i in range(nr):
+        if n_chi[i] > 0:
+            kb[i] = n_chi[i] * big + i
+            kc[i] = i
+        else:
+            kb[i] = big * big + i
+            low = par[par_ptr[i]] if par_ptr[i + 1] > par_ptr[i] else -1
+            kc[i] = (low + 2) * big + i
+    cands[5] = np.argsort(kb)
+    cands[6] = np.argsort(kc)
+    return cands
+
+
+@njit(nogil=True, cache=True)
 def _mark_tiles(a0: int, a1: int, c0: int, c1: int, n_tiles: int, stamp: np.ndarray, sid: int) -> int:
     """Mark the tiles (a0..a1) x (c0..c1) as visited in this count (`stamp == sid`); returns how many were new."""
     new = 0
@@ -259,20 +311,7 @@ def perms_chunk(
                 n_par[i] += 1
                 n_chi[j] += 1
         deg = n_par + n_chi
-        ptr = np.zeros(nr + 1, dtype=np.int64)
-        for i in range(nr):
-            ptr[i + 1] = ptr[i] + deg[i]
-        nbr = np.empty(ptr[nr], dtype=np.int64)
-        fill = ptr[:nr].copy()
-        for k in range(ne):
-            i = edges[b, k] >> 16
-            j = edges[b, k] & 0xFFFF
-            if i == j:
-                continue
-            nbr[fill[i]] = j
-            fill[i] += 1
-            nbr[fill[j]] = i
-            fill[j] += 1
+        ptr, nbr = _csr(edges[b], ne, deg, nr, True)
         big = nr + 1
         key = np.empty(nr, dtype=np.int64)
         order = np.empty(nr, dtype=np.int64)
@@ -281,39 +320,7 @@ def perms_chunk(
             cells = np.zeros(nr, dtype=np.int64)
             for p in range(n):
                 cells[seq_row_ids[b, p]] += 1
-            par_ptr = np.zeros(nr + 1, dtype=np.int64)
-            for i in range(nr):
-                par_ptr[i + 1] = par_ptr[i] + n_par[i]
-            par = np.empty(par_ptr[nr], dtype=np.int64)
-            pfill = par_ptr[:nr].copy()
-            for k in range(ne):
-                i = edges[b, k] >> 16
-                j = edges[b, k] & 0xFFFF
-                if i != j:
-                    par[pfill[i]] = j
-                    pfill[i] += 1
-            for i in range(nr):
-                par[par_ptr[i]:par_ptr[i + 1]] = np.sort(par[par_ptr[i]:par_ptr[i + 1]])
-            cands = np.empty((7, nr), dtype=np.int64)
-            for i in range(nr):
-                cands[0, i] = i  # the walk's order
-            stack = np.empty(nr + ne + 1, dtype=np.int64)
-            for h in range(4):
-                _follow_parents(par_ptr, par, n_chi, nr, h + 1, stack, cands[h + 1])
-            # rows with children first, fewest children first, then the leaves; and rows with children first (walk
-            # order), then the leaves grouped by their lowest parent
-            kb = np.empty(nr, dtype=np.int64)
-            kc = np.empty(nr, dtype=np.int64)
-            for i in range(nr):
-                if n_chi[i] > 0:
-                    kb[i] = n_chi[i] * big + i
-                    kc[i] = i
-                else:
-                    kb[i] = big * big + i
-                    low = par[par_ptr[i]] if par_ptr[i + 1] > par_ptr[i] else -1
-                    kc[i] = (low + 2) * big + i
-            cands[5] = np.argsort(kb)
-            cands[6] = np.argsort(kc)
+            cands = _row_candidates(edges[b], ne, n_par, n_chi, nr)
             first_t = np.empty(nr, dtype=np.int64)
             last_t = np.empty(nr, dtype=np.int64)
         for which in range(2):
