@@ -67,6 +67,15 @@ def test_cli_bench_attention_times_each_launch_and_the_script_picks_one(tmp_path
     assert bad.exit_code != 0 and "3x4" in bad.output
 
 
+def test_cli_bench_attention_refuses_a_bad_perm_tile_by_name():
+    from tests.fixtures.graphs import random_store
+
+    store = random_store(1, n_tables=4, max_rows=40)
+    res = CliRunner().invoke(app, ["bench", "attention", "--store", str(store.path), "--stats-only", "--no-train",
+                                   "--perm-tile", "48"])
+    assert res.exit_code != 0 and "perm_tile" in res.output and "Traceback" not in res.output
+
+
 def test_bench_function_reports_speedups_per_kind():
     cfg = AttentionBenchConfig(
         seq_lens=(48,), batch_size=1, heads=1, head_dim=16, block=16, repeats=1, kinds=("column",),

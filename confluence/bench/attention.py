@@ -21,7 +21,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import jax
@@ -171,10 +171,11 @@ def sampler_source(
     store = Store.open(store_path)
     name = task or store.tasks[0].name
     store.task(name)  # raises, naming the task, when it does not exist
+    # checked here (a bad perm_tile raises a ConfigError naming it), before any batch is asked for
+    cfg = SamplerConfig(tasks=(name,), **({} if perm_tile is None else {"perm_tile": perm_tile}))
 
     def source(s: int, b: int) -> dict[str, PermutedStructure]:
-        extra = {} if perm_tile is None else {"perm_tile": perm_tile}
-        with Sampler([store], SamplerConfig(batch_size=b, seq_len=s, tasks=(name,), **extra), seed=seed) as sampler:
+        with Sampler([store], replace(cfg, batch_size=b, seq_len=s), seed=seed) as sampler:
             n = sampler.entry(name).task.num_seeds
             ids = np.random.default_rng(seed).choice(n, size=b, replace=n < b)
             batch = sampler.batch_for_seeds(name, ids)
