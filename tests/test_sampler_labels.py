@@ -402,3 +402,127 @@ def test_task_labels_sets_one_tasks_number_of_labels():
                     np.testing.assert_array_equal(v, getattr(b, k), err_msg=f"{task} {context}: {k}")
     with pytest.raises(ConfigError, match="task_labels"):
         replace(BASE, labels=4, task_labels={"amount": 5})
+
+
+# ----------------------------------------------------------------------------------------------- matches
+@cache
+def fleet_store(seed: int):
+    """Planes (static) whose maker is a function of their model, with seats (a discrete number) and an engine
+    code; flights (temporal) with a categorical flight number whose flights share a late flag. Cell-masking tasks:
+    the maker (also once with the model excluded), the late flag."""
+    rng = np.random.default_rng(seed)
+    n_plane, n_flight = int(rng.integers(60, 120)), int(rng.integers(150, 300))
+    n_model = int(rng.integers(6, 12))
+    model = rng.integers(0, n_model, n_plane)
+    maker_of = rng.integers(0, 3, n_model)
+    plane = Tab("plane", [Col("plane_id", ST.IDENTIFIER, np.arange(n_plane)),
+                          Col("model", ST.CATEGORICAL, model),
+                          Col("seats", ST.NUMERICAL, (50 + 10 * model).astype(np.float64)),
+                          Col("engine", ST.CATEGORICAL, rng.integers(0, 2, n_plane)),
+                          Col("maker", ST.CATEGORICAL, maker_of[model])], None)
+    number = rng.integers(0, 20, n_flight)
+    late_of = rng.random(20) < 0.5
+    flight = Tab("flight", [Col("flight_id", ST.IDENTIFIER, np.arange(n_flight)),
+                            Col("plane", ST.IDENTIFIER, rng.integers(0, n_plane, n_flight), fk="plane"),
+                            Col("number", ST.CATEGORICAL, number),
+                            Col("late", ST.BOOLEAN, late_of[number]),
+                            Col("at", ST.TIMESTAMP, rng.integers(0, 100, n_flight).astype(np.int64) * DAY)], "at")
+    tasks = [TaskSpec("maker", "plane", ST.CATEGORICAL, column="maker"),
+             TaskSpec("maker_blind", "plane", ST.CATEGORICAL, column="maker", exclude=["model", "seats"]),
+             TaskSpec("late", "flight", ST.BOOLEAN, column="late")]
+    from tests.fixtures.graphs import _ROOT
+
+    return build_store([plane, flight], tasks, _ROOT / f"fleet_{seed}", f"fleet{seed}")
+
+
+def _target_values(t, ids: np.ndarray) -> np.ndarray:
+    if int(t.target_stype) == int(ST.BOOLEAN):
+        return np.unpackbits(t.tgt_bits, bitorder="little")[ids]
+    return np.asarray(t.tgt_u32)[ids]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@given(k=st.integers(1, 6), m=st.integers(1, 6), temporal=st.booleans(), sseed=st.integers(0, 3))
+def test_matched_labels_share_a_value_and_keep_every_rule(seed, k, m, temporal, sseed):
+    """Matches obey the rules of every label (time, own label, splits), and a static table without parents shows
+    its matches first: each of the first min(m, k) labels shares a matched column's value with the anchor row."""
+    store = fleet_store(seed)
+    split = (SplitConfig(mode="temporal", t_val=40 * US_PER_DAY, t_test=70 * US_PER_DAY) if temporal
+             else SplitConfig(seed=sseed, fractions=(0.6, 0.2, 0.2)))
+    m = min(m, k)
+    cfg = replace(BASE, labels=k, label_match=m, split=split)
+    with Sampler([store], cfg, seed=sseed) as sampler, BatchStream(sampler) as stream:
+        total, matched = 0, 0
+        for e in sampler.entries:
+            for ctx, res in _phases(sampler, stream, e):
+                total += _check(sampler, e, ctx, res)
+                if e.task.name != "maker":
+                    continue
+                index = sampler.label_index("maker", 0, ctx)
+                names = [sampler.data[0].column_names[c] for c in index.m_cols]
+                assert names[:2] == ["plane.seats", "plane.model"] or names[:2] == ["plane.model", "plane.seats"]
+                vals = index.m_row_val
+                for b in range(res.batch.batch_size):
+                    if not res.batch.seq_valid[b]:
+                        continue
+                    a = int(res.batch.anchor_rows[b]) - index.a_lo
+                    labs = res.labels[b][res.labels[b] >= 0]
+                    pool_share = [(vals[:, a] == vals[:, int(e.task.anchor_row[s]) - index.a_lo]).any()
+                                  for s in labs[:m]]
+                    # matches come first while the anchor's value has known labels left
+                    n_same = int(np.sum(pool_share))
+                    assert pool_share == [True] * n_same + [False] * (len(pool_share) - n_same)
+                    matched += n_same
+    assert total > 0 and (matched > 0 or temporal)  # not vacuous (a temporal split puts static rows in test)
+
+
+def test_matches_never_use_the_target_or_an_excluded_column():
+    store = fleet_store(0)
+    with Sampler([store], replace(BASE, labels=4, label_match=2), seed=0) as sampler:
+        names = lambda task: [sampler.data[0].column_names[c] for c in sampler.label_index(task).m_cols]  # noqa: E731
+        assert set(names("maker")) == {"plane.model", "plane.seats", "plane.engine"}
+        assert names("maker_blind") == ["plane.engine"]  # model and seats excluded, the target never
+        assert names("late") == ["flight.number"]  # a timestamp or a foreign key is never matched on
+
+
+def test_matched_labels_tell_the_answer_where_random_ones_do_not():
+    """The maker is a function of the model: matched labels vote for the anchor's own maker; random labels of a
+    static table vote at about the share of the commonest maker."""
+    store = fleet_store(1)
+    split = SplitConfig(seed=0, fractions=(0.6, 0.2, 0.2))
+    agree = {}
+    for m in (0, 4):
+        with Sampler([store], replace(BASE, labels=4, label_match=m, split=split), seed=0) as sampler:
+            t = sampler.entry("maker", 0).task
+            ids = sampler.seed_ids("val", "maker", 0)
+            hits = []
+            for lo in range(0, len(ids), BASE.batch_size):
+                res = sampler.build("maker", ids[lo: lo + BASE.batch_size], 0, context="val")
+                for b, seed in enumerate(ids[lo: lo + BASE.batch_size]):
+                    labs = res.labels[b][res.labels[b] >= 0]
+                    hits.extend((_target_values(t, labs) == _target_values(t, np.array([seed]))[0]).tolist())
+            agree[m] = float(np.mean(hits))
+    assert agree[4] == 1.0, agree  # four matches on the model or its seats: always the same maker
+    assert agree[0] < 0.8, agree
+
+
+def test_without_matches_the_batches_are_unchanged():
+    """label_match = 0 (the default) builds exactly the batches of before the setting; > 0 changes only labels."""
+    store = fleet_store(0)
+    ids = np.arange(BASE.batch_size)
+    digests = {}
+    for m in (None, 0, 3):
+        cfg = replace(BASE, labels=3) if m is None else replace(BASE, labels=3, label_match=m)
+        with Sampler([store], cfg, seed=0) as sampler:
+            res = sampler.build("maker", ids, 0)
+            walk = res.nrows - (res.labels >= 0).sum(axis=1)
+            digests[m] = (hashlib.sha256(res.labels.tobytes()).hexdigest(), walk.tolist())
+    assert digests[None] == digests[0]
+    assert digests[3][0] != digests[0][0] and digests[3][1] == digests[0][1]
+
+
+def test_bad_label_match_is_named():
+    with pytest.raises(ConfigError, match="label_match"):
+        replace(BASE, labels=2, label_match=3)
+    with pytest.raises(ConfigError, match="label_match"):
+        replace(BASE, labels=2, label_match=-1)

@@ -59,6 +59,10 @@ class SamplerConfig:
     # "task" or "db/task" -> labelled rows for that task's contexts instead of `labels` (0..labels): 0 gives a task
     # whose rows say more than its labels the whole context (measured: docs/RESULTS.md)
     task_labels: dict[str, int] | None = None
+    # of those labelled rows, up to this many are rows that share a categorical value with the anchor row (a plane
+    # of the same model, a flight of the same flight number): the most telling labels of a static table, whose
+    # others are random rows (`confluence.sampler.labels`, "matches"); 0 = none, the contexts as before
+    label_match: int = 0
     # the share of *training* contexts shown no labels (drawn per sequence and epoch): a model that always sees its
     # task's labels may learn to copy them instead of reading the rows (measured: docs/RESULTS.md); 0 = always shown
     labels_off: float = 0.0
@@ -104,6 +108,10 @@ class SamplerConfig:
         for key, k in (self.task_labels or {}).items():
             if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= self.labels:
                 raise ConfigError(f"task_labels[{key!r}]", f"must be an integer in 0..labels ({self.labels}), got {k!r}")
+        if not isinstance(self.label_match, int) or isinstance(self.label_match, bool) or not (
+                0 <= self.label_match <= self.labels):
+            raise ConfigError("label_match", f"must be an integer in 0..labels ({self.labels}), got "
+                                             f"{self.label_match!r}")
         if not isinstance(self.labels_off, int | float) or not 0.0 <= float(self.labels_off) < 1.0:
             raise ConfigError("labels_off", f"must be a share in [0, 1), got {self.labels_off!r}")
         if not isinstance(self.relabel, int | float) or not 0.0 <= float(self.relabel) <= 1.0:

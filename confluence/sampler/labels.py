@@ -7,8 +7,11 @@ the context (else to those of its parents that are). A label is known from its *
 (its query looks that far ahead), the row's own time for a cell-masking task (always, for a static table).
 
 For each seed, up to `sampler.labels` labels are chosen, in this order: the anchor's own earlier labels (latest
-first); the latest label of each other anchor the walk reached, then of anchors sharing a parent with the seed's
-anchor (siblings); then labels drawn at random among the task's most recent ones (all of a static table's). Never
+first); the latest label of each other anchor the walk reached; with `sampler.label_match` = m, up to m labels of
+rows sharing a categorical value with the anchor row (matches: the anchor table's visible categorical columns, the
+most distinct values first, drawn among that value's most recent labels); labels of anchors sharing a parent with
+the seed's anchor (siblings); then labels drawn at random among the task's most recent ones (all of a static
+table's). Never
 the seed's own label (same seed, or same anchor and observation time; for a cell-masking task, any label of the
 seed's own row), never a label whose label time is after the seed's observation time, and only labels of the
 splits a phase may read (`CONTEXT_SPLITS`): training and validation contexts read train labels, test contexts
@@ -17,7 +20,7 @@ train and validation labels, predictions for new anchors every label. A cell-mas
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -40,10 +43,13 @@ TRAINING_CONTEXT = "training"
 CONTEXT_SPLITS = {TRAINING_CONTEXT: ("train",), "train": ("train",), "val": ("train",), "test": ("train", "val"),
                   "all": ("train", "val", "test")}
 _SCAN = 16  # candidates scanned per wanted label in the sibling and recent phases (bounds the work per sequence)
+MATCH_COLUMNS = 3  # categorical columns a label may be matched on, the most distinct values first
+_EMPTY_I64 = np.zeros(0, dtype=np.int64)
 
 _NUM = int(SemanticType.NUMERICAL)
 _TS = int(SemanticType.TIMESTAMP)
 _BOOL = int(SemanticType.BOOLEAN)
+_CAT = int(SemanticType.CATEGORICAL)
 _UNKNOWN_AGE = np.float32(ROW_AGE_UNKNOWN)
 
 
@@ -97,6 +103,69 @@ class LabelIndex:
     tgt_bits: np.ndarray
     tgt_valid: np.ndarray
     obs_ts: np.ndarray
+    # matches (`sampler.label_match`): per matched column j, the anchor table's rows' values (-1: NULL) and the pool
+    # sorted by (value, label time, seed) in m_ids[m_off[j]:m_off[j + 1]]; no columns: no matches
+    m_cols: np.ndarray = field(default_factory=lambda: _EMPTY_I64)  # i64[J]: global column ids
+    m_row_val: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))  # i64[J, n_anchor_rows]
+    m_off: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))  # i64[J + 1]
+    m_ids: np.ndarray = field(default_factory=lambda: _EMPTY_I64)
+    m_val: np.ndarray = field(default_factory=lambda: _EMPTY_I64)
+    m_lt: np.ndarray = field(default_factory=lambda: _EMPTY_I64)
+
+
+def match_columns(data: Any, task: Any, table: int, limit: int = MATCH_COLUMNS) -> list[tuple[int, np.ndarray]]:
+    """The anchor table's columns a label may be matched on, with each row's value (-1: NULL): its categorical
+    columns, and on a static table also its numbers that repeat (at most half as many distinct values as values:
+    seats, a year of make), whose equality there says the rows share a specification; on a temporal table equal
+    measurements (a pressure, a departure time) are coincidences of time, and its labels have the time's own
+    neighbours (siblings). Visible on the anchor row (neither the target nor an excluded column), at least two
+    distinct values, the most distinct values first (a shared rare value says more), at most `limit`. `data` is
+    the database's `SamplerData`."""
+    r0, r1 = int(data.tab_row_off[table]), int(data.tab_row_off[table + 1])
+    n = r1 - r0
+    static = bool(np.all(np.asarray(data.row_time[r0:r1]) == STATIC_TIME))
+    cut = set(int(c) for c in np.asarray(task.cut_cols).tolist())
+    found: list[tuple[int, int, np.ndarray]] = []
+    for c in np.asarray(data.tab_cols[data.tab_col_ptr[table]: data.tab_col_ptr[table + 1]]).tolist():
+        stype = int(data.col_stype[c])
+        if not (stype == _CAT or (stype == _NUM and static)) or c in cut or n == 0:
+            continue
+        off, voff = int(data.col_off[c]), int(data.col_voff[c])
+        valid = np.unpackbits(data.valid_bits[voff: voff + (n + 7) // 8], bitorder="little")[:n].astype(bool)
+        if stype == _CAT:
+            raw = np.asarray(data.u32_pool[off: off + n], dtype=np.int64)
+        else:  # a number's bits: equal numbers match (seats, a year); a continuous column rarely repeats
+            raw = np.asarray(data.num_pool[off: off + n], dtype=np.float32).view(np.uint32).astype(np.int64)
+        vals = np.where(valid, raw, -1)
+        distinct = int(np.unique(vals[valid]).size)
+        if 2 <= distinct and (stype == _CAT or distinct <= int(valid.sum()) // 2):
+            found.append((distinct, c, vals))
+    found.sort(key=lambda x: (-x[0], x[1]))
+    return [(c, vals) for _, c, vals in found[:limit]]
+
+
+def with_matches(index: LabelIndex, columns: list[tuple[int, np.ndarray]]) -> LabelIndex:
+    """`index` able to match labels on `columns` (`match_columns`): the pool sorted per column by (value, label
+    time, seed)."""
+    if not columns:
+        return index
+    pool = index.t_ids
+    lt = index.label_time[pool]
+    rows = index.anchor_row[pool] - index.a_lo
+    ids, val, times, off = [], [], [], [0]
+    for _, vals in columns:
+        v = vals[rows]
+        keep = v >= 0
+        p, v, t = pool[keep], v[keep], lt[keep]
+        order = np.lexsort((p, t, v))
+        ids.append(p[order])
+        val.append(v[order])
+        times.append(t[order])
+        off.append(off[-1] + int(order.size))
+    return replace(index, m_cols=np.array([c for c, _ in columns], dtype=np.int64),
+                   m_row_val=np.ascontiguousarray(np.stack([v for _, v in columns])),
+                   m_off=np.array(off, dtype=np.int64), m_ids=np.concatenate(ids), m_val=np.concatenate(val),
+                   m_lt=np.concatenate(times))
 
 
 def build_label_index(task: Any, pool: np.ndarray, label_time: np.ndarray, tab_row_off: np.ndarray) -> LabelIndex:
@@ -182,11 +251,17 @@ def choose_labels_chunk(
     seg_off: np.ndarray,
     c_idx: np.ndarray,
     c_time: np.ndarray,
-    states: np.ndarray,  # u64[B]: the sequences' random states after the walk (the recent phase's draws)
+    states: np.ndarray,  # u64[B]: the sequences' random states after the walk (the match and recent draws)
+    m_quota: int,  # `sampler.label_match`: at most this many matches
+    m_row_val: np.ndarray,  # i64[J, n_anchor_rows]
+    m_off: np.ndarray,
+    m_ids: np.ndarray,
+    m_val: np.ndarray,
+    m_lt: np.ndarray,
     out: np.ndarray,  # i64[B, k]: chosen label seeds (-1: none)
     n_out: np.ndarray,  # i32[B]
 ) -> None:
-    """Choose up to k labels per sequence lo..hi-1 (module doc: own, reached, siblings, recent)."""
+    """Choose up to k labels per sequence lo..hi-1 (module doc: own, reached, matches, siblings, recent)."""
     st = np.empty(1, dtype=np.uint64)
     a_hi = a_lo + a_ptr.shape[0] - 1
     for b in range(lo, hi):
@@ -194,6 +269,7 @@ def choose_labels_chunk(
         hkeys, hvals, cap = row_map(rows, b, nr)
         n = 0
         ob = obs[b]
+        st[0] = states[b]
         # 1) the anchor's own earlier labels, latest first
         j = _latest(anchors[b], ob, a_lo, a_ptr, a_ids, a_lt)
         li = anchors[b] - a_lo
@@ -219,6 +295,34 @@ def choose_labels_chunk(
                                                               is_cell, hkeys, hvals, cap):
                         out[b, n] = s
                         n += 1
+        # 2b) matches: labels of rows sharing a categorical value with the anchor row, drawn among that value's
+        # 2 x k most recent labels known at the observation time and those tied with the oldest of them (a static
+        # table's all tie); the columns with the most distinct values first
+        taken = 0
+        la = anchors[b] - a_lo
+        for jc in range(m_off.shape[0] - 1):
+            if taken >= m_quota or n >= k or la < 0 or la >= m_row_val.shape[1]:
+                break
+            v = m_row_val[jc, la]
+            if v < 0:
+                continue
+            c0 = m_off[jc]
+            c1 = m_off[jc + 1]
+            v0 = c0 + np.searchsorted(m_val[c0:c1], v, side="left")
+            v1 = c0 + np.searchsorted(m_val[c0:c1], v, side="right")
+            t1 = v0 + np.searchsorted(m_lt[v0:v1], ob, side="right")
+            window = min(t1 - v0, 2 * k)
+            if window > 0:
+                window = t1 - (v0 + np.searchsorted(m_lt[v0:t1], m_lt[t1 - window], side="left"))
+            budget = _SCAN * k
+            while window > 0 and budget > 0 and taken < m_quota and n < k:
+                budget -= 1
+                s = m_ids[t1 - 1 - below(st, window)]
+                if not _chosen(out, b, n, s) and _allowed(s, b, own_seed, anchors, obs, lab_anchor, lab_obs, is_cell,
+                                                          hkeys, hvals, cap):
+                    out[b, n] = s
+                    n += 1
+                    taken += 1
         # 3) siblings: anchors sharing a parent with the seed's anchor, latest children first (never through an
         # excluded foreign key: siblings through it would tell the hidden parent, e.g. a flight's carrier)
         a = anchors[b]
@@ -254,7 +358,6 @@ def choose_labels_chunk(
         window = min(j, _SCAN * k)
         if window > 0:
             window = j - np.searchsorted(t_lt[:j], t_lt[j - window], side="left")
-        st[0] = states[b]
         budget = _SCAN * k
         while window > 0 and budget > 0 and n < k:
             budget -= 1

@@ -25,7 +25,9 @@ from confluence.sampler.labels import (
     LabelIndex,
     build_label_index,
     label_times,
+    match_columns,
     task_horizon,
+    with_matches,
 )
 from confluence.sampler.splits import split_index, split_seed_ids, task_split
 from confluence.stypes import D_TIME, SemanticType
@@ -132,7 +134,12 @@ class Sampler:
                                    for sp in CONTEXT_SPLITS[context]])
             times = label_times(e.task.obs_time, bool(e.task.is_derived), task_horizon(store, e.task.name),
                                 f"{e.db_name}/{e.task.name}")
-            self._label_cache[key] = build_label_index(e.task, np.sort(pool), times, self.data[e.db_idx].tab_row_off)
+            d = self.data[e.db_idx]
+            index = build_label_index(e.task, np.sort(pool), times, d.tab_row_off)
+            if self.config.label_match > 0:  # matches: the anchor table's categorical values
+                table = int(np.searchsorted(d.tab_row_off, index.a_lo, side="right") - 1)
+                index = with_matches(index, match_columns(d, e.task, table))
+            self._label_cache[key] = index
         return self._label_cache[key]
 
     def build(self, task: str | TaskData, seed_ids: np.ndarray, db: int | str = 0, epoch: int = 0,
