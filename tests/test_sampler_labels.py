@@ -526,3 +526,21 @@ def test_bad_label_match_is_named():
         replace(BASE, labels=2, label_match=3)
     with pytest.raises(ConfigError, match="label_match"):
         replace(BASE, labels=2, label_match=-1)
+
+
+def test_task_label_match_sets_one_tasks_matches():
+    """`task_label_match` gives one task its own number of matches: at 0 its contexts are those of a run without
+    matches, byte for byte, while the other tasks keep theirs."""
+    store = fleet_store(0)
+    ids = np.arange(BASE.batch_size)
+
+    def labels(cfg, task):
+        with Sampler([store], cfg, seed=0) as sampler:
+            return sampler.build(task, ids, 0).labels
+
+    per = replace(BASE, labels=3, label_match=3, task_label_match={"maker": 0})
+    assert np.array_equal(labels(per, "maker"), labels(replace(BASE, labels=3), "maker"))
+    assert np.array_equal(labels(per, "late"), labels(replace(BASE, labels=3, label_match=3), "late"))
+    assert not np.array_equal(labels(per, "late"), labels(replace(BASE, labels=3), "late"))
+    with pytest.raises(ConfigError, match="task_label_match"):
+        replace(BASE, labels=2, task_label_match={"maker": 3})

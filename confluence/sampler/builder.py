@@ -19,7 +19,7 @@ import numpy as np
 
 from confluence.batch import CHILD_RANK_UNKNOWN, ROW_AGE_UNKNOWN, TrainingBatch
 from confluence.errors import ConfluenceError
-from confluence.sampler.config import SamplerConfig, bucket_size, labels_for, recent_for
+from confluence.sampler.config import SamplerConfig, bucket_size, label_match_for, labels_for, recent_for
 from confluence.sampler.data import SamplerData, TaskData, readonly
 from confluence.sampler.labels import LabelIndex, append_labels_chunk, choose_labels_chunk
 from confluence.sampler.linearize import fill_adjacency, linearize_chunk
@@ -247,7 +247,7 @@ class BatchBuilder:
                     lo, hi, k_lab, anchors, obs, own, rows, nrows, lab.is_cell, lab.a_lo, lab.a_ptr, lab.a_ids,
                     lab.a_lt, lab.t_ids, lab.t_lt, lab.anchor_row, lab.obs_time, d.parent_indptr, d.parent_indices,
                     d.parent_column, task.cut_cols, self._segs.seg_ptr, self._segs.seg_off, self._segs.c_idx, self._segs.c_time, states,
-                    min(cfg.label_match, k_lab), lab.m_row_val, lab.m_off, lab.m_ids, lab.m_val, lab.m_lt, lab_out, n_lab,
+                    min(label_match_for(cfg, d.name, task.name), k_lab), lab.m_row_val, lab.m_off, lab.m_ids, lab.m_val, lab.m_lt, lab_out, n_lab,
                 )
                 if no_labels is not None:  # this chunk's sequences drawn to be shown no labels (the walk unchanged)
                     off = np.flatnonzero(no_labels[lo:hi]) + lo

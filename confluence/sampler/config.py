@@ -14,7 +14,7 @@ TASK_CHOICES = ("uniform", "database_first", "seeds")  # how the training stream
 
 
 # the settings that map task keys ("task" or "db/task") to values: tables of values, not sections of settings
-PER_TASK_SETTINGS = ("task_weights", "task_recent", "task_labels")
+PER_TASK_SETTINGS = ("task_weights", "task_recent", "task_labels", "task_label_match")
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,9 @@ class SamplerConfig:
     # of the same model, a flight of the same flight number): the most telling labels of a static table, whose
     # others are random rows (`confluence.sampler.labels`, "matches"); 0 = none, the contexts as before
     label_match: int = 0
+    # "task" or "db/task" -> `label_match` for that task's contexts (0..labels): 0 for a task whose time neighbours
+    # (siblings) say more than rows of the same value (measured: docs/decisions.md, "Label matches")
+    task_label_match: dict[str, int] | None = None
     # the share of *training* contexts shown no labels (drawn per sequence and epoch): a model that always sees its
     # task's labels may learn to copy them instead of reading the rows (measured: docs/RESULTS.md); 0 = always shown
     labels_off: float = 0.0
@@ -112,6 +115,10 @@ class SamplerConfig:
                 0 <= self.label_match <= self.labels):
             raise ConfigError("label_match", f"must be an integer in 0..labels ({self.labels}), got "
                                              f"{self.label_match!r}")
+        for key, k in (self.task_label_match or {}).items():
+            if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= self.labels:
+                raise ConfigError(f"task_label_match[{key!r}]", f"must be an integer in 0..labels ({self.labels}), "
+                                                                f"got {k!r}")
         if not isinstance(self.labels_off, int | float) or not 0.0 <= float(self.labels_off) < 1.0:
             raise ConfigError("labels_off", f"must be a share in [0, 1), got {self.labels_off!r}")
         if not isinstance(self.relabel, int | float) or not 0.0 <= float(self.relabel) <= 1.0:
@@ -163,6 +170,14 @@ def labels_for(cfg: SamplerConfig, db_name: str, task_name: str) -> int:
     """The labelled rows of one task's contexts: `task_labels` by "db/task", then by "task", else `labels`."""
     given = cfg.task_labels or {}
     return int(given.get(f"{db_name}/{task_name}", given.get(task_name, cfg.labels)))
+
+
+def label_match_for(cfg: SamplerConfig, db_name: str, task_name: str) -> int:
+    """The matched labels of one task's contexts (at most its labels): `task_label_match` by "db/task", then by
+    "task", else `label_match`."""
+    given = cfg.task_label_match or {}
+    m = int(given.get(f"{db_name}/{task_name}", given.get(task_name, cfg.label_match)))
+    return min(m, labels_for(cfg, db_name, task_name))
 
 
 def bucket_size(n: int, buckets: tuple[int, ...], cap: int | None = None) -> int:

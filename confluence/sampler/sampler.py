@@ -17,7 +17,7 @@ import numpy as np
 from confluence.batch import TrainingBatch
 from confluence.errors import ConfluenceError
 from confluence.sampler.builder import PHASES, BatchBuilder, BuildResult
-from confluence.sampler.config import SamplerConfig, labels_for
+from confluence.sampler.config import SamplerConfig, label_match_for, labels_for
 from confluence.sampler.data import SamplerData, TaskData, obs_time_cells
 from confluence.sampler.labels import (
     CONTEXT_SPLITS,
@@ -136,7 +136,7 @@ class Sampler:
                                 f"{e.db_name}/{e.task.name}")
             d = self.data[e.db_idx]
             index = build_label_index(e.task, np.sort(pool), times, d.tab_row_off)
-            if self.config.label_match > 0:  # matches: the anchor table's categorical values
+            if label_match_for(self.config, e.db_name, e.task.name) > 0:  # matches: the anchor table's values
                 table = int(np.searchsorted(d.tab_row_off, index.a_lo, side="right") - 1)
                 index = with_matches(index, match_columns(d, e.task, table))
             self._label_cache[key] = index
