@@ -224,6 +224,29 @@ def _latest(a: int, obs_b: int, a_lo: int, a_ptr: np.ndarray, a_ids: np.ndarray,
     return j if j >= lo else -1
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _draw_recent(ids: np.ndarray, lt: np.ndarray, lo: int, hi: int, w: int, want: int, st: np.ndarray,
+                 out: np.ndarray, b: int, n: int, k: int, own_seed: np.ndarray, anchors: np.ndarray, obs: np.ndarray,
+                 lab_anchor: np.ndarray, lab_obs: np.ndarray, is_cell: bool, hkeys: np.ndarray, hvals: np.ndarray,
+                 cap: int) -> int:
+    """Draw up to `want` allowed labels at random (stream `st`) among ids[lo:hi], sorted by label time `lt`: the
+    latest `w` and those tied in time with the oldest of them; at most _SCAN x k tries. Returns the new count n."""
+    window = min(hi - lo, w)
+    if window > 0:
+        window = hi - (lo + np.searchsorted(lt[lo:hi], lt[hi - window], side="left"))
+    budget = _SCAN * k
+    got = 0
+    while window > 0 and budget > 0 and got < want and n < k:
+        budget -= 1
+        s = ids[hi - 1 - below(st, window)]
+        if not _chosen(out, b, n, s) and _allowed(s, b, own_seed, anchors, obs, lab_anchor, lab_obs, is_cell,
+                                                  hkeys, hvals, cap):
+            out[b, n] = s
+            n += 1
+            got += 1
+    return n
+
+
 @njit(nogil=True, cache=True)
 def choose_labels_chunk(
     lo: int,
@@ -311,18 +334,10 @@ def choose_labels_chunk(
             v0 = c0 + np.searchsorted(m_val[c0:c1], v, side="left")
             v1 = c0 + np.searchsorted(m_val[c0:c1], v, side="right")
             t1 = v0 + np.searchsorted(m_lt[v0:v1], ob, side="right")
-            window = min(t1 - v0, 2 * k)
-            if window > 0:
-                window = t1 - (v0 + np.searchsorted(m_lt[v0:t1], m_lt[t1 - window], side="left"))
-            budget = _SCAN * k
-            while window > 0 and budget > 0 and taken < m_quota and n < k:
-                budget -= 1
-                s = m_ids[t1 - 1 - below(st, window)]
-                if not _chosen(out, b, n, s) and _allowed(s, b, own_seed, anchors, obs, lab_anchor, lab_obs, is_cell,
-                                                          hkeys, hvals, cap):
-                    out[b, n] = s
-                    n += 1
-                    taken += 1
+            before = n
+            n = _draw_recent(m_ids, m_lt, v0, t1, 2 * k, m_quota - taken, st, out, b, n, k, own_seed, anchors, obs,
+                             lab_anchor, lab_obs, is_cell, hkeys, hvals, cap)
+            taken += n - before
         # 3) siblings: anchors sharing a parent with the seed's anchor, latest children first (never through an
         # excluded foreign key: siblings through it would tell the hidden parent, e.g. a flight's carrier)
         a = anchors[b]
@@ -355,17 +370,8 @@ def choose_labels_chunk(
         # those tied in time with the oldest of them (a fixed latest few would show every sequence the same labels,
         # e.g. on a static table, where all labels tie)
         j = np.searchsorted(t_lt, ob, side="right")
-        window = min(j, _SCAN * k)
-        if window > 0:
-            window = j - np.searchsorted(t_lt[:j], t_lt[j - window], side="left")
-        budget = _SCAN * k
-        while window > 0 and budget > 0 and n < k:
-            budget -= 1
-            s = t_ids[j - 1 - below(st, window)]
-            if not _chosen(out, b, n, s) and _allowed(s, b, own_seed, anchors, obs, lab_anchor, lab_obs, is_cell,
-                                                      hkeys, hvals, cap):
-                out[b, n] = s
-                n += 1
+        n = _draw_recent(t_ids, t_lt, 0, j, _SCAN * k, k, st, out, b, n, k, own_seed, anchors, obs, lab_anchor,
+                         lab_obs, is_cell, hkeys, hvals, cap)
         n_out[b] = n
 
 
