@@ -168,6 +168,7 @@ class BatchBuilder:
         max_rows = cfg.max_rows
         s_len = cfg.seq_len
         k_lab = labels_for(cfg, d.name, task.name) if labels is not None else 0
+        m_lab = label_match_for(cfg, d.name, task.name) if k_lab > 0 else 0  # matches among them (at most k_lab)
         # the walk leaves room for the labelled rows: a row and 1-2 cells each
         s_walk = s_len - k_lab * (2 if task.obs_col >= 0 else 1)
         rows_walk = max_rows - k_lab
@@ -247,7 +248,7 @@ class BatchBuilder:
                     lo, hi, k_lab, anchors, obs, own, rows, nrows, lab.is_cell, lab.a_lo, lab.a_ptr, lab.a_ids,
                     lab.a_lt, lab.t_ids, lab.t_lt, lab.anchor_row, lab.obs_time, d.parent_indptr, d.parent_indices,
                     d.parent_column, task.cut_cols, self._segs.seg_ptr, self._segs.seg_off, self._segs.c_idx, self._segs.c_time, states,
-                    min(label_match_for(cfg, d.name, task.name), k_lab), lab.m_row_val, lab.m_off, lab.m_ids, lab.m_val, lab.m_lt, lab_out, n_lab,
+                    m_lab, lab.m_row_val, lab.m_off, lab.m_ids, lab.m_val, lab.m_lt, lab_out, n_lab,
                 )
                 if no_labels is not None:  # this chunk's sequences drawn to be shown no labels (the walk unchanged)
                     off = np.flatnonzero(no_labels[lo:hi]) + lo

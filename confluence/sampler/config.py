@@ -59,9 +59,9 @@ class SamplerConfig:
     # "task" or "db/task" -> labelled rows for that task's contexts instead of `labels` (0..labels): 0 gives a task
     # whose rows say more than its labels the whole context (measured: docs/RESULTS.md)
     task_labels: dict[str, int] | None = None
-    # of those labelled rows, up to this many are rows that share a categorical value with the anchor row (a plane
-    # of the same model, a flight of the same flight number): the most telling labels of a static table, whose
-    # others are random rows (`confluence.sampler.labels`, "matches"); 0 = none, the contexts as before
+    # of those labelled rows, up to this many are rows that share a value with the anchor row (a flight of the same
+    # flight number, a plane of the same seat count): the most telling labels of a static table, whose others are
+    # random rows (`confluence.sampler.labels`, "matches"); 0 = none, the contexts as before
     label_match: int = 0
     # "task" or "db/task" -> `label_match` for that task's contexts (0..labels): 0 for a task whose time neighbours
     # (siblings) say more than rows of the same value (measured: docs/decisions.md, "Label matches")
@@ -108,17 +108,12 @@ class SamplerConfig:
         if not isinstance(self.labels, int) or not 0 <= 2 * self.labels < min(self.seq_len, 2 * self.max_rows):
             raise ConfigError("labels", f"must be an integer with 2 x labels below seq_len ({self.seq_len}) and "
                                         f"labels below max_rows ({self.max_rows}), got {self.labels!r}")
-        for key, k in (self.task_labels or {}).items():
+        counts = [("label_match", self.label_match)]
+        for name in ("task_labels", "task_label_match"):
+            counts += [(f"{name}[{key!r}]", k) for key, k in (getattr(self, name) or {}).items()]
+        for name, k in counts:  # labelled rows of one task, or matches among them
             if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= self.labels:
-                raise ConfigError(f"task_labels[{key!r}]", f"must be an integer in 0..labels ({self.labels}), got {k!r}")
-        if not isinstance(self.label_match, int) or isinstance(self.label_match, bool) or not (
-                0 <= self.label_match <= self.labels):
-            raise ConfigError("label_match", f"must be an integer in 0..labels ({self.labels}), got "
-                                             f"{self.label_match!r}")
-        for key, k in (self.task_label_match or {}).items():
-            if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= self.labels:
-                raise ConfigError(f"task_label_match[{key!r}]", f"must be an integer in 0..labels ({self.labels}), "
-                                                                f"got {k!r}")
+                raise ConfigError(name, f"must be an integer in 0..labels ({self.labels}), got {k!r}")
         if not isinstance(self.labels_off, int | float) or not 0.0 <= float(self.labels_off) < 1.0:
             raise ConfigError("labels_off", f"must be a share in [0, 1), got {self.labels_off!r}")
         if not isinstance(self.relabel, int | float) or not 0.0 <= float(self.relabel) <= 1.0:
@@ -160,23 +155,26 @@ class SamplerConfig:
             raise ConfigError("prefetch", f"must be >= 0, got {self.prefetch}")
 
 
+def _per_task(table: dict[str, int] | None, db_name: str, task_name: str, default: int) -> int:
+    """A per-task setting's value for one task: its "db/task" key, then its "task" key, else the default."""
+    given = table or {}
+    return int(given.get(f"{db_name}/{task_name}", given.get(task_name, default)))
+
+
 def recent_for(cfg: SamplerConfig, db_name: str, task_name: str) -> int:
     """The `recent` setting for one task's sequences: `task_recent` by "db/task", then by "task", else `recent`."""
-    given = cfg.task_recent or {}
-    return int(given.get(f"{db_name}/{task_name}", given.get(task_name, cfg.recent)))
+    return _per_task(cfg.task_recent, db_name, task_name, cfg.recent)
 
 
 def labels_for(cfg: SamplerConfig, db_name: str, task_name: str) -> int:
     """The labelled rows of one task's contexts: `task_labels` by "db/task", then by "task", else `labels`."""
-    given = cfg.task_labels or {}
-    return int(given.get(f"{db_name}/{task_name}", given.get(task_name, cfg.labels)))
+    return _per_task(cfg.task_labels, db_name, task_name, cfg.labels)
 
 
 def label_match_for(cfg: SamplerConfig, db_name: str, task_name: str) -> int:
     """The matched labels of one task's contexts (at most its labels): `task_label_match` by "db/task", then by
     "task", else `label_match`."""
-    given = cfg.task_label_match or {}
-    m = int(given.get(f"{db_name}/{task_name}", given.get(task_name, cfg.label_match)))
+    m = _per_task(cfg.task_label_match, db_name, task_name, cfg.label_match)
     return min(m, labels_for(cfg, db_name, task_name))
 
 

@@ -8,8 +8,8 @@ the context (else to those of its parents that are). A label is known from its *
 
 For each seed, up to `sampler.labels` labels are chosen, in this order: the anchor's own earlier labels (latest
 first); the latest label of each other anchor the walk reached; with `sampler.label_match` = m, up to m labels of
-rows sharing a categorical value with the anchor row (matches: the anchor table's visible categorical columns, the
-most distinct values first, drawn among that value's most recent labels); labels of anchors sharing a parent with
+rows sharing a value with the anchor row (matches: `match_columns`, the most distinct values first, drawn among
+that value's most recent labels); labels of anchors sharing a parent with
 the seed's anchor (siblings); then labels drawn at random among the task's most recent ones (all of a static
 table's). Never
 the seed's own label (same seed, or same anchor and observation time; for a cell-masking task, any label of the
@@ -43,7 +43,7 @@ TRAINING_CONTEXT = "training"
 CONTEXT_SPLITS = {TRAINING_CONTEXT: ("train",), "train": ("train",), "val": ("train",), "test": ("train", "val"),
                   "all": ("train", "val", "test")}
 _SCAN = 16  # candidates scanned per wanted label in the sibling and recent phases (bounds the work per sequence)
-MATCH_COLUMNS = 3  # categorical columns a label may be matched on, the most distinct values first
+MATCH_COLUMNS = 3  # columns a label may be matched on (`match_columns`), the most distinct values first
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
 
 _NUM = int(SemanticType.NUMERICAL)
@@ -124,11 +124,13 @@ def match_columns(data: Any, task: Any, table: int, limit: int = MATCH_COLUMNS) 
     r0, r1 = int(data.tab_row_off[table]), int(data.tab_row_off[table + 1])
     n = r1 - r0
     static = bool(np.all(np.asarray(data.row_time[r0:r1]) == STATIC_TIME))
+    if n == 0:
+        return []
     cut = set(int(c) for c in np.asarray(task.cut_cols).tolist())
     found: list[tuple[int, int, np.ndarray]] = []
     for c in np.asarray(data.tab_cols[data.tab_col_ptr[table]: data.tab_col_ptr[table + 1]]).tolist():
         stype = int(data.col_stype[c])
-        if not (stype == _CAT or (stype == _NUM and static)) or c in cut or n == 0:
+        if not (stype == _CAT or (stype == _NUM and static)) or c in cut:
             continue
         off, voff = int(data.col_off[c]), int(data.col_voff[c])
         valid = np.unpackbits(data.valid_bits[voff: voff + (n + 7) // 8], bitorder="little")[:n].astype(bool)
@@ -318,13 +320,14 @@ def choose_labels_chunk(
                                                               is_cell, hkeys, hvals, cap):
                         out[b, n] = s
                         n += 1
-        # 2b) matches: labels of rows sharing a categorical value with the anchor row, drawn among that value's
+        # 2b) matches: labels of rows sharing a value with the anchor row (`match_columns`), drawn among that value's
         # 2 x k most recent labels known at the observation time and those tied with the oldest of them (a static
         # table's all tie); the columns with the most distinct values first
         taken = 0
         la = anchors[b] - a_lo
-        for jc in range(m_off.shape[0] - 1):
-            if taken >= m_quota or n >= k or la < 0 or la >= m_row_val.shape[1]:
+        n_cols = m_off.shape[0] - 1 if 0 <= la < m_row_val.shape[1] else 0
+        for jc in range(n_cols):
+            if taken >= m_quota or n >= k:
                 break
             v = m_row_val[jc, la]
             if v < 0:
