@@ -85,9 +85,9 @@ def test_gbdt_multiclass_stays_stable_with_many_train_seeds(demo_dir, tmp_path):
     """Regression: with LightGBM's default min_sum_hessian_in_leaf, flights.carrier on 20,000 train seeds
     collapsed to accuracy 0.34 (log loss 10.6); the baseline must not get worse with more data."""
     from confluence.evaluation.baselines import split_ids
-    from confluence.evaluation.evaluate import subsample
     from confluence.evaluation.gbdt import fit_gbdt
     from confluence.preprocess.pipeline import preprocess
+    from confluence.sampler.splits import subsample
     from confluence.store import Store
 
     store = Store.open(preprocess(demo_dir, demo_metadata_path(), tmp_path / "store", progress=False))

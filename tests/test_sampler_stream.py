@@ -103,6 +103,27 @@ def test_ordered_passes_cover_a_split_in_order_with_padding():
             assert sum(1 for _ in s.split("val", e.task.name, max_batches=1)) == min(1, len(batches))
 
 
+def test_capped_validation_passes_draw_across_the_split():
+    """Regression: `split(max_batches=k)` (the training loop's validation loss) took the split's first k batches,
+    the oldest seeds of a hash split, whose contexts have no history (flights.carrier at 24,000 steps: loss 1.88
+    on them, 0.0001 across the split). Now a fixed draw over the whole split, in ascending order, the same every
+    time."""
+    store = random_store(5, n_tables=3, max_rows=200)
+    with _open([store], batch_size=4, split=SplitConfig(fractions=(0.2, 0.6, 0.2))) as s:
+        checked = 0
+        for e in s.tasks:
+            ids = s.sampler.seed_ids("val", e.task.name)
+            if len(ids) < 40:
+                continue
+            got = [i for b in s.split("val", e.task.name, max_batches=2) for i in b.seed_ids[b.seq_valid].tolist()]
+            again = [i for b in s.split("val", e.task.name, max_batches=2) for i in b.seed_ids[b.seq_valid].tolist()]
+            assert got == again == sorted(got) and len(got) == 8 and set(got) <= set(ids.tolist())
+            assert got != ids[:8].tolist()  # not the oldest seeds
+            assert got[-1] > ids[len(ids) // 2]  # reaches the split's second half
+            checked += 1
+    assert checked
+
+
 def test_anchor_tasks_are_ordered_passes_too():
     store = random_store(3)
     with _open([store], prefetch=1) as s:

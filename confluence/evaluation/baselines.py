@@ -39,7 +39,7 @@ def run_baselines(
 ) -> dict[str, dict]:
     """`{task: {"baseline": best trivial, <trivial>: ..., "gbdt": ..., "info": ...}}` on the given split.
     `progress`: a `confluence.toolkit.progress.Reporter` for LightGBM's stages."""
-    from confluence.evaluation.evaluate import subsample
+    from confluence.sampler.splits import subsample
 
     store = db if isinstance(db, Store) else Store.open(db)
     names = [t.name for t in store.tasks] if not tasks else list(tasks)

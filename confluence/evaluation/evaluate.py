@@ -23,6 +23,7 @@ from confluence.evaluation.draws import DEFAULT_DRAWS
 from confluence.evaluation.inference import HeadOutputs, LoadedModel, Predictor, load_model, sigmoid, softmax
 from confluence.evaluation.targets import decode_targets, numerical_predictions
 from confluence.sampler.config import labels_for
+from confluence.sampler.splits import subsample
 from confluence.stypes import SemanticType
 from confluence.toolkit.progress import Reporter
 
@@ -43,14 +44,6 @@ class EvalRows:
     seed_ids: np.ndarray | None = None  # the evaluated seeds (all of them, null targets too), in order
     head: HeadOutputs | None = None  # the model's head outputs on `seed_ids` (what `predict` would compute)
     clip_ids: np.ndarray | None = None  # the train seeds that bound numerical predictions (None: not clipped)
-
-
-def subsample(ids: np.ndarray, cap: int | None, seed: int = 0) -> np.ndarray:
-    """At most `cap` of `ids`, chosen deterministically (sorted), so repeated evaluations use the same rows."""
-    if cap is None or len(ids) <= cap:
-        return ids
-    rng = np.random.default_rng(seed)
-    return np.sort(rng.choice(ids, size=cap, replace=False))
 
 
 def model_point_predictions(predictor: Predictor, task: str, out: HeadOutputs, keep: np.ndarray,

@@ -33,6 +33,7 @@ import pyarrow as pa
 from confluence.evaluation import metrics as M
 from confluence.evaluation.targets import DecodedTargets, decode_targets
 from confluence.preprocess.encode import calendar_fields
+from confluence.sampler.splits import subsample
 from confluence.store.format import unpack_bits
 from confluence.stypes import US_PER_DAY, SemanticType
 
@@ -326,13 +327,6 @@ def dense_categories(x_train: np.ndarray, x_eval: np.ndarray, columns: Sequence[
             col[~ok] = np.nan
 
 
-def _subsample(ids: np.ndarray, cap: int, seed: int) -> np.ndarray:
-    if len(ids) <= cap:
-        return ids
-    rng = np.random.default_rng(seed)
-    return np.sort(rng.choice(ids, size=cap, replace=False))
-
-
 def fit_gbdt(
     store: Any,
     task_name: str,
@@ -353,7 +347,7 @@ def fit_gbdt(
     if progress is not None:
         progress.step(f"{task_name}: LightGBM", 2 + num_boost_round)
     builder = builder or FeatureBuilder(store)
-    train_ids = _subsample(np.asarray(train_ids, dtype=np.int64), max_train, seed)
+    train_ids = subsample(np.asarray(train_ids, dtype=np.int64), max_train, seed)
     eval_ids = np.asarray(eval_ids, dtype=np.int64)
     y_tr = decode_targets(store, task_name, train_ids)
     y_ev = decode_targets(store, task_name, eval_ids)

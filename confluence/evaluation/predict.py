@@ -30,11 +30,10 @@ import pyarrow.parquet as pq
 
 from confluence.errors import ConfluenceError
 from confluence.evaluation.draws import DEFAULT_DRAWS
-from confluence.evaluation.evaluate import subsample
 from confluence.evaluation.inference import HeadOutputs, LoadedModel, Predictor, load_model, sigmoid, softmax
 from confluence.evaluation.targets import numerical_predictions, task_categories
 from confluence.preprocess.encode import MAX_EPOCH_US, MIN_EPOCH_US, TIMESTAMP_PERIODS, calendar_fields
-from confluence.sampler.splits import split_index
+from confluence.sampler.splits import split_index, subsample
 from confluence.store import Store
 from confluence.store.format import NO_CUTOFF
 from confluence.stypes import SemanticType

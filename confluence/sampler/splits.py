@@ -76,6 +76,16 @@ def shard(seed_ids: np.ndarray, rank: int, world_size: int) -> np.ndarray:
     return np.asarray(seed_ids)[rank::world_size]
 
 
+def subsample(ids: np.ndarray, cap: int | None, seed: int = 0) -> np.ndarray:
+    """At most `cap` of `ids`, drawn without replacement by a fixed seed and sorted: the same rows every time, spread
+    over the whole split. Taking the first `cap` instead would pick the oldest seeds of a split that spans the
+    data's time (a hash split), whose contexts have no history and no labels yet: no measure of the rest."""
+    if cap is None or len(ids) <= cap:
+        return ids
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.choice(ids, size=cap, replace=False))
+
+
 def split_seed_ids(
     task_name: str, anchor_rows: np.ndarray, obs_time: np.ndarray, cfg: SplitConfig, split: str, rank: int = 0,
     world_size: int = 1,

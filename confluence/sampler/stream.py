@@ -33,6 +33,7 @@ from confluence.sampler.config import PER_TASK_SETTINGS, SamplerConfig
 from confluence.sampler.data import TaskData
 from confluence.sampler.labels import TRAINING_CONTEXT
 from confluence.sampler.sampler import Sampler, TaskEntry
+from confluence.sampler.splits import subsample
 from confluence.toolkit.prefetch import Prefetcher
 
 
@@ -219,11 +220,11 @@ class BatchStream:
                 close()
 
     def split(self, split: str, task: str, db: int | str = 0, max_batches: int | None = None) -> Iterator[TrainingBatch]:
-        """`ordered` over this rank's seeds of `split` (the first `max_batches` batches' worth when given), with the
-        labels a context of that split may show."""
+        """`ordered` over this rank's seeds of `split` (with `max_batches`, that many batches' worth drawn across the
+        split: `splits.subsample`), with the labels a context of that split may show."""
         ids = self.sampler.seed_ids(split, task, db)
         if max_batches is not None:
-            ids = ids[: max_batches * self.config.batch_size]
+            ids = subsample(ids, max_batches * self.config.batch_size)
         return self.ordered(task, ids, db, context=split)
 
     # ---- building ahead

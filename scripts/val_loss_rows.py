@@ -1,0 +1,56 @@
+"""A checkpoint's training-style validation loss per task on two choices of rows.
+
+The loss the training loop logs (`target_loss`, validation contexts) on the split's first `2 x batch_size` val
+seeds (what `loop.val_batches = 2` read until 2026-11-25) against the same number drawn across the split
+(`sampler.splits.subsample`, seed 0 as the loop draws them now, and seeds 1-5 to show the spread).
+
+Usage: python scripts/val_loss_rows.py RUN STORE   (docs/decisions.md, "Validation draws across the split")
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+
+import jax.numpy as jnp
+import numpy as np
+
+from confluence.evaluation.inference import load_model
+from confluence.model.inputs import DbTables, batch_to_inputs
+from confluence.model.loss import target_loss
+from confluence.sampler.sampler import Sampler
+from confluence.sampler.splits import subsample
+from confluence.sampler.stream import BatchStream
+from confluence.store import Store
+
+
+def main(run: str, store_path: str) -> None:
+    loaded = load_model(run)
+    cfg, model = loaded.config, loaded.model
+    store = Store.open(store_path)
+    stream = BatchStream(Sampler([store], replace(cfg.sampler, tasks=None), seed=cfg.seed))
+    tables = DbTables.from_store(store, cfg.loss.max_k, cfg.model.category_codes, cfg.model.category_codes_by)
+    col, cat = jnp.asarray(tables.column_embeddings), jnp.asarray(tables.categorical_embeddings)
+    n = 2 * cfg.sampler.batch_size
+
+    def loss(task: str, ids: np.ndarray) -> float:
+        total = weight = 0.0
+        for b in stream.ordered(task, ids, 0, context="val"):
+            inputs = batch_to_inputs(b)
+            parts = target_loss(model.at_targets(inputs, col, cat), inputs, model.encoder, cat, cfg.loss)
+            w = float(jnp.sum(parts.weight))
+            total, weight = total + float(parts.loss) * w, weight + w
+        return total / max(weight, 1.0)
+
+    print(f"{'task':34s} {'first':>8s} {'drawn':>8s}  other draws (seeds 1-5)")
+    for e in stream.tasks:
+        ids = stream.sampler.seed_ids("val", e.task.name)
+        if len(ids):
+            others = " ".join(f"{loss(e.task.name, subsample(ids, n, seed=s)):.4f}" for s in range(1, 6))
+            print(f"{e.task.name:34s} {loss(e.task.name, ids[:n]):8.4f} {loss(e.task.name, subsample(ids, n)):8.4f}"
+                  f"  {others}")
+    stream.close()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
