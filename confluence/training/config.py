@@ -30,7 +30,7 @@ class LoopConfig:
     max_steps: int = 100_000  # 0: no step (e.g. only initialise from --init-from and save nothing)
     grad_accum: int = 1  # micro-batches per optimizer step (each its own task draw)
     val_every: int = 1000
-    val_batches: int = 4  # validation batches per task
+    val_batches: int = 4  # validation batches per task, their seeds drawn once across the val split
     # validate on at most this many of the training databases (evenly spaced; 0: all). A corpus run validates every
     # task of every database otherwise: at 393 databases that took 141 s on the GPU machine, longer than the steps
     # between two validations. Held-out databases are always validated in full.
