@@ -3,6 +3,7 @@ devices, the trained encoder as a frozen TextEncoder, and a processed store buil
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import confluence
 from confluence.errors import ConfluenceError
 from confluence.textenc.base import TextEncoder
 from confluence.textmodel.config import load_text_config
@@ -122,6 +124,7 @@ def test_trained_encoder_is_a_frozen_text_encoder(run: Path) -> None:
     # the checkpoint directory is self-contained (config + tokenizer) and gives the same fingerprint
     ckpt = latest_checkpoint(run)
     assert {p.name for p in ckpt.iterdir()} >= {STATE_FILE, "meta.json", "tokenizer.json"}
+    assert json.loads((ckpt / "meta.json").read_text())["code"]["version"] == confluence.__version__
     assert load_lejepa_encoder(ckpt).fingerprint == enc.fingerprint
     with pytest.raises(ConfluenceError, match="neither"):
         load_lejepa_encoder(run / "checkpoints")

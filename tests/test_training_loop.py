@@ -17,6 +17,7 @@ from confluence.toolkit.checkpoint import read_checkpoint
 from confluence.toolkit.interrupt import StepBoundaryInterrupt
 from confluence.toolkit.logs import read_scalars
 from confluence.toolkit.mesh import make_mesh, replicate
+from confluence.toolkit.provenance import code_provenance
 from confluence.training.loop import fit_max_k, open_stream, train
 from confluence.training.step import is_param, shard_inputs
 from tests.fixtures.model import tiny_batch, tiny_db, tiny_model, tiny_run_config, tiny_trainer
@@ -86,6 +87,7 @@ def test_train_kill_resume_equals_uninterrupted(tiny_store, tmp_path, sampler):
     assert [s for s, _ in events(tmp_path / "cut")["train/loss"]] == steps  # TensorBoard shows the same one curve
     meta = read_checkpoint(tmp_path / "full").meta
     assert meta["step"] == 6 and meta["config"] == cfg.to_dict()
+    assert meta["code"] == code_provenance()  # the code that trained it, recorded (tests/test_provenance.py)
     with open_stream([tiny_store], cfg) as s:
         assert set(meta["stream"]["streams"]) == {e.key for e in s.tasks} and "tasks" in meta["stream"]
     assert not list((tmp_path / "full" / "checkpoints").glob(".tmp*"))

@@ -45,6 +45,7 @@ from confluence.toolkit.memory import check_fits
 from confluence.toolkit.mesh import make_mesh
 from confluence.toolkit.optim import ADAMW_DECAY, ADAMW_NO_DECAY, MUON, label_by_path, make_optimizer
 from confluence.toolkit.prefetch import Prefetcher
+from confluence.toolkit.provenance import code_provenance
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 FLOAT16_LOSS_SCALE = 1024.0
@@ -242,6 +243,7 @@ def train_text(data_dir: str | Path, run_dir: str | Path, cfg: TextRunConfig, *,
 
     log = ScalarLog(run / "scalars.csv", truncate_after_step=start)
     history: list[dict[str, float]] = []
+    code = code_provenance()  # read once: the code this process imported at its start
     t0 = time.perf_counter()
     step = start
     try:
@@ -268,7 +270,8 @@ def train_text(data_dir: str | Path, run_dir: str | Path, cfg: TextRunConfig, *,
                 stopping = stop_after is not None and step >= stop_after
                 if step % cfg.checkpoint_every == 0 or step == total_steps or stopping or stop.requested:
                     save_checkpoint(run, step, params, opt_state,
-                                    {"config": cfg_json, "batches_consumed": step, "total_steps": total_steps},
+                                    {"config": cfg_json, "batches_consumed": step, "total_steps": total_steps,
+                                     "code": code},
                                     keep=cfg.keep_checkpoints, files={TOKENIZER_FILE: run / TOKENIZER_FILE})
                 if stop.requested:
                     raise KeyboardInterrupt

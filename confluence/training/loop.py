@@ -25,6 +25,7 @@ from confluence.toolkit.interrupt import StepBoundaryInterrupt
 from confluence.toolkit.logs import ScalarLog, plot_scalars
 from confluence.toolkit.mesh import make_mesh, replicate
 from confluence.toolkit.progress import StepBar
+from confluence.toolkit.provenance import code_provenance
 from confluence.training.config import RunConfig
 from confluence.training.step import get_trainer, shard_inputs
 
@@ -221,11 +222,13 @@ def train(
     log = ScalarLog(out_dir / "scalars.csv" if main else None, truncate_after_step=step if resume else None)
 
     saved_at = -1  # the step last checkpointed
+    code = code_provenance()  # read once: the code this process imported at its start
+
 
     def checkpoint(at: int) -> None:
         nonlocal saved_at
         meta = {"config": cfg.to_dict(), "stream": stream.position(), "databases": [s.name for s in stream.stores],
-                "heldout_databases": [s.name for s in heldout.stores] if heldout is not None else []}
+                "heldout_databases": [s.name for s in heldout.stores] if heldout is not None else [], "code": code}
         save_checkpoint(out_dir, at, params, opt_state, meta, keep=loop.keep_checkpoints)
         saved_at = at
 

@@ -1,0 +1,64 @@
+"""What code a run is: recorded in every checkpoint of both models so that a run can be traced to its code.
+
+A run's `config.json` says what it was asked to do, not which code did it; two runs of one configuration can
+differ because the package's files differed (an uncommitted edit when the run started). `code_provenance` reads,
+once per run, the package version, the git commit of the checkout it is imported from, whether the package's
+files differ from that commit and a digest of the difference, and the versions of JAX and Python. Where the package
+is installed rather than checked out, or git is missing, the git fields are null; reading them never fails a run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jax
+
+import confluence
+
+_GIT_TIMEOUT_S = 10.0
+
+
+def _git(root: Path, *args: str) -> bytes:
+    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, check=True,
+                          timeout=_GIT_TIMEOUT_S).stdout
+
+
+def _checkout(root: Path, package: str) -> dict[str, Any]:
+    """Commit, dirty flag and digest of the package's difference from the commit, for the checkout at `root`."""
+    top = Path(_git(root, "rev-parse", "--show-toplevel").decode().strip()).resolve()
+    if top != root.resolve():
+        return {}  # the package sits inside some other repository (e.g. a virtual environment in a checkout)
+    commit = _git(root, "rev-parse", "HEAD").decode().strip()
+    status = _git(root, "status", "--porcelain", "--untracked-files=all", "--", package).decode()
+    changed = [line for line in status.splitlines() if line.strip()]
+    out: dict[str, Any] = {"commit": commit, "dirty": bool(changed), "diff_sha256": None}
+    if changed:
+        h = hashlib.sha256(_git(root, "diff", "HEAD", "--binary", "--", package))
+        for line in sorted(changed):  # untracked files are not in the diff: their names and bytes are
+            if line.startswith("?? "):
+                path = line[3:]
+                h.update(path.encode())
+                f = root / path
+                if f.is_file():
+                    h.update(f.read_bytes())
+        out["diff_sha256"] = h.hexdigest()
+    return out
+
+
+def code_provenance(root: Path | None = None, package: str = "confluence") -> dict[str, Any]:
+    """The running code: `version`, `commit` (null outside a git checkout), `dirty` (the package's files differ
+    from the commit: tracked edits or untracked files under `package/`), `diff_sha256` (a digest of that
+    difference, equal for equal working trees), `jax`, `python`. `root` defaults to the checkout this package is
+    imported from."""
+    root = Path(confluence.__file__).resolve().parent.parent if root is None else Path(root)
+    git: dict[str, Any] = {}
+    try:
+        git = _checkout(root, package)
+    except (OSError, subprocess.SubprocessError, UnicodeDecodeError):
+        git = {}  # no git, not a checkout, or git too slow: the run goes on without these fields
+    return {"version": confluence.__version__, "commit": git.get("commit"), "dirty": git.get("dirty"),
+            "diff_sha256": git.get("diff_sha256"), "jax": jax.__version__, "python": platform.python_version()}
