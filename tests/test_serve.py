@@ -306,6 +306,7 @@ def test_health_tasks_model_and_the_openapi_page(server, run, tiny_store):
     for f in sorted(p for p in ck.path.iterdir() if p.is_file()):
         h.update(f.name.encode() + b"\0" + f.read_bytes())
     assert card["checkpoint_sha256"] == h.hexdigest()
+    assert "code" in card and card["code"] == json.loads((ck.path / "meta.json").read_text()).get("code")
     assert card["config"]["model"]["d_model"] == 16 and card["config"]["sampler"]["seq_len"] == 48
     status, spec = server.get("/openapi.json")
     assert status == 200 and {"/predict", "/health", "/tasks", "/model"} <= set(spec["paths"])

@@ -90,7 +90,7 @@ def checkpoint_sha256(path: Path) -> str:
 
 def model_card(loaded: LoadedModel, store: Store) -> dict[str, Any]:
     """What a client needs to know about the model behind the answers: checkpoint (path, step, file hash, when
-    saved), parameter count, a summary of the training config, and the store served."""
+    saved, the code that trained it), parameter count, a summary of the training config, and the store served."""
     meta = read_checkpoint(loaded.path).meta
     cfg = loaded.config
     params = eqx.filter(loaded.model, eqx.is_inexact_array)
@@ -103,6 +103,7 @@ def model_card(loaded: LoadedModel, store: Store) -> dict[str, Any]:
         "saved_at": None if saved is None else dt.datetime.fromtimestamp(float(saved), dt.UTC).isoformat(),
         "parameters": int(sum(x.size for x in jax.tree_util.tree_leaves(params))),
         "trained_on": list(meta.get("databases", [])),
+        "code": meta.get("code"),
         "config": {
             "model": asdict(cfg.model),
             "sampler": {"seq_len": s.seq_len, "batch_size": s.batch_size, "max_rows": s.max_rows, "width": s.width,
