@@ -1,6 +1,6 @@
 """A checkpoint's training-style validation loss per task on two choices of rows.
 
-The loss the training loop logs (`target_loss`, validation contexts) on the split's first `2 x batch_size` val
+The loss the training loop logs (`Trainer.eval_loss`, validation contexts) on the split's first `2 x batch_size` val
 seeds (what `loop.val_batches = 2` read until 2026-11-25) against the same number drawn across the split
 (`sampler.splits.subsample`, seed 0 as the loop draws them now, and seeds 1-5 to show the spread).
 
@@ -12,16 +12,17 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 
+import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
 from confluence.evaluation.inference import load_model
 from confluence.model.inputs import DbTables, batch_to_inputs
-from confluence.model.loss import target_loss
 from confluence.sampler.sampler import Sampler
 from confluence.sampler.splits import subsample
 from confluence.sampler.stream import BatchStream
 from confluence.store import Store
+from confluence.training.step import get_trainer
 
 
 def main(run: str, store_path: str) -> None:
@@ -32,14 +33,14 @@ def main(run: str, store_path: str) -> None:
     tables = DbTables.from_store(store, cfg.loss.max_k, cfg.model.category_codes, cfg.model.category_codes_by)
     col, cat = jnp.asarray(tables.column_embeddings), jnp.asarray(tables.categorical_embeddings)
     n = 2 * cfg.sampler.batch_size
+    trainer = get_trainer(cfg.model, cfg.optim.for_run(cfg.loop.max_steps), cfg.loss)  # the loop's eval step
+    params = eqx.filter(model, eqx.is_inexact_array)
 
     def loss(task: str, ids: np.ndarray) -> float:
         total = weight = 0.0
         for b in stream.ordered(task, ids, 0, context="val"):
-            inputs = batch_to_inputs(b)
-            parts = target_loss(model.at_targets(inputs, col, cat), inputs, model.encoder, cat, cfg.loss)
-            w = float(jnp.sum(parts.weight))
-            total, weight = total + float(parts.loss) * w, weight + w
+            value, w = (float(x) for x in trainer.eval_loss(params, batch_to_inputs(b), col, cat))
+            total, weight = total + value * w, weight + w
         return total / max(weight, 1.0)
 
     print(f"{'task':34s} {'first':>8s} {'drawn':>8s}  other draws (seeds 1-5)")
