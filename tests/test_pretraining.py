@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from confluence.errors import ConfluenceError
+from confluence.toolkit.checkpoint import read_checkpoint
 from confluence.training.loop import open_heldout_stream, open_stream, train
 from tests.fixtures.model import tiny_run_config
 from tests.test_sampler_labels import history_store
@@ -71,6 +72,9 @@ def test_a_run_exported_as_a_pretrained_model_loads_by_name_and_is_checked(tmp_p
     assert res.exit_code == 0, res.output
     dest = root / "tiny"
     assert P.available(root) == ["tiny"] and P.card("tiny", root)["step"] == 4
+    code = P.card("tiny", root)["code"]  # the code that trained it, from the checkpoint
+    assert code == read_checkpoint(tmp_path / "run").meta["code"]
+    assert code["version"] and ("working tree that differed" in res.output) == bool(code["dirty"])
     res = CliRunner().invoke(app, ["pretrained", "show", "pretrained:tiny"])
     assert res.exit_code == 0 and '"corpus": "history0"' in res.output and "checked" in res.output
     with pytest.raises(ConfluenceError, match="already exists"):

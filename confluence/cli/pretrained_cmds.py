@@ -64,3 +64,8 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
         except (ConfluenceError, OSError, json.JSONDecodeError) as exc:
             fail(exc)
         typer.echo(f"shipped {run} as pretrained:{name} in {dest}")
+        code = json.loads((dest / "card.json").read_text()).get("code") or {}
+        if code.get("dirty"):
+            typer.echo(f"note: the run was trained from a working tree that differed from commit {code.get('commit')} "
+                       f"(diff sha256 {code.get('diff_sha256')}); the card records it, but the commit alone will not "
+                       "rebuild these parameters")

@@ -84,8 +84,8 @@ def checkpoint_path(spec: str | os.PathLike[str], root: Path | None = None) -> P
 def export_pretrained(run: Path, name: str, info: dict[str, Any], root: Path | None = None,
                       overwrite: bool = False) -> Path:
     """Ship the latest checkpoint of `run` as `pretrained:<name>` under `root`: its parameters only (no optimizer
-    state), its meta.json and a card with `info` (corpus, hardware, wall time, command, results) and the files'
-    sha256. Written to a temporary directory and renamed, so a half-written model never loads; an existing one
+    state), its meta.json and a card with `info` (corpus, hardware, wall time, command, results), the code that trained it
+    and the files' sha256. Written to a temporary directory and renamed, so a half-written model never loads; an existing one
     is replaced only with `overwrite`."""
     import equinox as eqx
     import jax
@@ -119,8 +119,9 @@ def export_pretrained(run: Path, name: str, info: dict[str, Any], root: Path | N
         raise ConfluenceError(f"pretrained model {name}: {size / 2**20:.1f} MiB, more than the {MAX_BYTES >> 20} MiB "
                               "a shipped model may take")
     # the run directory's name only: a path on the exporting machine means nothing to the model's users
+    # the code that trained it (toolkit/provenance.py; null for runs before 2026-11-25), never taken from `info`
     full = {"name": name, "step": ck.step, "source_run": Path(run).resolve().name, **info,
-            "bytes": size, "sha256": {f: sha256(tmp / f) for f in SHIPPED_FILES}}
+            "code": ck.meta.get("code"), "bytes": size, "sha256": {f: sha256(tmp / f) for f in SHIPPED_FILES}}
     (tmp / CARD).write_text(json.dumps(full, indent=2) + "\n")
     if dest.exists():
         shutil.rmtree(dest)
