@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
 
 import confluence
@@ -38,7 +39,10 @@ def test_a_clean_checkout_records_its_commit(checkout: Path) -> None:
     got = code_provenance(checkout)
     assert got["commit"] == _git(checkout, "rev-parse", "HEAD")
     assert got["dirty"] is False and got["diff_sha256"] is None
-    assert got["version"] == confluence.__version__ and got["jax"] == jax.__version__ and got["python"]
+    assert got["version"] == confluence.__version__
+    env = got["environment"]  # what else decides a run's bits: library versions, device, CPU
+    assert env["jax"] == jax.__version__ and env["numpy"] == np.__version__ and env["python"]
+    assert env["backend"] == jax.default_backend() and env["device"] and env["cpu"]
 
 
 def test_edits_to_the_package_are_flagged_and_told_apart(checkout: Path) -> None:

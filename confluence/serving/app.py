@@ -121,7 +121,8 @@ class ModelCard(BaseModel):
     parameters: int = Field(description="Number of model parameters.")
     trained_on: list[str] = Field(description="Databases the run trained on.")
     code: dict[str, Any] | None = Field(default=None, description="The code that trained it: version, git commit, "
-                                        "dirty (the package differed from the commit), diff_sha256, JAX, Python; "
+                                        "dirty (the package differed from the commit), diff_sha256, environment "
+                                        "(library versions, device, CPU); "
                                         "null for checkpoints written before 2026-11-25.")
     config: dict[str, Any] = Field(description="The run's model settings, and a summary of its sampler, loss and "
                                                "schedule.")

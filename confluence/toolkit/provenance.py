@@ -1,15 +1,18 @@
-"""What code a run is: recorded in every checkpoint of both models so that a run can be traced to its code.
+"""What code and machine a run is: recorded in every checkpoint of both models so that a run can be traced.
 
-A run's `config.json` says what it was asked to do, not which code did it; two runs of one configuration can
-differ because the package's files differed (an uncommitted edit when the run started). `code_provenance` reads,
-once per run, the package version, the git commit of the checkout it is imported from, whether the package's
-files differ from that commit and a digest of the difference, and the versions of JAX and Python. Where the package
-is installed rather than checked out, or git is missing, the git fields are null; reading them never fails a run.
+A run's `config.json` says what it was asked to do, not which code did it nor where; two runs of one configuration
+can differ because the package's files differed (an uncommitted edit when the run started) or because the machine
+or its libraries did (runs are bit-exact on one machine and library set, not across them: docs/decisions.md).
+`code_provenance` reads, once per run, the package version, the git commit of the checkout it is imported from,
+whether the package's files differ from that commit and a digest of the difference, and the environment: Python,
+JAX, jaxlib, NumPy and numba versions, the backend's device kind and the CPU's model. Where the package is
+installed rather than checked out, or git is missing, the git fields are null; reading them never fails a run.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import platform
 import subprocess
 from pathlib import Path
@@ -49,11 +52,40 @@ def _checkout(root: Path, package: str) -> dict[str, Any]:
     return out
 
 
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu() -> str | None:
+    """The CPU's model name (Linux), else what `platform` says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or None
+
+
+def environment() -> dict[str, Any]:
+    """Python and library versions, the JAX backend's device kind and the CPU: what else decides a run's bits."""
+    try:
+        device = jax.devices()[0].device_kind
+    except RuntimeError:
+        device = None
+    return {"python": platform.python_version(), "jax": jax.__version__, "jaxlib": _version("jaxlib"),
+            "numpy": _version("numpy"), "numba": _version("numba"), "backend": jax.default_backend(),
+            "device": device, "cpu": _cpu()}
+
+
 def code_provenance(root: Path | None = None, package: str = "confluence") -> dict[str, Any]:
     """The running code: `version`, `commit` (null outside a git checkout), `dirty` (the package's files differ
     from the commit: tracked edits or untracked files under `package/`), `diff_sha256` (a digest of that
-    difference, equal for equal working trees), `jax`, `python`. `root` defaults to the checkout this package is
-    imported from."""
+    difference, equal for equal working trees) and `environment` (`environment()`). `root`
+    defaults to the checkout this package is imported from."""
     root = Path(confluence.__file__).resolve().parent.parent if root is None else Path(root)
     git: dict[str, Any] = {}
     try:
@@ -61,4 +93,4 @@ def code_provenance(root: Path | None = None, package: str = "confluence") -> di
     except (OSError, subprocess.SubprocessError, UnicodeDecodeError):
         git = {}  # no git, not a checkout, or git too slow: the run goes on without these fields
     return {"version": confluence.__version__, "commit": git.get("commit"), "dirty": git.get("dirty"),
-            "diff_sha256": git.get("diff_sha256"), "jax": jax.__version__, "python": platform.python_version()}
+            "diff_sha256": git.get("diff_sha256"), "environment": environment()}
