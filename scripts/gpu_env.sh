@@ -1,6 +1,6 @@
 # Sourced by the GPU scripts (gpu_measure.sh, gpu_pretrain.sh) from the repository root: $OUT (./gpu_out when
 # unset), the carried wheels of .whl/ (scripts/gpu_wheels.sh) installed into /tmp/site and put on PYTHONPATH and
-# PATH (tpchgen-cli is a program), unbuffered Python, $PY and $CLI.
+# PATH (tpchgen-cli is a program), unbuffered Python, $PY and $CLI, and the code stamp of .whl/ (gpu_stamp.sh).
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 if [ -d .whl ]; then
@@ -11,5 +11,7 @@ else
   export PYTHONPATH=$PWD
 fi
 export PYTHONUNBUFFERED=1
+# the copy has no .git: runs record the commit stamped here before the call (scripts/gpu_stamp.sh)
+[ -f .whl/code_stamp.json ] && export CONFLUENCE_CODE_STAMP=$PWD/.whl/code_stamp.json
 PY=${PY:-python3}
 CLI="$PY -m confluence.cli.main"

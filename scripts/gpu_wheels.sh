@@ -19,3 +19,4 @@ for pkg in duckdb model2vec lightgbm tpchgen-cli tensorboardX protobuf; do
 done
 ls -la .whl
 du -sh .whl
+scripts/gpu_stamp.sh  # the commit a GPU run records (the copy there has no .git); again before each run

@@ -1,5 +1,6 @@
 """The code a run records in its checkpoints: commit, whether the package's files differ from it, a digest of the
-difference that tells two working trees apart, and null git fields (never an error) outside a checkout."""
+difference that tells two working trees apart, the environment, a stamp for a copy without .git (the GPU machine's),
+and null git fields (never an error) outside a checkout."""
 
 from __future__ import annotations
 
@@ -12,9 +13,14 @@ import numpy as np
 import pytest
 
 import confluence
-from confluence.toolkit.provenance import code_provenance
+from confluence.toolkit.provenance import STAMP_ENV, code_provenance, write_stamp
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+
+
+@pytest.fixture(autouse=True)
+def _no_stamp(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(STAMP_ENV, raising=False)  # a stamp of the caller's shell says nothing of these checkouts
 
 
 def _git(root: Path, *args: str) -> str:
@@ -76,3 +82,20 @@ def test_a_package_inside_another_repository_is_not_given_its_commit(checkout: P
     inner = checkout / "docs"  # a folder of a repository, not its top: e.g. site-packages inside a checkout
     (inner / "confluence").mkdir()
     assert code_provenance(inner)["commit"] is None
+
+
+def test_a_copy_without_git_records_the_stamp_written_in_the_checkout(checkout: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    (checkout / "confluence" / "a.py").write_text("x = 2\n")
+    stamp = write_stamp(tmp_path / "code_stamp.json", checkout)  # here, where git can tell
+    copy = tmp_path / "copy"  # the device tool's copy: the files, no .git
+    shutil.copytree(checkout, copy, ignore=shutil.ignore_patterns(".git"))
+    assert code_provenance(copy)["commit"] is None  # without the stamp: nothing to say
+    monkeypatch.setenv(STAMP_ENV, str(tmp_path / "code_stamp.json"))
+    got = code_provenance(copy)
+    assert got["commit"] == _git(checkout, "rev-parse", "HEAD") and got["dirty"] is True
+    assert got["diff_sha256"] == code_provenance(checkout)["diff_sha256"] == stamp["diff_sha256"]
+    assert got["stamped_at"] == stamp["stamped_at"]
+    assert "stamped_at" not in code_provenance(checkout)  # where git can tell, git is read, not the stamp
+    monkeypatch.setenv(STAMP_ENV, str(tmp_path / "missing.json"))
+    assert code_provenance(copy)["commit"] is None  # an unreadable stamp is no error

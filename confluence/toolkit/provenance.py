@@ -6,15 +6,20 @@ or its libraries did (runs are bit-exact on one machine and library set, not acr
 `code_provenance` reads, once per run, the package version, the git commit of the checkout it is imported from,
 whether the package's files differ from that commit and a digest of the difference, and the environment: Python,
 JAX, jaxlib, NumPy and numba versions, the backend's device kind and the CPU's model. Where the package is
-installed rather than checked out, or git is missing, the git fields are null; reading them never fails a run.
+installed rather than checked out, or git is missing, the git fields come from a stamp written where git could
+tell (`write_stamp`, named by the `CONFLUENCE_CODE_STAMP` environment variable: the GPU machine receives a copy of
+the working tree without `.git`, scripts/gpu_stamp.sh), else they are null; reading them never fails a run.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import json
+import os
 import platform
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +28,7 @@ import jax
 import confluence
 
 _GIT_TIMEOUT_S = 10.0
+STAMP_ENV = "CONFLUENCE_CODE_STAMP"  # path of a stamp (`write_stamp`) for a copy of a checkout without `.git`
 
 
 def _git(root: Path, *args: str) -> bytes:
@@ -92,5 +98,28 @@ def code_provenance(root: Path | None = None, package: str = "confluence") -> di
         git = _checkout(root, package)
     except (OSError, subprocess.SubprocessError, UnicodeDecodeError):
         git = {}  # no git, not a checkout, or git too slow: the run goes on without these fields
-    return {"version": confluence.__version__, "commit": git.get("commit"), "dirty": git.get("dirty"),
-            "diff_sha256": git.get("diff_sha256"), "environment": environment()}
+    out = {"version": confluence.__version__, "commit": git.get("commit"), "dirty": git.get("dirty"),
+           "diff_sha256": git.get("diff_sha256"), "environment": environment()}
+    if not git and os.environ.get(STAMP_ENV):
+        out |= _stamp(Path(os.environ[STAMP_ENV]))
+    return out
+
+
+def _stamp(path: Path) -> dict[str, Any]:
+    """The git fields of a stamp, marked as such (`stamped_at`: when it was written; the tree may have changed
+    since); nothing if the stamp cannot be read."""
+    try:
+        got = json.loads(path.read_text())
+        return {"commit": got["commit"], "dirty": got["dirty"], "diff_sha256": got["diff_sha256"],
+                "stamped_at": got["stamped_at"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def write_stamp(path: Path, root: Path | None = None) -> dict[str, Any]:
+    """Write the checkout's git fields (commit, dirty, diff_sha256) and the time to `path`, for runs of a copy of
+    this tree on a machine without its `.git` (`CONFLUENCE_CODE_STAMP=path` there)."""
+    code = code_provenance(root)
+    stamp = {k: code[k] for k in ("commit", "dirty", "diff_sha256")} | {"stamped_at": time.time()}
+    Path(path).write_text(json.dumps(stamp, indent=2) + "\n")
+    return stamp
