@@ -54,7 +54,7 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
     ) -> None:
         """Ship a run's parameters as pretrained:NAME (at most 25 MiB), with a card recording each file's sha256."""
         from confluence.errors import ConfluenceError
-        from confluence.pretrained import export_pretrained
+        from confluence.pretrained import card, export_pretrained
 
         try:
             fields = json.loads(info.read_text()) if info else {}
@@ -64,7 +64,7 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
         except (ConfluenceError, OSError, json.JSONDecodeError) as exc:
             fail(exc)
         typer.echo(f"shipped {run} as pretrained:{name} in {dest}")
-        code = json.loads((dest / "card.json").read_text()).get("code") or {}
+        code = card(name, dest.parent).get("code") or {}
         if code.get("dirty"):
             typer.echo(f"note: the run was trained from a working tree that differed from commit {code.get('commit')} "
                        f"(diff sha256 {code.get('diff_sha256')}); the card records it, but the commit alone will not "

@@ -84,9 +84,9 @@ def checkpoint_path(spec: str | os.PathLike[str], root: Path | None = None) -> P
 def export_pretrained(run: Path, name: str, info: dict[str, Any], root: Path | None = None,
                       overwrite: bool = False) -> Path:
     """Ship the latest checkpoint of `run` as `pretrained:<name>` under `root`: its parameters only (no optimizer
-    state), its meta.json and a card with `info` (corpus, hardware, wall time, command, results), the code that trained it
-    and the files' sha256. Written to a temporary directory and renamed, so a half-written model never loads; an existing one
-    is replaced only with `overwrite`."""
+    state), its meta.json and a card with `info` (corpus, hardware, wall time, command, results), the code that
+    trained it and the files' sha256. Written to a temporary directory and renamed, so a half-written model never
+    loads; an existing one is replaced only with `overwrite`."""
     import equinox as eqx
     import jax
 

@@ -20,6 +20,7 @@ import os
 import platform
 import subprocess
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +94,6 @@ def code_provenance(root: Path | None = None, package: str = "confluence") -> di
     difference, equal for equal working trees) and `environment` (`environment()`). `root`
     defaults to the checkout this package is imported from."""
     root = Path(confluence.__file__).resolve().parent.parent if root is None else Path(root)
-    git: dict[str, Any] = {}
     try:
         git = _checkout(root, package)
     except (OSError, subprocess.SubprocessError, UnicodeDecodeError):
@@ -107,12 +107,14 @@ def code_provenance(root: Path | None = None, package: str = "confluence") -> di
 
 def _stamp(path: Path) -> dict[str, Any]:
     """The git fields of a stamp, marked as such (`stamped_at`: when it was written; the tree may have changed
-    since); nothing if the stamp cannot be read."""
+    since); nothing, with a warning naming the file, if the stamp cannot be read."""
     try:
         got = json.loads(path.read_text())
         return {"commit": got["commit"], "dirty": got["dirty"], "diff_sha256": got["diff_sha256"],
                 "stamped_at": got["stamped_at"]}
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        warnings.warn(f"{STAMP_ENV}={path}: not a readable code stamp ({type(exc).__name__}: {exc}); the run "
+                      "records no commit (write one with scripts/gpu_stamp.sh)", stacklevel=3)
         return {}
 
 
