@@ -193,14 +193,18 @@ def test_the_copy_head_trains_and_its_gradient_reaches_every_parameter():
     model = tiny_model(COPY)
     db = tiny_db()
     col, cat = tables(db)
-    inputs = batch_to_inputs(tiny_batch(db, task=CAT))
+    # every task's batch, so that every mixture (number, timestamp, boolean, category) carries gradient: in the
+    # categorical batch alone no eligible cell holds the target's class, so the loss is the same for any pointer
+    # and the pointer's exact gradient is 0 (JAX 0.10 gave 5e-7 of rounding there, JAX 0.12 exactly 0)
+    batches = [batch_to_inputs(tiny_batch(db, task=t)) for t in (NUM, TS, BOOL, CAT)]
 
     def loss(m):
-        return target_loss(m.at_targets(inputs, col, cat), {k: jnp.asarray(v) for k, v in inputs.items()},
-                           m.encoder, cat, LossConfig(max_k=MAX_K)).loss
+        return sum(target_loss(m.at_targets(i, col, cat), {k: jnp.asarray(v) for k, v in i.items()},
+                               m.encoder, cat, LossConfig(max_k=MAX_K)).loss for i in batches)
 
     value, grads = eqx.filter_value_and_grad(loss)(model)
     assert np.isfinite(float(value))
     for name in ("query", "key", "gate"):
         g = getattr(grads.copy, name).weight
-        assert np.all(np.isfinite(np.asarray(g))) and float(jnp.abs(g).sum()) > 0, name
+        # far above rounding (about 1e-6 here): a gradient that truly reaches the parameter
+        assert np.all(np.isfinite(np.asarray(g))) and float(jnp.abs(g).sum()) > 1e-2, name
