@@ -6,9 +6,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test lint bench clean
 
+# setuptools >= 77 in the venv too: the build backend pyproject.toml names (tests build a wheel without isolation)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q --upgrade pip 'setuptools>=77'
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
 
