@@ -43,8 +43,8 @@ def test_package_data_config_covers_model_files():
 @pytest.mark.slow
 @pytest.mark.skipif(not _can_build_wheel(), reason="this setuptools is older than pyproject.toml's build backend (77)")
 def test_wheel_contains_model_files(tmp_path):
-    # built from a copy of what git would hold: a checkout's build/ and *.egg-info (left by `pip install -e`) list
-    # files from earlier builds, which setuptools would package whatever pyproject.toml says
+    # built from a copy of the package's sources alone: a checkout's build/ and *.egg-info (left by `pip install
+    # -e`) list files from earlier builds, which setuptools would package whatever pyproject.toml says
     src = tmp_path / "src"
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
