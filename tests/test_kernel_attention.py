@@ -189,3 +189,32 @@ def test_contiguous_rows_promise(kind, block):
     st = block_structure(kind, *(jnp.asarray(x) for x in (row, col, pad, adj)), 16)
     assert int(jnp.max(st.whi - st.wlo)) >= fast_words(16)
     assert all(np.isnan(x).all() for x in run(st, True, *random_qkv(1, 2, 117, 2, 16)))
+
+
+@pytest.mark.parametrize("kind", ["inbound", "column"])
+def test_sink_matches_the_reference_sink_in_float32(kind):
+    """The kernel's sink (composed from its output and log-sum-exp, outside the kernels) gives the reference sink
+    attention's output and gradients, the sink logits' gradient included; empty and padded queries stay 0."""
+    from confluence.model.attention import sink_attention
+
+    struct = synthetic_structure(5, kind, 2, 50, fill=0.6)
+    args = tuple(jnp.asarray(x) for x in struct)
+    q, k, v, do = random_qkv(3, 2, 50, 2, 16, dtype=jnp.float32)
+    sink = jnp.array([0.5, -1.5])
+    mask = dense_mask(kind, *args)
+    st = block_structure(kind, *args, 16)
+
+    def loss(fn, q, k, v, sink):
+        return jnp.sum(fn(q, k, v, sink) * do)
+
+    kern = lambda q, k, v, sink: attend_block_sparse(q, k, v, kind, st, sink=sink)  # noqa: E731
+    ref = lambda q, k, v, sink: sink_attention(q, k, v, mask, sink)  # noqa: E731
+    with jax.default_matmul_precision("highest"):
+        got = jax.jit(jax.value_and_grad(lambda *a: loss(kern, *a), argnums=(0, 1, 2, 3)))(q, k, v, sink)
+        want = jax.jit(jax.value_and_grad(lambda *a: loss(ref, *a), argnums=(0, 1, 2, 3)))(q, k, v, sink)
+        out = kern(q, k, v, sink)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        b = np.asarray(b)
+        np.testing.assert_allclose(np.asarray(a), b, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(b).max())))
+    assert float(jnp.abs(got[1][3]).min()) > 1e-3  # the sink's gradient is exercised
+    assert np.all(np.asarray(out)[empty_queries(kind, struct)] == 0.0)

@@ -39,7 +39,8 @@ def test_kernel_launch_settings_select_a_launch():
         dataclasses.replace(TINY, kernel_warps=3)
 
 
-def test_model_forward_and_grads_match_reference():
+@pytest.mark.parametrize("sink", [(), ("inbound", "column")])
+def test_model_forward_and_grads_match_reference(sink):
     # tiles of 16 so that the S=40 sequences span three tiles, the last one partial
     register_attention("block_sparse_t16", block_sparse(block=16))  # tile structures built once per batch
     db = tiny_db(1)
@@ -53,7 +54,7 @@ def test_model_forward_and_grads_match_reference():
 
     results = []
     for impl in ("reference", "block_sparse_t16"):
-        model = tiny_model(dataclasses.replace(TINY, attention_impl=impl))
+        model = tiny_model(dataclasses.replace(TINY, attention_impl=impl, attention_sink=sink))
         value, grads = eqx.filter_jit(eqx.filter_value_and_grad(loss))(model, inputs)
         leaves = [np.asarray(g) for g in jax.tree.leaves(eqx.filter(grads, eqx.is_inexact_array))]
         results.append((float(value), leaves))

@@ -164,13 +164,14 @@ def test_block_sparse_kernel_and_remat_match_the_reference_through_the_model():
             np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-6)
 
 
-def test_scanned_layers_match_the_unrolled_loop():
+@pytest.mark.parametrize("sink", [(), ("inbound",)])
+def test_scanned_layers_match_the_unrolled_loop(sink):
     """`model.scan_layers` (one lax.scan over the stacked blocks) computes the same loss and the same per-block
-    gradients as the Python loop, with and without remat and with the block-sparse kernel inside the loop; the
-    parameters (and so checkpoints) are the same list."""
+    gradients as the Python loop, with and without remat and with the block-sparse kernel inside the loop, with
+    and without attention sinks; the parameters (and so checkpoints) are the same list."""
     db = tiny_db()
     batch = tiny_batch(db, task=1, seed=3, r=3)
-    deep = dataclasses.replace(TINY, n_layers=3)
+    deep = dataclasses.replace(TINY, n_layers=3, attention_sink=sink)
     ref = _loss_and_grads(dataclasses.replace(deep, scan_layers=False), batch, db)
     for variant in (dataclasses.replace(deep, scan_layers=True), dataclasses.replace(deep, scan_layers=True, remat=True),
                     dataclasses.replace(deep, scan_layers=True, attention_impl="block_sparse")):

@@ -104,3 +104,30 @@ def test_no_scatter_add_in_the_training_gradient(impl):
     jaxpr = str(jax.jit(tr._grads).trace(params, inputs, tb.column_embeddings, tb.categorical_embeddings).jaxpr)
     assert "scatter-add" not in jaxpr
     assert ("scatter" in jaxpr) == (impl == "reference_permuted")
+
+
+def test_sink_attention_equals_a_virtual_zero_valued_key():
+    """The sink's written-out gradient equals autodiff of the plain formula: softmax over the visible keys plus one
+    virtual key per head whose logit is the learned sink and whose value is 0; a query that sees nothing gets 0."""
+    from confluence.model.attention import sink_attention
+
+    b, s, h, dh = 2, 7, 3, 4
+    q, k, v = (jax.random.normal(KEYS[i], (b, s, h, dh)) for i in range(3))
+    mask = jax.random.bernoulli(KEYS[3], 0.5, (b, s, s)).at[:, 0, :].set(False)  # query 0 sees no key
+    sink = jnp.array([0.3, -1.0, 2.0])
+
+    def plain(q, k, v, sink):
+        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k)
+        logits = jnp.where(mask[:, None], logits, -jnp.inf)
+        full = jnp.concatenate([logits, jnp.broadcast_to(sink[None, :, None, None], (b, h, s, 1))], axis=-1)
+        p = jax.nn.softmax(full, axis=-1)[..., :s]
+        return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+
+    _check(lambda q, k, v, sink: sink_attention(q, k, v, mask, sink), plain, (q, k, v, sink), rtol=1e-5, atol=1e-6)
+    out = sink_attention(q, k, v, mask, sink)
+    assert float(jnp.abs(out[:, 0]).max()) == 0.0
+    # the output's size now counts: one visible key with logit 0 and sink 0 gives half of its value
+    one = jnp.zeros((1, 2, 2), bool).at[0, 0, 1].set(True)
+    qq = jnp.zeros((1, 2, 1, 2))
+    vv = jnp.ones((1, 2, 1, 2))
+    np.testing.assert_allclose(np.asarray(sink_attention(qq, qq, vv, one, jnp.zeros(1)))[0, 0, 0], [0.5, 0.5])

@@ -168,10 +168,10 @@ def test_init_from_checkpoint_loads_the_parameters(tiny_store, tmp_path):
 
 
 @pytest.mark.parametrize("added", [("copy_head",), ("child_rank",), ("copy_head", "child_rank"),
-                                   ("time_reference",), ("copy_head", "time_reference")])
+                                   ("time_reference",), ("copy_head", "time_reference"), ("attention_sink",)])
 def test_init_from_a_checkpoint_without_added_parts_loads_the_rest(tiny_store, tmp_path, added):
-    """A run with `model.copy_head` / `child_rank` / `time_reference` starts from a checkpoint made without them: every other
-    parameter is the checkpoint's, the added parts are the new run's own initialisation."""
+    """A run with `model.copy_head` / `child_rank` / `time_reference` / `attention_sink` starts from a checkpoint made
+    without them: every other parameter is the checkpoint's, the added parts are the new run's own initialisation."""
     import dataclasses
 
     import equinox as eqx
@@ -181,13 +181,15 @@ def test_init_from_a_checkpoint_without_added_parts_loads_the_rest(tiny_store, t
     cfg = _cfg(loop={"max_steps": 3, "ckpt_every": 3, "val_every": 3})
     with open_stream([tiny_store], cfg) as s:
         first = train(cfg, s, tmp_path / "a", progress=False)
-    new_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **dict.fromkeys(added, True)))
-    new_cfg = new_cfg.with_max_steps(0)
+    on = {name: ("inbound", "column") if name == "attention_sink" else True for name in added}
+    new_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **on)).with_max_steps(0)
     with open_stream([tiny_store], new_cfg) as s:
         fine = train(new_cfg, s, tmp_path / "b", init_from=tmp_path / "a", progress=False)
     without = fine.params
     for name in added:
-        without = eqx.tree_at(ADDED_PARTS[name], without, None, is_leaf=lambda x: x is None)
+        parts = ADDED_PARTS[name](without)
+        none = (None,) * len(parts) if isinstance(parts, tuple) else None
+        without = eqx.tree_at(ADDED_PARTS[name], without, none, is_leaf=lambda x: x is None)
     for a, b in zip(_leaves(first.params), _leaves(without), strict=True):
         np.testing.assert_array_equal(a, b)
     fresh = RelationalTransformer(new_cfg.model, key=jax.random.key(new_cfg.seed))

@@ -96,6 +96,18 @@ def _weights(q: jax.Array, k: jax.Array, mask: jax.Array, dtype) -> tuple[jax.Ar
     return e.astype(dtype), jnp.where(denom > 0, 1.0 / jnp.where(denom > 0, denom, 1.0), 0.0)
 
 
+def _sink_weights(q, k, mask, sink, dtype):
+    """`_weights` with a learned per-head sink (`sink`: [H] FP32 logits of a virtual key whose value is 0), plus
+    the sink's own unnormalised weight ([B, H, S] FP32). Every row then has a finite maximum and a positive sum."""
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+    logits = jnp.where(mask[:, None, :, :], logits, -jnp.inf)
+    s = sink.astype(jnp.float32)[None, :, None]
+    row_max = jnp.maximum(jnp.max(logits, axis=-1), s)
+    e = jnp.exp(logits - row_max[..., None])
+    e_sink = jnp.exp(s - row_max)
+    return e.astype(dtype), 1.0 / (jnp.sum(e, axis=-1) + e_sink), e_sink
+
+
 def _rows_scaled(x: jax.Array, inv: jax.Array) -> jax.Array:
     """x [B, S, H, dh] (FP32) times inv [B, H, S] per (query, head)."""
     return x * jnp.swapaxes(inv, 1, 2)[..., None]
@@ -138,6 +150,43 @@ def _masked_bwd(res, g):
 masked_attention.defvjp(_masked_fwd, _masked_bwd)
 
 
+@jax.custom_vjp
+def sink_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, sink: jax.Array) -> jax.Array:
+    """`masked_attention` whose softmax also holds a virtual key per head with the learned logit `sink` ([H]) and
+    value 0: out = sum_j e_j v_j / (sum_j e_j + exp(sink)). The output's size then says how much of the row
+    matched (softmax alone averages); a query that sees no key gets 0."""
+    return _sink_fwd(q, k, v, mask, sink)[0]
+
+
+def _sink_fwd(q, k, v, mask, sink):
+    e, inv, e_sink = _sink_weights(q, k, mask, sink, v.dtype)
+    acc = jnp.einsum("bhqk,bkhd->bqhd", e, v, preferred_element_type=jnp.float32)
+    out = _rows_scaled(acc, inv).astype(v.dtype)
+    return out, (q, k, v, e, inv, e_sink, out, sink)
+
+
+def _sink_bwd(res, g):
+    q, k, v, e, inv, e_sink, out, sink = res
+    f32 = jnp.float32
+    gs = _rows_scaled(g.astype(f32), inv)
+    dv = jnp.einsum("bhqk,bqhd->bkhd", e, gs.astype(e.dtype), preferred_element_type=f32)
+    dps = jnp.einsum("bqhd,bkhd->bhqk", gs.astype(v.dtype), v, preferred_element_type=f32)
+    delta = inv * jnp.einsum("bqhd,bqhd->bhq", g.astype(f32), out.astype(f32))
+    ds = (e.astype(f32) * (dps - delta[..., None])).astype(q.dtype)
+    dq = jnp.einsum("bhqk,bkhd->bqhd", ds, k, preferred_element_type=f32)
+    dk = jnp.einsum("bhqk,bqhd->bkhd", ds, q, preferred_element_type=f32)
+    # the sink's value is 0, so its dP is 0 and its logit's gradient is p_sink (0 - rowsum(p dP)) = -e_sink delta
+    dsink = -jnp.sum(e_sink * delta, axis=(0, 2))
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, dsink.astype(sink.dtype)
+
+
+sink_attention.defvjp(_sink_fwd, _sink_bwd)
+
+
+def _reference_attend(q, k, v, kind, mask, sink=None):
+    return masked_attention(q, k, v, mask) if sink is None else sink_attention(q, k, v, mask, sink)
+
+
 def reference_attention(
     q: jax.Array,
     k: jax.Array,
@@ -152,8 +201,7 @@ def reference_attention(
     return masked_attention(q, k, v, dense_mask(kind, row_ids, col_ids, is_padding, fk_adj))
 
 
-REFERENCE = Attention("reference", dense_mask, lambda q, k, v, kind, mask: masked_attention(q, k, v, mask),
-                      permuted=False)
+REFERENCE = Attention("reference", dense_mask, _reference_attend, permuted=False)
 
 
 # --- Registry: the model picks its attention implementation by name (ModelConfig.attention_impl). ---------------

@@ -149,6 +149,7 @@ class GatedAttention(eqx.Module):
     w_o: jax.Array
     w_gate: jax.Array
     temperature: jax.Array  # [H], initialised to sqrt(d_head)
+    sink: jax.Array | None  # [H] learned sink logits (ModelConfig.attention_sink), None without
     kind: MaskKind = eqx.field(static=True)
     n_heads: int = eqx.field(static=True)
 
@@ -161,6 +162,7 @@ class GatedAttention(eqx.Module):
         self.w_o = xavier_uniform(k[3], d, d, scale=1.0 / math.sqrt(4 * cfg.n_layers))
         self.w_gate = xavier_uniform(k[4], d, d)
         self.temperature = jnp.full((cfg.n_heads,), math.sqrt(cfg.d_head), jnp.float32)
+        self.sink = jnp.zeros((cfg.n_heads,), jnp.float32) if kind in cfg.attention_sink else None
         self.kind = kind
         self.n_heads = cfg.n_heads
 
@@ -177,7 +179,10 @@ class GatedAttention(eqx.Module):
         # QK norm of queries (times the temperatures) and keys at once: heads 0..H-1 are queries, H..2H-1 keys
         scale = jnp.concatenate([self.temperature, jnp.ones_like(self.temperature)])
         q, k, v = (x.reshape(b, s, h, d // h) for x in (*split_last(scaled_l2norm(qk, scale), (d, d)), v))
-        o = attention.attend(q, k, v, self.kind, ks.prepared)
+        if self.sink is None:
+            o = attention.attend(q, k, v, self.kind, ks.prepared)
+        else:
+            o = attention.attend(q, k, v, self.kind, ks.prepared, sink=self.sink)
         o = o.reshape(b, s, d).astype(x_norm.dtype)
         if ks.perm is not None:
             o = permute(o, ks.inv, ks.perm)  # unpermute

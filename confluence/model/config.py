@@ -96,6 +96,10 @@ class ModelConfig:
     # scheduled time plus a delay" needs no absolute date carried through the model; False is seed 004's absolute
     # timestamp decoder alone
     time_reference: bool = False
+    # the attention kinds whose softmax also has a learned per-head sink: a virtual key with a learned logit and a
+    # zero value, so a query can attend to "nothing" and the output's size tells how many keys matched (softmax
+    # alone averages: 3 matching children and 30 give the same output); () is seed 000's softmax
+    attention_sink: tuple[Literal["outbound", "inbound", "column"], ...] = ()
 
     def __post_init__(self) -> None:
         positive(self, "d_model", "n_layers", "n_heads", "d_t", "d_time", "ffn_multiple", "norm_eps")

@@ -82,7 +82,8 @@ def _init_params(cfg: RunConfig, init_from: Path | str, like: Any) -> Any:
             # when every other parameter fits (settings that shape no parameter, such as copy_numbers, may differ),
             # it loads, and the added ones start from this run's initialisation
             try:
-                return _graft_added(replace(cfg.model, **dict.fromkeys(added, False)), added, init_from, like)
+                off = {name: type(getattr(cfg.model, name))() for name in added}  # False, or () for the sinks
+                return _graft_added(replace(cfg.model, **off), added, init_from, like)
             except CheckpointError:
                 pass
         diffs = [f"model.{f.name} = {getattr(saved, f.name)!r} there, {getattr(cfg.model, f.name)!r} here"
@@ -99,6 +100,7 @@ ADDED_PARTS: dict[str, Callable[[Any], Any]] = {
     "copy_head": lambda m: m.copy,
     "child_rank": lambda m: m.encoder.child_rank_emb,
     "time_reference": lambda m: m.time_ref,
+    "attention_sink": lambda m: tuple(getattr(b, a).sink for b in m.blocks for a in ("attn_out", "attn_in", "attn_col")),
 }
 
 

@@ -488,6 +488,38 @@ def _attend_bwd(kind, block, launch, res, do):
 _attend.defvjp(_attend_fwd, _attend_bwd)
 
 
+def _with_sink(o, lse, sink):
+    """The kernel's output and log-sum-exp with a virtual key per head (logit `sink` [H], value 0) added to each
+    softmax: the sum gains exp(sink), so the output shrinks by exp(lse - lse_sink)."""
+    lse_s = jnp.logaddexp(lse, sink.astype(jnp.float32)[None, :, None])
+    o_s = o.astype(jnp.float32) * jnp.swapaxes(jnp.exp(lse - lse_s), 1, 2)[..., None]
+    return o_s.astype(o.dtype), lse_s
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def _attend_sink(q, k, v, sink, st: BlockStructure, kind: MaskKind, block: int, launch: Launch):
+    o, lse = _forward(q, k, v, st, kind, block, launch)
+    return _with_sink(o, lse, sink)[0]
+
+
+def _attend_sink_fwd(q, k, v, sink, st, kind, block, launch):
+    o, lse = _with_sink(*_forward(q, k, v, st, kind, block, launch), sink)
+    return o, (q, k, v, o, lse, st, sink)
+
+
+def _attend_sink_bwd(kind, block, launch, res, do):
+    # the kernels' gradient needs only each query's probabilities exp(logit - lse) and rowsum(dO * O): given the
+    # sink's lse and output, they are the sink softmax's; the sink's own logit gets p_sink * (0 - rowsum(dO * O))
+    q, k, v, o, lse, st, sink = res
+    dq, dk, dv = _backward(q, k, v, o, lse, do, st, kind, block, launch)
+    delta = jnp.einsum("bshd,bshd->bhs", o.astype(jnp.float32), do.astype(jnp.float32))
+    p_sink = jnp.exp(sink.astype(jnp.float32)[None, :, None] - lse)
+    return dq, dk, dv, (-jnp.sum(p_sink * delta, axis=(0, 2))).astype(sink.dtype), None
+
+
+_attend_sink.defvjp(_attend_sink_fwd, _attend_sink_bwd)
+
+
 def _pad_to(x: jax.Array, sp: int, dp: int) -> jax.Array:
     s, d = x.shape[1], x.shape[3]
     if s == sp and d == dp:
@@ -523,9 +555,11 @@ def attend_block_sparse(
     heads: int = DEFAULT_HEADS,
     warps: int = NUM_WARPS,
     contiguous_rows: bool = False,
+    sink: jax.Array | None = None,
 ) -> jax.Array:
     """One sublayer's attention on a structure from `block_structure` (built once per batch and kind): q / k / v
-    `[B, S, H, dh]` in the sublayer's permuted order; returns `[B, S, H, dh]` in v's dtype. `heads` per program
+    `[B, S, H, dh]` in the sublayer's permuted order; returns `[B, S, H, dh]` in v's dtype. `sink` ([H] logits)
+    adds a zero-valued virtual key per head to each softmax (`confluence.model.attention.sink_attention`). `heads` per program
     (dividing H) and `warps` per program tune the GPU launch only: the result is the same. `contiguous_rows`
     promises that each row's cells are contiguous in the permuted order (the sampler's permutations always are):
     only the bit-window mask is compiled, and an input that breaks the promise gets NaN, not a wrong answer."""
@@ -543,7 +577,11 @@ def attend_block_sparse(
     dp = max(16, pl.next_power_of_2(d))
     dtype = jnp.promote_types(q.dtype, v.dtype)
     qp, kp, vp = (_pad_to(x.astype(dtype), sp, dp) for x in (q, k, v))
-    out = _attend(qp, kp, vp, st, kind, block, Launch(heads, warps, bool(interpret), bool(contiguous_rows)))
+    launch = Launch(heads, warps, bool(interpret), bool(contiguous_rows))
+    if sink is None:
+        out = _attend(qp, kp, vp, st, kind, block, launch)
+    else:
+        out = _attend_sink(qp, kp, vp, sink, st, kind, block, launch)
     return out[:, :s, :, :d].astype(v.dtype)
 
 
@@ -600,8 +638,9 @@ def block_sparse(
         name,
         lambda kind, row_ids, col_ids, is_padding, fk_adj: block_structure(
             kind, row_ids, col_ids, is_padding, fk_adj, block),
-        lambda q, k, v, kind, st: attend_block_sparse(q, k, v, kind, st, interpret=interpret, heads=heads,
-                                                      warps=warps, contiguous_rows=contiguous_rows),
+        lambda q, k, v, kind, st, sink=None: attend_block_sparse(
+            q, k, v, kind, st, interpret=interpret, heads=heads, warps=warps, contiguous_rows=contiguous_rows,
+            sink=sink),
     )
 
 
