@@ -203,3 +203,14 @@ def test_masked_attention_custom_vjp_matches_autodiff(dtype):
         np.testing.assert_allclose(np.asarray(c, np.float32), np.asarray(a, np.float32),
                                    rtol=tol["rtol"], atol=tol["atol"] * scale)
     assert np.all(np.asarray(grads[0])[:, 3] == 0.0)  # a blind query gets no gradient
+
+
+def test_an_implementation_without_sinks_says_so():
+    """A registered one-call implementation has no sinks: asking it for one names the implementations that do."""
+    from confluence.model.attention import Attention
+
+    impl = Attention.from_function("plain", lambda q, k, v, kind, *ids: v)
+    x = jnp.zeros((1, 2, 1, 2))
+    assert impl.attend(x, x, x, "inbound", ()) is x
+    with pytest.raises(ValueError, match="'plain' has no attention sinks.*'reference' or 'block_sparse'"):
+        impl.attend(x, x, x, "inbound", (), sink=jnp.zeros(1))

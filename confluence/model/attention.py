@@ -5,7 +5,8 @@ An implementation has two parts (`Attention`):
 * `prepare(kind, row_ids, col_ids, is_padding, fk_adj) -> prepared`: what every sublayer of one kind needs besides
   q / k / v (a mask, tile lists). It depends only on the batch, so the model calls it once per batch and kind,
   not once per layer;
-* `attend(q, k, v, kind, prepared) -> out`: one sublayer's attention.
+* `attend(q, k, v, kind, prepared) -> out`: one sublayer's attention. The two built-in implementations also take
+  `sink=` ([H] logits of a zero-valued virtual key per head, `ModelConfig.attention_sink`; `sink_attention`).
 
 Calling an `Attention` does both: `fn(q, k, v, kind, row_ids, col_ids, is_padding, fk_adj) -> out`, the one-call
 form the tests and benchmarks use. Attention is equivariant under a permutation of the positions, so the sublayer
@@ -57,8 +58,15 @@ class Attention:
 
     @classmethod
     def from_function(cls, name: str, fn: AttentionFn) -> Attention:
-        """A one-call function as an `Attention` whose `prepare` only passes the ids through."""
-        return cls(name, lambda kind, *ids: ids, lambda q, k, v, kind, ids: fn(q, k, v, kind, *ids))
+        """A one-call function as an `Attention` whose `prepare` only passes the ids through (without sinks)."""
+
+        def attend(q, k, v, kind, ids, sink=None):
+            if sink is not None:
+                raise ValueError(f"attention implementation {name!r} has no attention sinks; model.attention_sink "
+                                 "needs attention_impl 'reference' or 'block_sparse'")
+            return fn(q, k, v, kind, *ids)
+
+        return cls(name, lambda kind, *ids: ids, attend)
 
 
 def dense_mask(
