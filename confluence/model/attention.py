@@ -140,11 +140,11 @@ def _masked_fwd(q, k, v, mask):
     return out, (q, k, v, e, inv, out)
 
 
-def _masked_bwd(res, g):
-    q, k, v, e, inv, out = res
+def _softmax_grads(q, k, v, e, inv, out, g):
+    """dq, dk, dv of softmax attention from the forward's unnormalised weights `e` and inverse row sums `inv`, and
+    `delta` = inv * rowsum(g * out) ([B, H, S] FP32). p = e * inv per query row; with gs = g * inv:
+    dV = p^T g = e^T gs, and dS = p (dP - rowsum(p dP)) = e (gs V^T - inv * (O . g))."""
     f32 = jnp.float32
-    # p = e * inv per query row; with gs = g * inv: dV = p^T g = e^T gs, and dS = p (dP - rowsum(p dP)) =
-    # e (gs V^T - inv * (O . g)).
     gs = _rows_scaled(g.astype(f32), inv)
     dv = jnp.einsum("bhqk,bqhd->bkhd", e, gs.astype(e.dtype), preferred_element_type=f32)
     dps = jnp.einsum("bqhd,bkhd->bhqk", gs.astype(v.dtype), v, preferred_element_type=f32)
@@ -152,7 +152,12 @@ def _masked_bwd(res, g):
     ds = (e.astype(f32) * (dps - delta[..., None])).astype(q.dtype)
     dq = jnp.einsum("bhqk,bkhd->bqhd", ds, k, preferred_element_type=f32)
     dk = jnp.einsum("bhqk,bqhd->bkhd", ds, q, preferred_element_type=f32)
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), delta
+
+
+def _masked_bwd(res, g):
+    q, k, v, e, inv, out = res
+    return *_softmax_grads(q, k, v, e, inv, out, g)[:3], None
 
 
 masked_attention.defvjp(_masked_fwd, _masked_bwd)
@@ -175,17 +180,10 @@ def _sink_fwd(q, k, v, mask, sink):
 
 def _sink_bwd(res, g):
     q, k, v, e, inv, e_sink, out, sink = res
-    f32 = jnp.float32
-    gs = _rows_scaled(g.astype(f32), inv)
-    dv = jnp.einsum("bhqk,bqhd->bkhd", e, gs.astype(e.dtype), preferred_element_type=f32)
-    dps = jnp.einsum("bqhd,bkhd->bhqk", gs.astype(v.dtype), v, preferred_element_type=f32)
-    delta = inv * jnp.einsum("bqhd,bqhd->bhq", g.astype(f32), out.astype(f32))
-    ds = (e.astype(f32) * (dps - delta[..., None])).astype(q.dtype)
-    dq = jnp.einsum("bhqk,bkhd->bqhd", ds, k, preferred_element_type=f32)
-    dk = jnp.einsum("bhqk,bqhd->bkhd", ds, q, preferred_element_type=f32)
+    dq, dk, dv, delta = _softmax_grads(q, k, v, e, inv, out, g)
     # the sink's value is 0, so its dP is 0 and its logit's gradient is p_sink (0 - rowsum(p dP)) = -e_sink delta
     dsink = -jnp.sum(e_sink * delta, axis=(0, 2))
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, dsink.astype(sink.dtype)
+    return dq, dk, dv, None, dsink.astype(sink.dtype)
 
 
 sink_attention.defvjp(_sink_fwd, _sink_bwd)
