@@ -30,3 +30,26 @@ def test_train_step_with_the_kernel_lowers_for_cuda():
     n = text.count("custom_call @__gpu$xla.gpu.triton")
     assert n >= 9 and n % 3 == 0, n
     assert "bf16" in text
+
+
+def test_train_step_with_attention_sinks_lowers_for_cuda():
+    """The sinks are composed outside the Triton kernels: the step with sinks in every sublayer lowers for CUDA with
+    the same kernels as without."""
+    from confluence.model.kernels import block_sparse
+
+    register_attention("block_sparse_compiled_sinks", block_sparse(block=16, interpret=False))
+    counts = []
+    for sink in ((), ("outbound", "inbound", "column")):
+        model_cfg = dataclasses.replace(TINY, attention_impl="block_sparse_compiled_sinks", compute_dtype="bfloat16",
+                                        attention_sink=sink)
+        cfg = tiny_run_config()
+        db = tiny_db()
+        tb = DbTables.build(db.name, db.column_embeddings, db.categorical_embeddings, db.max_k, MAX_K)
+        tr = Trainer(tiny_model(model_cfg), cfg.optim.for_run(cfg.loop.max_steps), cfg.loss)
+        params, opt = tr.init_state(tiny_model(model_cfg))
+        inputs = batch_to_inputs(tiny_batch(db, task=3))
+        with cuda_lowering():
+            text = tr._step.trace(params, opt, inputs, tb.column_embeddings, tb.categorical_embeddings).lower(
+                lowering_platforms=("cuda",)).as_text()
+        counts.append(text.count("custom_call @__gpu$xla.gpu.triton"))
+    assert counts[0] == counts[1] >= 9, counts
