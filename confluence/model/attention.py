@@ -92,11 +92,16 @@ def dense_mask(
     return m & valid[:, :, None] & valid[:, None, :]
 
 
+def _masked_logits(q: jax.Array, k: jax.Array, mask: jax.Array) -> jax.Array:
+    """FP32 logits `q . k` ([B, H, S, S]), -inf where the mask hides the key."""
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+    return jnp.where(mask[:, None, :, :], logits, -jnp.inf)
+
+
 def _weights(q: jax.Array, k: jax.Array, mask: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
     """Unnormalised softmax weights `exp(q . k - rowmax)` ([B, H, S, S] in `dtype`, 0 where masked) and the inverse
     of their row sums ([B, H, S] FP32, 0 for a query that sees no key). FP32 logits and statistics."""
-    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
-    logits = jnp.where(mask[:, None, :, :], logits, -jnp.inf)
+    logits = _masked_logits(q, k, mask)
     row_max = jnp.max(logits, axis=-1, keepdims=True)
     row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
     e = jnp.exp(logits - row_max)  # exp(-inf) = 0 at masked positions
@@ -107,8 +112,7 @@ def _weights(q: jax.Array, k: jax.Array, mask: jax.Array, dtype) -> tuple[jax.Ar
 def _sink_weights(q, k, mask, sink, dtype):
     """`_weights` with a learned per-head sink (`sink`: [H] FP32 logits of a virtual key whose value is 0), plus
     the sink's own unnormalised weight ([B, H, S] FP32). Every row then has a finite maximum and a positive sum."""
-    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
-    logits = jnp.where(mask[:, None, :, :], logits, -jnp.inf)
+    logits = _masked_logits(q, k, mask)
     s = sink.astype(jnp.float32)[None, :, None]
     row_max = jnp.maximum(jnp.max(logits, axis=-1), s)
     e = jnp.exp(logits - row_max[..., None])
@@ -119,6 +123,12 @@ def _sink_weights(q, k, mask, sink, dtype):
 def _rows_scaled(x: jax.Array, inv: jax.Array) -> jax.Array:
     """x [B, S, H, dh] (FP32) times inv [B, H, S] per (query, head)."""
     return x * jnp.swapaxes(inv, 1, 2)[..., None]
+
+
+def _normalised_output(e: jax.Array, inv: jax.Array, v: jax.Array) -> jax.Array:
+    """The attention output from unnormalised weights and inverse row sums: (e V) * inv, in v's dtype."""
+    acc = jnp.einsum("bhqk,bkhd->bqhd", e, v, preferred_element_type=jnp.float32)
+    return _rows_scaled(acc, inv).astype(v.dtype)
 
 
 @jax.custom_vjp
@@ -135,8 +145,7 @@ def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) 
 
 def _masked_fwd(q, k, v, mask):
     e, inv = _weights(q, k, mask, v.dtype)
-    acc = jnp.einsum("bhqk,bkhd->bqhd", e, v, preferred_element_type=jnp.float32)
-    out = _rows_scaled(acc, inv).astype(v.dtype)
+    out = _normalised_output(e, inv, v)
     return out, (q, k, v, e, inv, out)
 
 
@@ -173,8 +182,7 @@ def sink_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, si
 
 def _sink_fwd(q, k, v, mask, sink):
     e, inv, e_sink = _sink_weights(q, k, mask, sink, v.dtype)
-    acc = jnp.einsum("bhqk,bkhd->bqhd", e, v, preferred_element_type=jnp.float32)
-    out = _rows_scaled(acc, inv).astype(v.dtype)
+    out = _normalised_output(e, inv, v)
     return out, (q, k, v, e, inv, e_sink, out, sink)
 
 

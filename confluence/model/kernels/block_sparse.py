@@ -417,6 +417,7 @@ def _forward(q, k, v, st: BlockStructure, kind: MaskKind, block: int, launch: La
 
 
 def _backward(q, k, v, o, lse, do, st: BlockStructure, kind: MaskKind, block: int, launch: Launch):
+    """dq, dk, dv from the dQ and dK/dV kernels, and the rowsum(dO * O) ([B, H, S] FP32) they were given."""
     bsz, sp, h, d = q.shape
     g = launch.heads
     nt = sp // block
@@ -466,7 +467,7 @@ def _backward(q, k, v, o, lse, do, st: BlockStructure, kind: MaskKind, block: in
     common = (st.wlo, st.whi, st.qkey, st.kkey, st.qbits, q, k, v, do, lse, delta)
     dq = _dispatch(st, kind, dq_call, st.kv_list, st.kv_cnt, *common, contiguous=launch.contiguous)
     dk, dv = _dispatch(st, kind, dkv_call, st.q_list, st.q_cnt, *common, contiguous=launch.contiguous)
-    return dq, dk, dv
+    return dq, dk, dv, delta
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
@@ -481,7 +482,7 @@ def _attend_fwd(q, k, v, st, kind, block, launch):
 
 def _attend_bwd(kind, block, launch, res, do):
     q, k, v, o, lse, st = res
-    dq, dk, dv = _backward(q, k, v, o, lse, do, st, kind, block, launch)
+    dq, dk, dv, _ = _backward(q, k, v, o, lse, do, st, kind, block, launch)
     return dq, dk, dv, None
 
 
@@ -511,8 +512,7 @@ def _attend_sink_bwd(kind, block, launch, res, do):
     # the kernels' gradient needs only each query's probabilities exp(logit - lse) and rowsum(dO * O): given the
     # sink's lse and output, they are the sink softmax's; the sink's own logit gets p_sink * (0 - rowsum(dO * O))
     q, k, v, o, lse, st, sink = res
-    dq, dk, dv = _backward(q, k, v, o, lse, do, st, kind, block, launch)
-    delta = jnp.einsum("bshd,bshd->bhs", o.astype(jnp.float32), do.astype(jnp.float32))
+    dq, dk, dv, delta = _backward(q, k, v, o, lse, do, st, kind, block, launch)
     p_sink = jnp.exp(sink.astype(jnp.float32)[None, :, None] - lse)
     return dq, dk, dv, (-jnp.sum(p_sink * delta, axis=(0, 2))).astype(sink.dtype), None
 
