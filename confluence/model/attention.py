@@ -29,6 +29,7 @@ Masks (all AND-ed with ~pad[i] and ~pad[j]):
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -36,6 +37,7 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 
+from confluence.errors import ConfigError
 from confluence.model.config import KERNEL_HEADS, KERNEL_WARPS
 
 MaskKind = Literal["outbound", "inbound", "column"]
@@ -232,16 +234,34 @@ def register_attention(name: str, impl: Attention | AttentionFn) -> None:
     _ATTENTION_IMPLS[name] = impl if isinstance(impl, Attention) else Attention.from_function(name, impl)
 
 
+def _kernel_compiles() -> bool:
+    """Whether this JAX can compile the block-sparse kernel: its Pallas Triton backend is still there."""
+    from confluence.model.kernels.block_sparse import triton_available
+
+    return triton_available()
+
+
 def get_attention(name: str, *, kernel_heads: int = KERNEL_HEADS, kernel_warps: int = KERNEL_WARPS) -> Attention:
     """Resolve an attention implementation by name; raises ValueError listing the available ones.
     "auto" is the block-sparse kernel when the default backend is a GPU and the reference elsewhere.
     `kernel_heads` / `kernel_warps` set the block-sparse kernel's launch (heads and warps per program)."""
+    on_gpu = jax.default_backend() == "gpu"
     if name == "auto":
-        name = "block_sparse" if jax.default_backend() == "gpu" else "reference"
+        name = "block_sparse" if on_gpu else "reference"
+        if on_gpu and not _kernel_compiles():  # a JAX without the Triton backend: slower, not broken
+            from confluence.model.kernels.block_sparse import NO_TRITON
+
+            warnings.warn(f"attention_impl 'auto' runs the reference attention: {NO_TRITON}", RuntimeWarning,
+                          stacklevel=2)
+            name = "reference"
     if name == "block_sparse" and name not in _ATTENTION_IMPLS:
         from confluence.model.kernels import BLOCK_SPARSE
 
         _ATTENTION_IMPLS[name] = BLOCK_SPARSE
+    if name == "block_sparse" and on_gpu and not _kernel_compiles():
+        from confluence.model.kernels.block_sparse import NO_TRITON
+
+        raise ConfigError("model.attention_impl", NO_TRITON)
     if name == "block_sparse" and (kernel_heads, kernel_warps) != (KERNEL_HEADS, KERNEL_WARPS):
         launch = (kernel_heads, kernel_warps)
         if launch not in _KERNEL_LAUNCHES:

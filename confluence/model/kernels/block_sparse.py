@@ -23,8 +23,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
+try:  # the Triton backend: deprecated in JAX 0.11/0.12 and to be removed (docs/training_speed.md, "JAX versions")
+    from jax.experimental.pallas import triton as plgpu
+except ImportError:  # a JAX without it: the interpreter (CPU, tests) still runs; a compiled launch says why not
+    plgpu = None
+
+from confluence.errors import ConfigError
 from confluence.model.attention import Attention, MaskKind
 from confluence.model.config import KERNEL_HEADS, KERNEL_WARPS, kernel_launch_problems
 from confluence.model.kernels.structure import BlockStructure, block_structure, check_kind
@@ -361,7 +366,22 @@ def _stat_full_spec(sp: int, heads: int) -> pl.BlockSpec:
     return pl.BlockSpec((None, _heads_dim(heads), sp), lambda t, b, h: (b, h, 0))
 
 
-def _params(warps: int) -> plgpu.CompilerParams:
+NO_TRITON = (f"the block-sparse kernel needs Pallas's Triton backend, which JAX {jax.__version__} does not ship "
+             "(jax.experimental.pallas.triton); use 'reference' (or 'auto', which falls back to it) or a JAX that "
+             "still has the backend (0.10 to 0.12)")
+
+
+def triton_available() -> bool:
+    """Whether this JAX still ships Pallas's Triton backend, which the compiled kernel needs."""
+    return plgpu is not None
+
+
+def _params(warps: int, interpret: bool):
+    """Triton's launch settings; without the backend the interpreter runs with none, a compiled launch stops."""
+    if plgpu is None:
+        if interpret:
+            return None
+        raise ConfigError("model.attention_impl", NO_TRITON)
     return plgpu.CompilerParams(num_warps=warps, num_stages=NUM_STAGES)
 
 
@@ -407,7 +427,7 @@ def _forward(q, k, v, st: BlockStructure, kind: MaskKind, block: int, launch: La
                 jax.ShapeDtypeStruct(q.shape, v.dtype),
                 jax.ShapeDtypeStruct((bsz, h, sp), jnp.float32),
             ],
-            compiler_params=_params(launch.warps),
+            compiler_params=_params(launch.warps, launch.interpret),
             interpret=launch.interpret,
             name=f"block_sparse_fwd_{kind}",
         )
@@ -439,7 +459,7 @@ def _backward(q, k, v, o, lse, do, st: BlockStructure, kind: MaskKind, block: in
             ],
             out_specs=_tile_spec(block, d, g),
             out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-            compiler_params=_params(launch.warps),
+            compiler_params=_params(launch.warps, launch.interpret),
             interpret=launch.interpret,
             name=f"block_sparse_dq_{kind}",
         )
@@ -459,7 +479,7 @@ def _backward(q, k, v, o, lse, do, st: BlockStructure, kind: MaskKind, block: in
             ],
             out_specs=[_tile_spec(block, d, g), _tile_spec(block, d, g)],
             out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-            compiler_params=_params(launch.warps),
+            compiler_params=_params(launch.warps, launch.interpret),
             interpret=launch.interpret,
             name=f"block_sparse_dkv_{kind}",
         )
