@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import duckdb
@@ -14,6 +15,7 @@ import pytest
 from sklearn.metrics import roc_auc_score
 from typer.testing import CliRunner
 
+from confluence.bench.learnability import reached
 from confluence.cli.main import app
 from confluence.errors import ConfluenceError
 from confluence.store import Store
@@ -170,5 +172,42 @@ def test_bench_learnability_end_to_end(tmp_path):
             assert r["ceiling"] == (1.0 if r["metric"] == "accuracy" else 0.0)
         assert r["metric"] in ("accuracy", "auroc", "mae") and r["n"] > 0
     assert "| customers.tier |" in result.output
+    assert all(r["reached"] == reached(r) for r in report["tasks"])
+    assert f"of {len(report['tasks'])}" in result.output and "runs" not in report
     again = CliRunner().invoke(app, args)  # a finished benchmark is never overwritten
     assert again.exit_code != 0 and "not empty" in again.output
+
+
+def test_bench_learnability_over_training_seeds(tmp_path):
+    """`--train-seed` trains the same store once per seed and says which signals every run reaches."""
+    out = tmp_path / "bench"
+    args = ["bench", "learnability", "--out", str(out), "--steps", "2", "--customers", "60", "--max-seeds", "50",
+            "--no-gbdt", "--set", "sampler.batch_size=4", "--set", "sampler.seq_len=64",
+            "--train-seed", "3", "--train-seed", "5"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "learnability.json").read_text())
+    assert [r["seed"] for r in report["runs"]] == [3, 5]
+    for run in report["runs"]:
+        assert json.loads((out / run["run"] / "config.json").read_text())["seed"] == run["seed"]
+    summary = report["across_runs"]
+    assert summary["seeds"] == [3, 5] and summary["n_signals"] == len(report["tasks"])
+    for i, t in enumerate(summary["tasks"]):
+        per_run = [run["tasks"][i] for run in report["runs"]]
+        assert t["reached"] == [r["reached"] for r in per_run]
+        assert t["reached_in_every_run"] == all(t["reached"])
+        assert t["model"] == [r["model"] for r in per_run]
+    assert summary["reached_per_run"] == [sum(r["reached"] for r in run["tasks"]) for run in report["runs"]]
+    assert summary["reached_in_every_run"] == sum(t["reached_in_every_run"] for t in summary["tasks"])
+    assert "training seed 5 (run-seed5)" in result.output and "in every run:" in result.output
+    twice = CliRunner().invoke(app, [*args[:3], str(tmp_path / "other"), *args[4:], "--train-seed", "3"])
+    assert twice.exit_code != 0 and "distinct" in twice.output
+    assert not (tmp_path / "other").exists()  # refused before anything is written
+
+
+@pytest.mark.parametrize("of_ceiling,gap_closed,expected", [
+    (0.95, 0.2, True), (0.85, 0.99, False), (math.nan, 0.91, True), (math.nan, 0.6, False),
+    (math.nan, math.nan, False),
+])
+def test_a_signal_is_reached_by_its_ceiling_or_else_its_gap(of_ceiling, gap_closed, expected):
+    assert reached({"of_ceiling": of_ceiling, "gap_closed": gap_closed}) is expected

@@ -344,10 +344,13 @@ def bench_learnability_cmd(
     json_out: Path | None = typer.Option(None, "--json", help="Also write the report to this JSON file."),
     dangling_keys: str = typer.Option("drop", "--dangling-keys", help="Preprocess with foreign-key values that match"
                                       " no key dropped ('drop') or kept as key-only rows ('keep')."),
+    train_seed: list[int] = typer.Option([], "--train-seed", metavar="N", help="Train once per training seed "
+                                         "(repeatable; default: once with the recipe's) and report which signals "
+                                         "every run reaches."),
 ) -> None:
     """Train on a planted-signal database and report each signal's metric against its ceiling, LightGBM and the
     trivial baseline on the same test rows."""
-    from confluence.bench.learnability import format_table, run_learnability
+    from confluence.bench.learnability import format_across_runs, format_table, run_learnability
     from confluence.synth.planted import PlantedSpec
     from confluence.toolkit.config import parse_sets
 
@@ -356,10 +359,15 @@ def bench_learnability_cmd(
     try:
         report = run_learnability(out, spec=PlantedSpec(seed=seed, customers=customers, noise=noise), config=config,
                                   sets=parse_sets(set_), steps=steps, max_seeds=max_seeds, gbdt=gbdt, split=split,
-                                  dangling_keys=dangling_keys)
+                                  dangling_keys=dangling_keys, train_seeds=train_seed or None)
     except ConfluenceError as exc:
         fail(exc)
-    typer.echo(format_table(report["tasks"]))
+    for run in report.get("runs", [{"tasks": report["tasks"], "seed": None}]):
+        if run["seed"] is not None:
+            typer.echo(f"\ntraining seed {run['seed']} ({run['run']}):")
+        typer.echo(format_table(run["tasks"]))
+    if "across_runs" in report:
+        typer.echo("\nacross the training seeds:\n" + format_across_runs(report["across_runs"]))
     typer.echo(f"timings: {report['timings']}; report: {out / 'learnability.json'}")
     if json_out is not None:
         from confluence.evaluation.evaluate import write_json
