@@ -234,34 +234,31 @@ def register_attention(name: str, impl: Attention | AttentionFn) -> None:
     _ATTENTION_IMPLS[name] = impl if isinstance(impl, Attention) else Attention.from_function(name, impl)
 
 
-def _kernel_compiles() -> bool:
-    """Whether this JAX can compile the block-sparse kernel: its Pallas Triton backend is still there."""
-    from confluence.model.kernels.block_sparse import triton_available
+def _kernel_backend_missing() -> str | None:
+    """Why this JAX cannot compile the block-sparse kernel (its Pallas Triton backend is gone), or None."""
+    from confluence.model.kernels.block_sparse import NO_TRITON, triton_available
 
-    return triton_available()
+    return None if triton_available() else NO_TRITON
 
 
 def get_attention(name: str, *, kernel_heads: int = KERNEL_HEADS, kernel_warps: int = KERNEL_WARPS) -> Attention:
     """Resolve an attention implementation by name; raises ValueError listing the available ones.
-    "auto" is the block-sparse kernel when the default backend is a GPU and the reference elsewhere.
+    "auto" is the block-sparse kernel when the default backend is a GPU and the reference elsewhere (on a GPU too,
+    with a warning, where this JAX cannot compile the kernel; "block_sparse" there is a ConfigError).
     `kernel_heads` / `kernel_warps` set the block-sparse kernel's launch (heads and warps per program)."""
     on_gpu = jax.default_backend() == "gpu"
+    missing = _kernel_backend_missing() if on_gpu and name in ("auto", "block_sparse") else None
     if name == "auto":
-        name = "block_sparse" if on_gpu else "reference"
-        if on_gpu and not _kernel_compiles():  # a JAX without the Triton backend: slower, not broken
-            from confluence.model.kernels.block_sparse import NO_TRITON
-
-            warnings.warn(f"attention_impl 'auto' runs the reference attention: {NO_TRITON}", RuntimeWarning,
+        if missing:  # slower, not broken
+            warnings.warn(f"attention_impl 'auto' runs the reference attention: {missing}", RuntimeWarning,
                           stacklevel=2)
-            name = "reference"
+        name = "block_sparse" if on_gpu and not missing else "reference"
+    if name == "block_sparse" and missing:
+        raise ConfigError("model.attention_impl", missing)
     if name == "block_sparse" and name not in _ATTENTION_IMPLS:
         from confluence.model.kernels import BLOCK_SPARSE
 
         _ATTENTION_IMPLS[name] = BLOCK_SPARSE
-    if name == "block_sparse" and on_gpu and not _kernel_compiles():
-        from confluence.model.kernels.block_sparse import NO_TRITON
-
-        raise ConfigError("model.attention_impl", NO_TRITON)
     if name == "block_sparse" and (kernel_heads, kernel_warps) != (KERNEL_HEADS, KERNEL_WARPS):
         launch = (kernel_heads, kernel_warps)
         if launch not in _KERNEL_LAUNCHES:
