@@ -57,8 +57,13 @@ GOAL = 0.9  # a signal is reached at this share of its ceiling (of its gap where
 def reached(row: dict[str, Any], goal: float = GOAL) -> bool:
     """Whether a `summarize` row reaches `goal`: of its ceiling where that is a ratio (AUROC, accuracy), else of the
     gap from the trivial baseline to the ceiling (an MAE, whose ceiling may be 0)."""
-    share = row["of_ceiling"] if _finite(row["of_ceiling"]) else row["gap_closed"]
+    share = _share(row["of_ceiling"], row["gap_closed"])
     return _finite(share) and share >= goal
+
+
+def _share(of_ceiling: float | None, gap_closed: float | None) -> float | None:
+    """The share a signal is judged by: of its ceiling where that is a ratio, else of its gap."""
+    return of_ceiling if _finite(of_ceiling) else gap_closed
 
 
 def _finite(x: float | None) -> bool:
@@ -116,7 +121,8 @@ def run_learnability(out: str | Path, *, spec: PlantedSpec = PlantedSpec(), conf
     """The whole benchmark under `out` (db/, store/, run/, learnability.json); returns the report. `split` is the
     one scored: "val" to choose settings, "test" once for the figure that is reported. `dangling_keys`: how the
     planted database's unmatched foreign keys are preprocessed (`preprocess`). `train_seeds`: train once per seed
-    (runs run-seed<N>/, the report's `runs` and `across_runs`); None: once with the recipe's seed (run/)."""
+    (runs run-seed<N>/, the report's `runs` and `across_runs`; its `tasks` and `results` are the first seed's);
+    None: once with the recipe's seed (run/)."""
     from confluence.errors import ConfigError
     from confluence.evaluation.evaluate import write_json
     from confluence.preprocess.pipeline import check_dangling_keys, preprocess
@@ -173,7 +179,7 @@ def format_across_runs(summary: dict[str, Any]) -> str:
     lines = [f"| task | signal | metric | model (seeds {seeds}) | share of ceiling or gap | reached in every run |",
              "|---|---|---|---|---|---|"]
     for t in summary["tasks"]:
-        shares = [c if _finite(c) else g for c, g in zip(t["of_ceiling"], t["gap_closed"], strict=True)]
+        shares = [_share(c, g) for c, g in zip(t["of_ceiling"], t["gap_closed"], strict=True)]
         lines.append(f"| {t['task']} | {t['signal']} | {t['metric']} | "
                      f"{' / '.join(f'{m:.4g}' for m in t['model'])} | {' / '.join(f'{x:.3f}' for x in shares)} | "
                      f"{'yes' if t['reached_in_every_run'] else 'no'} |")

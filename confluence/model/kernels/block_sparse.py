@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -376,7 +376,7 @@ def triton_available() -> bool:
     return plgpu is not None
 
 
-def _params(warps: int, interpret: bool):
+def _params(warps: int, interpret: bool) -> Any:
     """Triton's launch settings; without the backend the interpreter runs with none, a compiled launch stops."""
     if plgpu is None:
         if interpret:
