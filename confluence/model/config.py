@@ -66,6 +66,9 @@ class ModelConfig:
     # measured form) or "value" (its value string: the same string has the same code in every column and task,
     # so a derived task's answer and the visible cell it copies share a code; docs/decisions.md)
     category_codes_by: Literal["row", "value"] = "row"
+    # > 0: add this multiple of a fixed per-column code (keyed by the column's embedded text: model.inputs.
+    # column_keys) to each column's name embedding, so columns whose names embed alike stay apart; 0 is seed 002
+    column_codes: float = 0.0
     # > 0: numbers also enter through F learned periodic features (sin / cos of 2 pi c x, Gorishniy et al. 2022)
     # added to the seed's linear z-score encoder; 0 is seed 002's linear encoder alone
     numeric_frequencies: int = 0
@@ -110,7 +113,7 @@ class ModelConfig:
             raise ConfigError(f"kernel_{which}", problem)
         one_of("category_codes_by", self.category_codes_by, ("row", "value"))
         one_of("copy_numbers", self.copy_numbers, ("mean", "median"))
-        non_negative(self, "category_codes", "numeric_frequencies", "numeric_by_column_init")
+        non_negative(self, "category_codes", "numeric_frequencies", "numeric_by_column_init", "column_codes")
 
     @property
     def d_head(self) -> int:

@@ -96,11 +96,13 @@ class DbTables:
     @classmethod
     def build(cls, name: str, column_embeddings: np.ndarray, categorical_embeddings: np.ndarray, max_k: int,
               model_max_k: int, category_codes: float = 0.0,
-              category_values: Sequence[str] | None = None) -> DbTables:
+              category_values: Sequence[str] | None = None, column_codes: float = 0.0,
+              column_keys: Sequence[str] | None = None) -> DbTables:
         """Pad the tables; raises ValueError naming the database if its max_K exceeds the step's static max_K.
         `category_codes` > 0 adds that multiple of each category's identity code: keyed by its value string
         (`value_codes`) when `category_values` (one string per row of the category table) is given, else by its
-        row (`identity_codes`)."""
+        row (`identity_codes`). `column_codes` > 0 adds that multiple of each column's code (`column_codes`), keyed
+        by `column_keys` (one string per row of the column table; `column_keys(store)`)."""
         if column_embeddings.ndim != 2 or categorical_embeddings.ndim != 2:
             raise ValueError(f"database {name!r}: embedding tables must be 2-D [rows, D_t]")
         if column_embeddings.shape[1] != categorical_embeddings.shape[1] and categorical_embeddings.shape[0]:
@@ -113,6 +115,13 @@ class DbTables:
         d_t = column_embeddings.shape[1]
         c, vc = column_embeddings.shape[0], categorical_embeddings.shape[0]
         col = _pad_rows(column_embeddings, pow2_at_least(c), np.float16)
+        if column_codes and c:
+            if column_keys is None or len(column_keys) != c:
+                raise ValueError(f"database {name!r}: column codes need one key per row of the column table ({c}), "
+                                 f"got {None if column_keys is None else len(column_keys)}")
+            col[:c] = (column_embeddings.astype(np.float32)
+                       + np.float32(column_codes) * value_codes([f"column:{k}" for k in column_keys], d_t)
+                       ).astype(np.float16)
         cat = _pad_rows(categorical_embeddings, pow2_at_least(vc + model_max_k), np.float16)
         if category_codes and vc:
             if category_values is not None and len(category_values) != vc:
@@ -125,12 +134,14 @@ class DbTables:
 
     @classmethod
     def from_store(cls, store: Any, model_max_k: int, category_codes: float = 0.0,
-                   category_codes_by: str = "row") -> DbTables:
+                   category_codes_by: str = "row", column_codes: float = 0.0) -> DbTables:
         """The padded tables of a processed store (`confluence.store.Store`, or anything with its reader API);
-        `category_codes_by` = "row" | "value" (`ModelConfig.category_codes_by`)."""
+        `category_codes_by` = "row" | "value" (`ModelConfig.category_codes_by`); `column_codes`:
+        `ModelConfig.column_codes`."""
         values = category_values(store) if category_codes and category_codes_by == "value" else None
         return cls.build(store.name, np.asarray(store.column_embeddings), np.asarray(store.categorical_embeddings),
-                         target_max_k(store), model_max_k, category_codes, values)
+                         target_max_k(store), model_max_k, category_codes, values, column_codes,
+                         column_keys(store) if column_codes else None)
 
 
 PAD_ALIKE_MIN_BYTES = 512 << 20  # pad_alike may always use this much memory in all
@@ -193,6 +204,22 @@ def _value_code(value: str, d: int) -> np.ndarray:
     x /= max(float(np.linalg.norm(x)), 1e-12)
     x.setflags(write=False)
     return x
+
+
+def column_keys(store: Any) -> list[str]:
+    """The key of each row of a store's column table that its column code is drawn from: the text its embedding was
+    made from (the same text, the same code, in any database), else "<table or task>.<name>".
+
+    Why codes for columns too: a column enters every cell of it only as the frozen embedding of its name, and
+    names that differ by a character or a number embed almost alike (x1 / x2 / x3: cosine 0.91-0.95; "... in the
+    last 7 days" / "... 30 days": 0.98-0.99, docs/learnability.md), so the model must first learn to tell them apart
+    before it can read the right one."""
+    n = int(np.asarray(store.column_embeddings).shape[0])
+    out = [f"#{i}" for i in range(n)]
+    for c in store.columns:
+        if 0 <= int(c.column_idx) < n:
+            out[int(c.column_idx)] = str(c.text or f"{c.table or c.task}.{c.name}")
+    return out
 
 
 def category_values(store: Any) -> list[str]:
