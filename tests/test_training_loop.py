@@ -167,6 +167,25 @@ def test_init_from_checkpoint_loads_the_parameters(tiny_store, tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
+def test_init_from_a_checkpoint_with_other_input_codes_warns_and_loads(tiny_store, tmp_path):
+    """Codes shape no parameter, so a checkpoint made without column codes loads into a run with them (the demo's
+    recipe fine-tunes pretrained:small; a user's `--config small` would meet this): the run says its inputs shift."""
+    import dataclasses
+    import warnings
+
+    cfg = _cfg(loop={"max_steps": 3, "ckpt_every": 3, "val_every": 3})
+    with open_stream([tiny_store], cfg) as s:
+        first = train(cfg, s, tmp_path / "a", progress=False)
+    coded = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, column_codes=1.0)).with_max_steps(0)
+    with open_stream([tiny_store], coded) as s, pytest.warns(UserWarning, match=r"model\.column_codes = 0\.0 there"):
+        fine = train(coded, s, tmp_path / "b", init_from=tmp_path / "a", progress=False)
+    for a, b in zip(_leaves(first.params), _leaves(fine.params), strict=True):
+        np.testing.assert_array_equal(a, b)
+    with open_stream([tiny_store], cfg) as s, warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*input codes.*")
+        train(cfg.with_max_steps(0), s, tmp_path / "c", init_from=tmp_path / "a", progress=False)
+
+
 @pytest.mark.parametrize("added", [("copy_head",), ("child_rank",), ("copy_head", "child_rank"),
                                    ("time_reference",), ("copy_head", "time_reference"), ("attention_sink",)])
 def test_init_from_a_checkpoint_without_added_parts_loads_the_rest(tiny_store, tmp_path, added):

@@ -71,6 +71,7 @@ def _init_params(cfg: RunConfig, init_from: Path | str, like: Any) -> Any:
 
     from confluence.toolkit.checkpoint import CheckpointError
 
+    _warn_input_shift(cfg, init_from)
     try:
         params, _ = load_state(init_from, like)
         return params
@@ -92,6 +93,23 @@ def _init_params(cfg: RunConfig, init_from: Path | str, like: Any) -> Any:
             raise
         raise ConfluenceError(f"--init-from {init_from}: its model does not fit this run's ({'; '.join(diffs)}); "
                               "use a recipe with the same model settings or --set them") from exc
+
+
+# model settings that shape no parameter but change what every cell's input is (the codes added to the name and
+# value embeddings when the tables are built): a checkpoint made with other values loads, its inputs shifted
+INPUT_SETTINGS = ("category_codes", "category_codes_by", "column_codes")
+
+
+def _warn_input_shift(cfg: RunConfig, init_from: Path | str) -> None:
+    """Warn when `init_from` was trained with other input codes than this run's (fine-tuning then starts from a
+    model whose every column or category input moved: it adapts, but a user should know and can --set them)."""
+    saved = RunConfig.from_dict(read_checkpoint(init_from).meta.get("config", {})).model
+    diffs = [f"model.{n} = {getattr(saved, n)!r} there, {getattr(cfg.model, n)!r} here" for n in INPUT_SETTINGS
+             if getattr(saved, n) != getattr(cfg.model, n)]
+    if diffs:
+        warnings.warn(f"--init-from {init_from} was trained with other input codes ({'; '.join(diffs)}): its "
+                      "inputs shift and fine-tuning has to adapt to them; --set them to the checkpoint's values to "
+                      "fine-tune on the inputs it was trained with", stacklevel=3)
 
 
 # model settings that only add parameters (a checkpoint without them loads into a model with them): the setting ->
