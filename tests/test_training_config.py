@@ -2,6 +2,7 @@
 names the setting, the schedule following the run length, and configs of the older flat layout."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -17,9 +18,17 @@ def test_recipes_are_files_and_load_by_name():
     assert (small.model.d_model, small.sampler.seq_len, small.loop.max_steps) == (64, 128, 400)
     assert (base.model.n_layers, base.sampler.batch_size, base.model.attention_impl) == (12, 32, "auto")
     # the demo's recipe: `small` plus the settings the demo measured better
-    assert demo.model == small.model and demo.loop == small.loop
+    # (its model, except the column codes pretrained:small was made without, which it pins off)
+    assert demo.model == replace(small.model, column_codes=0.0) and demo.loop == small.loop
     assert (demo.loss.numeric_loss, demo.sampler.recent, demo.sampler.width_per_fk, demo.sampler.child_counts,
             demo.sampler.task_recent) == ("median", 16, True, "anchor", {"flights.dep_at": 0})
+    # `small`, the recipe of `confluence train` without --config: column codes and the anchor's windowed counts
+    # (docs/decisions.md, "Column codes"); demo and pretrain-small keep the inputs pretrained:small was made with
+    assert (small.model.column_codes, small.sampler.child_counts, small.sampler.child_count_windows) == (
+        1.0, "anchor", (1, 7, 30, 90, 365))
+    assert demo.sampler.child_count_windows == ()
+    pre = load_config("pretrain-small")
+    assert (pre.model.column_codes, pre.sampler.child_counts, pre.sampler.child_count_windows) == (0.0, "none", ())
     assert RunConfig.from_dict(demo.to_dict()) == demo  # round trip through a checkpoint's JSON
 
 
