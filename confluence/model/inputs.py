@@ -101,8 +101,8 @@ class DbTables:
         """Pad the tables; raises ValueError naming the database if its max_K exceeds the step's static max_K.
         `category_codes` > 0 adds that multiple of each category's identity code: keyed by its value string
         (`value_codes`) when `category_values` (one string per row of the category table) is given, else by its
-        row (`identity_codes`). `column_codes` > 0 adds that multiple of each column's code (`column_codes`), keyed
-        by `column_keys` (one string per row of the column table; `column_keys(store)`)."""
+        row (`identity_codes`). `column_codes` > 0 adds that multiple of each column's code, the `value_codes`
+        code of "column:<key>" for its key in `column_keys` (one per row of the column table; `column_keys(store)`)."""
         if column_embeddings.ndim != 2 or categorical_embeddings.ndim != 2:
             raise ValueError(f"database {name!r}: embedding tables must be 2-D [rows, D_t]")
         if column_embeddings.shape[1] != categorical_embeddings.shape[1] and categorical_embeddings.shape[0]:

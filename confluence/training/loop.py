@@ -104,8 +104,9 @@ def _warn_input_shift(cfg: RunConfig, init_from: Path | str) -> None:
     """Warn when `init_from` was trained with other input codes than this run's (fine-tuning then starts from a
     model whose every column or category input moved: it adapts, but a user should know and can --set them)."""
     saved = RunConfig.from_dict(read_checkpoint(init_from).meta.get("config", {})).model
+    moot = {"category_codes_by"} if not (saved.category_codes or cfg.model.category_codes) else set()
     diffs = [f"model.{n} = {getattr(saved, n)!r} there, {getattr(cfg.model, n)!r} here" for n in INPUT_SETTINGS
-             if getattr(saved, n) != getattr(cfg.model, n)]
+             if n not in moot and getattr(saved, n) != getattr(cfg.model, n)]
     if diffs:
         warnings.warn(f"--init-from {init_from} was trained with other input codes ({'; '.join(diffs)}): its "
                       "inputs shift and fine-tuning has to adapt to them; --set them to the checkpoint's values to "
