@@ -30,8 +30,7 @@ def main(run: str, store_path: str) -> None:
     cfg, model = loaded.config, loaded.model
     store = Store.open(store_path)
     stream = BatchStream(Sampler([store], replace(cfg.sampler, tasks=None), seed=cfg.seed))
-    tables = DbTables.from_store(store, cfg.loss.max_k, cfg.model.category_codes, cfg.model.category_codes_by,
-                                 cfg.model.column_codes)
+    tables = DbTables.for_model(store, cfg.loss.max_k, cfg.model)
     col, cat = jnp.asarray(tables.column_embeddings), jnp.asarray(tables.categorical_embeddings)
     n = 2 * cfg.sampler.batch_size
     trainer = get_trainer(cfg.model, cfg.optim.for_run(cfg.loop.max_steps), cfg.loss)  # the loop's eval step

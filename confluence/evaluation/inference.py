@@ -108,8 +108,7 @@ class Predictor:
         self.stream = BatchStream(Sampler([self.store], sconf, seed=cfg.seed))
         # a store's categorical target may have more categories than any the checkpoint saw: widen the block
         self.max_k = fitted_max_k(cfg.loss.max_k, [self.store])
-        tables = DbTables.from_store(self.store, self.max_k, cfg.model.category_codes,
-                                     cfg.model.category_codes_by, cfg.model.column_codes)
+        tables = DbTables.for_model(self.store, self.max_k, cfg.model)
         self.col_tab, self.cat_tab = jnp.asarray(tables.column_embeddings), jnp.asarray(tables.categorical_embeddings)
 
     @property

@@ -143,6 +143,12 @@ class DbTables:
                          target_max_k(store), model_max_k, category_codes, values, column_codes,
                          column_keys(store) if column_codes else None)
 
+    @classmethod
+    def for_model(cls, store: Any, model_max_k: int, model: Any) -> DbTables:
+        """The tables of `store` as a model of `ModelConfig` `model` reads them (its category and column codes): the
+        one call training, inference and scripts share, so they cannot build different inputs for one run."""
+        return cls.from_store(store, model_max_k, model.category_codes, model.category_codes_by, model.column_codes)
+
 
 PAD_ALIKE_MIN_BYTES = 512 << 20  # pad_alike may always use this much memory in all
 
