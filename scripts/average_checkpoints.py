@@ -8,6 +8,7 @@ feature: docs/RESULTS.md, "Averaging its last checkpoints does not add".
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -34,7 +35,9 @@ def average(out: Path, sources: list[str]) -> Path:
         lambda *xs: np.mean([np.asarray(x, np.float32) for x in xs], axis=0).astype(np.asarray(xs[0]).dtype), *params)
     meta = json.loads((models[-1].path / META_FILE).read_text())
     meta["averaged_from"] = [str(m.path) for m in models]
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = out.with_name(out.name + ".tmp")  # written whole, then renamed: no half-written checkpoint ever loads
+    if tmp.exists():
+        shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     eqx.tree_serialise_leaves(tmp / STATE_FILE, (mean, None))
     (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
