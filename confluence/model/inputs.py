@@ -23,6 +23,7 @@ import numpy as np
 
 from confluence.batch import SEQ_FIELDS, TrainingBatch
 from confluence.errors import ConfluenceError, StoreError
+from confluence.model.config import ModelConfig
 from confluence.stypes import SemanticType
 
 SCALAR_FIELDS = ("target_stype", "cat_block_start", "cat_count", "task_idx", "db_idx")
@@ -144,7 +145,7 @@ class DbTables:
                          column_keys(store) if column_codes else None)
 
     @classmethod
-    def for_model(cls, store: Any, model_max_k: int, model: Any) -> DbTables:
+    def for_model(cls, store: Any, model_max_k: int, model: ModelConfig) -> DbTables:
         """The tables of `store` as a model of `ModelConfig` `model` reads them (its category and column codes): the
         one call training, inference and scripts share, so they cannot build different inputs for one run."""
         return cls.from_store(store, model_max_k, model.category_codes, model.category_codes_by, model.column_codes)

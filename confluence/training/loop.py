@@ -236,8 +236,7 @@ def train(
     params, opt_state = replicate(params, mesh), replicate(opt_state, mesh)
     # every database's tables padded to one shape: the step compiles once, not once per table-size bucket
     all_stores = list(stream.stores) + (list(heldout.stores) if heldout is not None else [])
-    tables = pad_alike([DbTables.for_model(s, cfg.loss.max_k, cfg.model)
-                        for s in all_stores])
+    tables = pad_alike([DbTables.for_model(s, cfg.loss.max_k, cfg.model) for s in all_stores])
     on_device = [replicate((t.column_embeddings, t.categorical_embeddings), mesh) for t in tables]
     dev_tables, held_tables = on_device[: len(stream.stores)], on_device[len(stream.stores):]
     log = ScalarLog(out_dir / "scalars.csv" if main else None, truncate_after_step=step if resume else None)
