@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 from confluence.errors import ConfluenceError
-from confluence.toolkit.memory import check_fits, device_limit, step_memory
+from confluence.toolkit.memory import check_fits, device_limit, host_memory, step_memory
 
 
 class _Device:
@@ -41,7 +41,18 @@ def test_a_step_larger_than_the_device_is_refused_with_the_settings_to_change():
     assert check_fits(compiled, "a test step", "lower batch_size", device=_Device(need.peak)) == need
 
 
-def test_nothing_is_checked_where_the_device_does_not_say():
+class _Silent:
+    """A device that reports no memory statistics and is no CPU."""
+
+    platform = "tpu"
+
+    def memory_stats(self) -> None:
+        return None
+
+
+def test_the_cpu_limit_is_the_machines_memory_and_a_silent_device_has_none():
     if jax.default_backend() == "cpu":
-        assert device_limit() is None
-    assert check_fits(_compiled(), "a test step", "-") is not None
+        assert device_limit() == host_memory() and host_memory() > 2**30
+    assert device_limit(_Silent()) is None
+    assert check_fits(_compiled(), "a test step", "-", device=_Silent()) is not None  # nothing checked: no limit
+    assert check_fits(_compiled(), "a test step", "-") is not None  # a few MiB fit any machine

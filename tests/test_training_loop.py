@@ -94,6 +94,23 @@ def test_train_kill_resume_equals_uninterrupted(tiny_store, tmp_path, sampler):
     assert "val/bookstore/order_rating/loss" in read_scalars(tmp_path / "full" / "scalars.csv")
 
 
+@pytest.mark.slow
+def test_a_step_larger_than_the_device_is_refused_before_it_runs(tiny_store, tmp_path, monkeypatch):
+    import confluence.toolkit.memory as memory
+
+    cfg = _cfg(loop={"max_steps": 2, "val_every": 2, "grad_accum": 2})
+    limit = {"bytes": 1}
+    monkeypatch.setattr(memory, "device_limit", lambda device=None: limit["bytes"])
+    with pytest.raises(ConfluenceError, match=r"a training step of \d+ sequences of 48 cells needs .* but the device "
+                                              r"holds .*: lower sampler.batch_size and raise loop.grad_accum"), \
+            open_stream([tiny_store], cfg) as s:
+        train(cfg, s, tmp_path / "run", progress=False)
+    assert not any((tmp_path / "run").iterdir())  # no step ran, and the new run left nothing behind
+    limit["bytes"] = 2**40  # room: the same run trains, into the same directory
+    with open_stream([tiny_store], cfg) as s:
+        assert train(cfg, s, tmp_path / "run", progress=False).step == 2
+
+
 @pytest.fixture
 def python_sigint():
     """Python's own SIGINT handler in place (as in a terminal), whatever the test runner set."""

@@ -14,6 +14,7 @@ from confluence.bench.synthetic import SyntheticDatabase
 from confluence.model.config import ModelConfig
 from confluence.model.inputs import DbTables, batch_to_inputs
 from confluence.model.transformer import RelationalTransformer, count_params
+from confluence.toolkit.memory import check_fits
 from confluence.toolkit.mesh import make_mesh, replicate
 from confluence.training.config import RunConfig, load_config
 from confluence.training.step import Trainer, shard_inputs
@@ -120,6 +121,9 @@ def bench_train(cfg: RunConfig, recipe: str, steps: int = 5, peak_flops: float |
     t0 = time.perf_counter()
     compiled = b.trainer._step.lower(*b.state, b.inputs[0], *b.tabs).compile()
     compile_s = time.perf_counter() - t0
+    check_fits(compiled, f"the training step of recipe {recipe!r} ({s.batch_size} sequences of {s.seq_len} cells)",
+               "lower sampler.batch_size or sampler.seq_len (--set sampler.batch_size=...), or use a device with "
+               "more memory")
     try:
         cost = compiled.cost_analysis()
         cost = cost[0] if isinstance(cost, list) else cost

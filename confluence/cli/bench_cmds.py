@@ -155,8 +155,11 @@ def bench_train_cmd(
         cfg = run_config(config, set_)
     except ConfluenceError as exc:
         fail(exc)
-    d = result_dict(bench_train(cfg, config, steps=steps, windows=windows, breakdown=breakdown,
-                                peak_flops=None if peak_tflops is None else peak_tflops * 1e12))
+    try:
+        d = result_dict(bench_train(cfg, config, steps=steps, windows=windows, breakdown=breakdown,
+                                    peak_flops=None if peak_tflops is None else peak_tflops * 1e12))
+    except ConfluenceError as exc:  # e.g. a step that needs more memory than the device holds
+        fail(exc)
     for k, v in d.items():
         if k == "breakdown":
             for part, figures in (v or {}).items():

@@ -1,14 +1,16 @@
 """What a compiled step needs in device memory, and a clear error before a step that cannot fit runs.
 
 XLA knows a compiled program's peak once it is compiled: its arguments, outputs (less what is donated and aliased)
-and temporaries (`Compiled.memory_analysis()`). A GPU reports how much it can hold (`Device.memory_stats()`); the
-CPU reports nothing, so nothing is checked there. Asking before the first step turns an out-of-memory failure deep
-inside XLA (after minutes of compilation and a step that allocates half the device) into one message that names
-the setting to change.
+and temporaries (`Compiled.memory_analysis()`). A GPU reports how much it can hold (`Device.memory_stats()`); on the
+CPU the limit is the machine's physical memory (a step that needs more cannot run; one that needs less may still
+meet other processes, so this refuses only the certain failures). Asking before the first step turns an
+out-of-memory failure deep inside XLA (after minutes of compilation and a step that allocates half the device) into
+one message that names the setting to change.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,16 +56,25 @@ def step_memory(compiled: Any) -> StepMemory | None:
                       int(m.temp_size_in_bytes))
 
 
+def host_memory() -> int | None:
+    """The machine's physical memory in bytes, or None where the system does not say."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def device_limit(device: jax.Device | None = None) -> int | None:
-    """Bytes the device can allocate (a GPU's allocator limit), or None where it does not say (the CPU)."""
+    """Bytes the device can allocate: a GPU's allocator limit, the machine's physical memory for a CPU device, or
+    None where neither is known."""
     device = device or jax.local_devices()[0]
     try:
         stats = device.memory_stats()
     except Exception:  # noqa: BLE001 - backends without memory statistics
-        return None
-    if not stats or "bytes_limit" not in stats:
-        return None
-    return int(stats["bytes_limit"])
+        stats = None
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"])
+    return host_memory() if getattr(device, "platform", None) == "cpu" else None
 
 
 def check_fits(compiled: Any, what: str, hint: str, device: jax.Device | None = None) -> StepMemory | None:

@@ -171,13 +171,18 @@ def prepare_run_dir(out_dir: Path, *, resume: bool, force: bool) -> None:
         if not force:
             raise ConfluenceError(f"{out_dir} already holds a training run ({existing}); nothing was changed. "
                                   "Continue it with --resume, replace it with --force, or choose another --out")
-        for name in RUN_FILES:
-            target = out_dir / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists():
-                target.unlink()
+        remove_run_files(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+
+
+def remove_run_files(out_dir: Path) -> None:
+    """Delete the files a training run writes in `out_dir` (`RUN_FILES`), nothing else."""
+    for name in RUN_FILES:
+        target = out_dir / name
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
 
 
 def train(
@@ -275,23 +280,41 @@ def train(
             res |= held
         return res
 
+    def draw() -> tuple[list[tuple[dict, Any, Any]], list[str], float, int]:
+        """The next update's micro-batches, their target types, the seconds spent waiting for them, their cells."""
+        micro, stypes, wait, cells = [], [], 0.0, 0
+        for _ in range(loop.grad_accum):
+            t0 = time.perf_counter()
+            batch = stream.next_train()
+            wait += time.perf_counter() - t0
+            cells += int((~batch.is_padding).sum())
+            stypes.append(SemanticType(int(batch.target_stype)).label)
+            micro.append((shard_inputs(batch_to_inputs(batch), mesh), *dev_tables[batch.db_idx]))
+        return micro, stypes, wait, cells
+
     result = TrainResult(step=step, params=None, last_loss=None)
     window_cells, window_wait, window_t0 = 0, 0.0, time.perf_counter()
     window_losses: list[tuple[str, jax.Array]] = []  # device scalars, read at log time (no per-step sync)
+    # The first update's batches come before the baseline validation (which reads its own seeds: no batch changes),
+    # so that a step that cannot fit the device stops here, with the settings to change, before any step runs.
+    try:
+        first = draw() if step < stop_at else None
+        if first is not None:
+            trainer.check_memory(params, opt_state, first[0])
+    except BaseException:
+        log.close()
+        if main and not resume:  # a new run that never stepped leaves nothing: the same --out can be used again
+            remove_run_files(out_dir)
+        raise
     bar = StepBar(stop_at, step) if progress and main else None
     if step == 0 and stop_at > 0:
         log.write(0, validate())  # the untrained model's validation loss, as a baseline
     try:
         with StepBoundaryInterrupt() as stop:  # Ctrl-C stops after the step in flight (toolkit/interrupt.py)
             while step < stop_at:
-                micro, stypes = [], []
-                for _ in range(loop.grad_accum):
-                    t0 = time.perf_counter()
-                    batch = stream.next_train()
-                    window_wait += time.perf_counter() - t0
-                    window_cells += int((~batch.is_padding).sum())
-                    stypes.append(SemanticType(int(batch.target_stype)).label)
-                    micro.append((shard_inputs(batch_to_inputs(batch), mesh), *dev_tables[batch.db_idx]))
+                micro, stypes, wait, cells = first if first is not None else draw()
+                first = None
+                window_wait, window_cells = window_wait + wait, window_cells + cells
                 params, opt_state, m = trainer.step(params, opt_state, micro, step)
                 step += 1
                 window_losses.append((stypes[0] if len(set(stypes)) == 1 else "mixed", m.loss))

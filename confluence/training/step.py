@@ -22,6 +22,7 @@ from confluence.model.config import LossConfig
 from confluence.model.inputs import BATCH_AXIS_FIELDS
 from confluence.model.loss import target_loss
 from confluence.model.transformer import RelationalTransformer
+from confluence.toolkit.memory import StepMemory, check_fits
 from confluence.toolkit.mesh import DATA_AXIS
 from confluence.toolkit.optim import (
     ADAMW_DECAY,
@@ -174,6 +175,21 @@ class Trainer:
         lr = lr_multiplier(step_index + 1, self.optim_cfg.warmup_steps, self.optim_cfg.total_steps,
                            self.optim_cfg.final_lr_fraction)
         return params, opt_state, StepMetrics(loss, nl, tl, gn, lr)
+
+    def check_memory(self, params, opt_state, micro: list[tuple[dict, jax.Array, jax.Array]]) -> StepMemory | None:
+        """Compile the step `step` would run for these micro-batches and raise a ConfluenceError naming the
+        settings to change if it needs more memory than the device holds (toolkit/memory.py); returns what it needs
+        (None where unknown). The compiled step lands in jit's cache, so the first step does not compile again."""
+        inputs, col_tab, cat_tab = micro[0]
+        if len(micro) == 1:
+            compiled = self._step.lower(params, opt_state, inputs, col_tab, cat_tab).compile()
+        else:
+            compiled = self._grad.lower(params, inputs, col_tab, cat_tab).compile()
+        b, s = inputs["is_padding"].shape[:2]
+        return check_fits(compiled, f"a training step of {b} sequences of {s} cells",
+                          "lower sampler.batch_size and raise loop.grad_accum by the same factor (--set "
+                          "sampler.batch_size=... --set loop.grad_accum=...: the same sequences per update), or "
+                          "lower sampler.seq_len")
 
     def eval_loss(self, params, inputs, col_tab, cat_tab) -> tuple[jax.Array, jax.Array]:
         """(mean loss, number of counted sequences) of one batch, no update."""
