@@ -10,7 +10,10 @@
 #   4. the GPU-relevant tests with the CUDA backend;
 #   5. (not in the default PARTS: its own call, `PARTS=5`) the kernel's launches: `bench attention` on real demo
 #      batches at S = 1024 with 1, 2, 4, 8 heads and 4 or 8 warps per program, then `bench train --config base`
-#      with the default launch and with the sweep's fastest one, alternated twice (the same-run ratio).
+#      with the default launch and with the sweep's fastest one, alternated twice (the same-run ratio);
+#   6. (not in the default PARTS either: beside 5 or alone, `PARTS=6`, about 2 minutes) the `base` step operation
+#      by operation: `bench train --profile`, a jax.profiler trace of 10 steps summed by kind and by output shape
+#      (the summary in $OUT/profile_base.json; the trace itself, tens of MB, stays on the machine).
 #
 # Usage, here: `scripts/gpu_wheels.sh` once (wheels the GPU image lacks, into .whl/), then through the device tool:
 #   run(command="scripts/gpu_measure.sh", carry=[".whl"], timeout_s=600)
@@ -118,5 +121,10 @@ for round in 1 2; do
     --set model.kernel_warps="$BW" --json "$OUT/train_base_launch_${BH}x${BW}_r$round.json" 2>&1 | tail -3 \
     | tee -a "$OUT/summary.txt"
 done
+fi
+if part 6; then
+log "6. the base step, operation by operation (jax.profiler trace of 10 steps)"
+timeout -s INT "${T6:-150}" $CLI bench train --config base --steps 2 --windows 1 --profile /tmp/profile_base \
+  --json "$OUT/profile_base.json" 2>&1 | tail -40 | tee -a "$OUT/summary.txt"
 fi
 log "done"

@@ -202,3 +202,46 @@ def test_train_throughput_skips_the_base_recipe_off_gpu():
     if jax.default_backend() == "gpu":
         pytest.skip("GPU backend: the benchmark would run")
     assert "skipped" in train_throughput("base", "reference")
+
+
+def test_trace_summary_sums_operations_by_kind_and_shape():
+    from confluence.bench.profile import instruction_shapes, summarize_trace
+
+    hlo = """ENTRY %main {
+  %ynn_fusion.3 = f32[16,4,128,128]{3,2,1,0} fusion(%a, %b), kind=kCustom
+  %ynn_fusion.12 = f32[2048,64]{1,0} fusion(%c, %d), kind=kCustom
+  ROOT %divide_convert_fusion = bf16[16,128,64]{2,1,0} fusion(%e), kind=kLoop
+}"""
+    shapes = instruction_shapes(hlo)
+    assert shapes == {"ynn_fusion.3": "f32[16,4,128,128]{3,2,1,0}", "ynn_fusion.12": "f32[2048,64]{1,0}",
+                      "divide_convert_fusion": "bf16[16,128,64]{2,1,0}"}
+    events = [
+        {"ph": "X", "name": "ynn_fusion.3", "dur": 3000}, {"ph": "X", "name": "ynn_fusion.3", "dur": 1000},
+        {"ph": "X", "name": "ynn_fusion.12", "dur": 2000},
+        {"ph": "X", "name": "kernel_17", "dur": 500, "args": {"hlo_op": "divide_convert_fusion"}},  # a GPU kernel
+        {"ph": "X", "name": "ThunkExecutor::Execute", "dur": 99000},  # not an operation of the module
+        {"ph": "i", "name": "ynn_fusion.12", "dur": 7000},  # not a complete event
+    ]
+    total, by_kind, by_shape = summarize_trace(events, shapes, steps=2)
+    assert total == pytest.approx(3.25)
+    assert [(g.name, g.ms_per_step, g.ops_per_step) for g in by_kind] == [
+        ("ynn_fusion", 3.0, 1.5), ("divide_convert_fusion", 0.25, 0.5)]
+    assert [g.name for g in by_shape] == ["f32[16,4,128,128]{3,2,1,0}", "f32[2048,64]{1,0}", "bf16[16,128,64]{2,1,0}"]
+
+
+@pytest.mark.slow
+def test_bench_train_profile_traces_the_step(tmp_path):
+    cfg_file = tmp_path / "tiny.json"
+    cfg_file.write_text(json.dumps(tiny_run_config().to_dict()))
+    out, prof = tmp_path / "bench.json", tmp_path / "prof"
+    r = CliRunner().invoke(app, ["bench", "train", "--config", str(cfg_file), "--steps", "2", "--json", str(out),
+                                 "--profile", str(prof)])
+    assert r.exit_code == 0, r.output
+    p = json.loads(out.read_text())["profile"]
+    assert p["steps"] == 10 and p["wall_ms_per_step"] > 0 and p["op_ms_per_step"] > 0
+    kinds = {g["name"] for g in p["by_kind"]}
+    assert kinds and all(not k[-1].isdigit() for k in kinds)  # numbers stripped
+    assert all("[" in g["name"] for g in p["by_shape"])
+    assert sum(g["ms_per_step"] for g in p["by_kind"]) == pytest.approx(p["op_ms_per_step"])
+    assert list(prof.glob("**/*.trace.json.gz")) and (prof / "step.hlo.txt").exists()
+    assert "by output shape:" in r.output

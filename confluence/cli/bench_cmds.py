@@ -146,8 +146,14 @@ def bench_train_cmd(
                                    "outside the layers)."),
     set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a setting."),
     peak_tflops: float | None = typer.Option(None, "--peak-tflops", help="Peak TFLOP/s for the MFU."),
+    profile: Path | None = typer.Option(None, "--profile", metavar="DIR", help="Also trace 10 steps with "
+                                        "jax.profiler into DIR and print their XLA operations summed by kind and by "
+                                        "output shape (docs/training_speed.md)."),
 ) -> None:
     """Time forward + backward + optimizer update on synthetic batches of the recipe's shapes."""
+    from dataclasses import asdict
+
+    from confluence.bench.profile import profile_step
     from confluence.bench.train import bench_train, result_dict
     from confluence.cli.train_cmds import run_config
 
@@ -166,6 +172,10 @@ def bench_train_cmd(
                 typer.echo(f"{part:>22}: " + ", ".join(f"{name} {x:.2f}" for name, x in figures.items()))
             continue
         typer.echo(f"{k:>22}: {v:.4g}" if isinstance(v, float) else f"{k:>22}: {v}")
+    if profile is not None:
+        prof = profile_step(cfg, profile)
+        typer.echo(prof.table())
+        d["profile"] = asdict(prof)
     _write_json(json_out, d)
 
 
