@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,8 @@ class OpGroup:
 
 @dataclass(frozen=True)
 class StepProfile:
+    """A traced window of train steps: wall time, operation time, the operations grouped two ways, the trace."""
+
     steps: int
     wall_ms_per_step: float  # the traced steps' wall time per step
     op_ms_per_step: float  # the matched operations' time per step, summed over threads
@@ -93,8 +96,6 @@ def summarize_trace(events: list[dict], shapes: dict[str, str], steps: int) -> t
 
 def profile_step(cfg: RunConfig, out_dir: str | Path, steps: int = 10, warmup: int = 3) -> StepProfile:
     """Trace `steps` fused train steps of `cfg` (after `warmup` untraced ones) into `out_dir` and summarize them."""
-    import time
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     b = StepBench(cfg)

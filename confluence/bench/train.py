@@ -17,7 +17,7 @@ from confluence.model.transformer import RelationalTransformer, count_params
 from confluence.toolkit.memory import check_fits
 from confluence.toolkit.mesh import make_mesh, replicate
 from confluence.training.config import RunConfig, load_config
-from confluence.training.step import Trainer, shard_inputs
+from confluence.training.step import get_trainer, shard_inputs
 
 # Dense BF16 tensor-core peaks (no sparsity), FLOP/s, by substring of `device.device_kind`.
 GPU_PEAKS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12}
@@ -79,7 +79,9 @@ class StepBench:
         s = cfg.sampler
         db = SyntheticDatabase(seed=cfg.seed, d_t=cfg.model.d_t, name="synthetic0")
         self.model = RelationalTransformer(cfg.model, key=jax.random.key(cfg.seed))
-        self.trainer = Trainer(self.model, cfg.optim.for_run(cfg.loop.max_steps), cfg.loss)
+        # the process's trainer for this configuration (training.step.get_trainer): a second bench of the same
+        # recipe in one process (the breakdown, --profile) reuses its compiled steps instead of compiling again
+        self.trainer = get_trainer(cfg.model, cfg.optim.for_run(cfg.loop.max_steps), cfg.loss)
         params, opt_state = self.trainer.init_state(self.model)
         self.state = [replicate(params, mesh), replicate(opt_state, mesh)]
         tb = DbTables.build(db.name, db.column_embeddings, db.categorical_embeddings, db.max_k, cfg.loss.max_k)
