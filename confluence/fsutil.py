@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -49,26 +49,20 @@ def sqlite_type(t: pa.DataType) -> str:
 
 
 @contextmanager
-def atomic_dir(out: Path, *, overwrite: bool) -> Iterator[Path]:
-    """Yield a temporary directory beside `out`; on success its files are fsync'ed and it replaces `out` by a
-    rename (an existing `out` only with `overwrite`), on failure it is removed: `out` never holds a half-written
-    result."""
-    tmp = out.parent / f".tmp-{out.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        yield tmp
-        for f in tmp.rglob("*"):
-            if f.is_file():
-                fsync_path(f)
-        if out.exists() and overwrite:
-            old = out.parent / f".old-{out.name}-{os.getpid()}"
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(out)
-        fsync_path(out.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+def atomic_dir(out: Path, kind: str, *, legacy: Callable[[Path], bool] | None = None) -> Iterator[Path]:
+    """Yield a temporary directory beside `out`, marked as an output of `kind`; on success its files are fsync'ed
+    and it replaces `out` by a rename (an earlier output of `kind` only: never a folder confluence did not write,
+    `confluence.outputs`), on failure it is removed: `out` never holds a half-written result."""
+    from confluence import outputs
+
+    outputs.claim(out, kind, legacy=legacy)
+    with outputs.locked(out), outputs.writing(out, outputs.KINDS[kind]):
+        tmp = outputs.temp_dir(out, kind)
+        try:
+            yield tmp
+            for f in tmp.rglob("*"):
+                if f.is_file():
+                    fsync_path(f)
+            outputs.replace_dir(tmp, out, kind, legacy=legacy)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -23,6 +23,7 @@ from confluence.cli.main import app
 from confluence.corpus import Corpus, CorpusError, build_corpus, open_corpus
 from confluence.corpus import build as corpus_build
 from confluence.corpus.spec import CORPUS_FILE, is_heldout
+from confluence.outputs import OutputError
 from confluence.store import Store
 from tests.fixtures.bookstore import HashEncoder
 
@@ -187,9 +188,9 @@ def test_bad_arguments_are_clear_errors(tmp_path, kw, message):
 
 def test_refuses_a_directory_of_other_files(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
-    with pytest.raises(CorpusError, match="holds no corpus.json"):
+    with pytest.raises(OutputError, match="it holds 'notes.txt'\\) and was not written by confluence"):
         _build(tmp_path, 1)
-    assert [p.name for p in tmp_path.iterdir() if p.name != ".lock"] == ["notes.txt"]
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
 
 
 def test_cli_build_show_and_errors(tmp_path, monkeypatch):

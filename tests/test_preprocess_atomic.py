@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from confluence.errors import DataError, MetadataError, StoreError
+from confluence.outputs import OutputError
 from confluence.preprocess import pipeline, preprocess
 from confluence.schema.metadata import parse_metadata
 from confluence.sources import open_source
@@ -189,7 +190,8 @@ def test_refuses_to_replace_a_directory_that_is_not_a_store(tmp_path):
     precious = tmp_path / "precious"
     precious.mkdir()
     (precious / "thesis.tex").write_text("do not delete")
-    with pytest.raises(StoreError, match="is not empty and is not a processed store; refusing"):
+    with pytest.raises(OutputError, match="is not empty \\(it holds 'thesis.tex'\\) and was not written by "
+                                          "confluence; nothing was changed"):
         run(src, meta, precious)
     assert (precious / "thesis.tex").read_text() == "do not delete"
     (tmp_path / "empty").mkdir()

@@ -51,4 +51,4 @@ def test_demo_data_raw_csv(tmp_path):
     res = runner.invoke(app, ["demo-data", "--out", str(tmp_path / "raw"), "--raw-csv"])
     assert res.exit_code == 0, res.output
     assert sorted(p.name for p in (tmp_path / "raw").iterdir()) == [
-        "airlines.csv", "airports.csv", "flights.csv", "planes.csv", "weather.csv"]
+        ".confluence-output.json", "airlines.csv", "airports.csv", "flights.csv", "planes.csv", "weather.csv"]

@@ -19,10 +19,12 @@ import os
 import shutil
 import subprocess
 import tempfile
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
 import adbc_driver_postgresql.dbapi as pg
+import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -401,3 +403,21 @@ def test_credentials_from_the_pg_environment(server, monkeypatch):
     with pytest.raises(DataError, match="password authentication failed") as info:
         open_source("postgresql://")
     _assert_no_password(str(info.value))
+
+
+def test_hostile_schema_name_stays_a_name_and_the_copy_is_locked(server, tmp_path):
+    """`?schema=` is the only text of the user's that reaches the server: a bound parameter or a quoted identifier,
+    so a name holding quotes and SQL reads that schema and runs nothing; the DuckDB copy then reaches no file."""
+    name = 'we"ird; DROP TABLE keep; --'
+    quoted = '"' + name.replace('"', '""') + '"'
+    _execute(server.url("postgres"), "CREATE DATABASE hostile")
+    _execute(server.url("hostile"), "CREATE TABLE keep (id integer PRIMARY KEY)", "INSERT INTO keep VALUES (1)",
+             f"CREATE SCHEMA {quoted}", f"CREATE TABLE {quoted}.t (id integer PRIMARY KEY, v text)",
+             f"INSERT INTO {quoted}.t VALUES (1, 'a'), (2, 'b')")
+    with open_source(server.url("hostile", schema=urllib.parse.quote(name, safe=""))) as raw:
+        assert raw.tables == ["t"] and raw.fetchall("SELECT id, v FROM t ORDER BY id") == [(1, "a"), (2, "b")]
+        with pytest.raises(duckdb.Error, match="disabled by configuration"):
+            raw.con.execute(f"COPY t TO '{tmp_path / 'pwned.csv'}'")
+    assert not (tmp_path / "pwned.csv").exists()
+    with open_source(server.url("hostile")) as raw:
+        assert raw.tables == ["keep"] and raw.num_rows("keep") == 1

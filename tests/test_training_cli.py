@@ -79,6 +79,11 @@ def test_resume_with_nothing_to_resume_is_an_error(tmp_path, tiny_config_file, t
     assert not (tmp_path / "nothing").exists()  # an error leaves nothing behind
     (tmp_path / "half").mkdir()
     (tmp_path / "half" / "scalars.csv").write_text("step,wall_time,tag,value\n0,0,val/x,1\n")
+    r = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "half")])  # no marker: not known to be a run
+    assert r.exit_code == 1 and "it holds 'scalars.csv') and was not written by confluence" in r.output
+    from confluence import outputs
+
+    outputs.mark(tmp_path / "half", "run")  # a run killed before its first checkpoint
     r = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "half")])
     assert r.exit_code == 1 and "it holds scalars.csv without a checkpoint" in r.output
     assert (tmp_path / "half" / "scalars.csv").read_text().count("\n") == 2
@@ -93,3 +98,36 @@ def test_demo_refuses_to_redo_an_existing_run(tmp_path):
     r = CliRunner().invoke(app, ["demo", "--out", str(tmp_path / "demo")])
     assert r.exit_code == 1 and "already holds a demo run" in r.output and "--force" in r.output
     assert sorted(p.name for p in (tmp_path / "demo").iterdir()) == ["run"]  # nothing built before refusing
+
+
+@pytest.mark.slow
+def test_ctrl_c_says_how_to_resume_and_a_finished_run_says_it_is_finished(tmp_path, tiny_store):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cfg = tiny_run_config(sampler=STORE_SAMPLER, loop={"max_steps": 100000, "ckpt_every": 100000,
+                                                       "val_every": 100000, "log_every": 1})
+    conf = tmp_path / "tiny.json"
+    conf.write_text(json.dumps(cfg.to_dict()))
+    run = tmp_path / "run"
+    args = ["train", "--db", str(tiny_store), "--config", str(conf), "--out", str(run), "--no-progress"]
+    proc = subprocess.Popen([sys.executable, "-m", "confluence.cli.main", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    deadline = time.time() + 180
+    while time.time() < deadline and proc.poll() is None:  # wait for a few logged steps
+        scalars = run / "scalars.csv"
+        if scalars.exists() and scalars.read_text().count("train/loss,") >= 3:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "stopped (Ctrl-C); the run is saved at step" in err and "with --resume to continue it" in err
+    assert "Traceback" not in err
+    step = int((run / "checkpoints" / "LATEST").read_text().strip().split("_")[1])
+    r = CliRunner().invoke(app, [*args, "--resume", "--max-steps", str(step)])
+    assert r.exit_code == 0, r.output
+    assert f"is already at step {step}, its last step; nothing to train" in r.output and "None" not in r.output

@@ -15,6 +15,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
+from confluence import outputs
 from confluence.errors import ConfluenceError
 
 # Training steps of the demo: 3,000 beat 800 on 6 of 7 validation tasks (the seventh equal) once the recipe read
@@ -25,6 +26,8 @@ DEMO_TRAIN_STEPS = 3000
 # scratch on 4 of 7 validation tasks (docs/decisions.md, "The demo fine-tunes pretrained:small"); "none" trains from
 # scratch
 DEMO_INIT_FROM = "pretrained:small"
+# what a demo writes into its --out (a folder holding anything else is not a demo's and is never written into)
+DEMO_FILES = ("data", "store", "cache", "run", "metrics.json", "predictions", "report")
 
 
 @dataclass
@@ -220,9 +223,12 @@ def demo_cmd(
         typer.echo(f"error: {out} already holds a demo run ({out / 'run'}: {existing}); nothing was changed. "
                    "Redo it with --force (make demo DEMO_ARGS=--force) or choose another --out", err=True)
         raise typer.Exit(code=1)
-    out.mkdir(parents=True, exist_ok=True)
     try:
-        run_demo(ctx, DEMO_STEPS[:last])
+        outputs.claim(out, "demo", legacy=lambda p: {q.name for q in p.iterdir()} <= {*DEMO_FILES,
+                                                                                       outputs.MARKER_FILE})
+        with outputs.locked(out, "used by a demo"), outputs.writing(out, "the demo's output"):
+            outputs.mark(out, "demo")
+            run_demo(ctx, DEMO_STEPS[:last])
     except ConfluenceError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=1) from None

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from confluence import outputs
 from confluence.cli.common import fail
 from confluence.evaluation.draws import DEFAULT_DRAWS
 
@@ -90,12 +91,14 @@ def evaluate_cmd(
     gbdt: bool = typer.Option(False, "--gbdt/--no-gbdt", help="Also train and score the LightGBM baseline."),
     clip_numbers: bool = typer.Option(True, "--clip-numbers/--no-clip-numbers",
                                       help="Score numbers as predict reports them (train range, rounded when whole); "
-                                           "--no-clip-numbers: plain de-normalization (seed 004)."),
+                                           "--no-clip-numbers: the plain de-normalized number."),
     draws: int = typer.Option(DEFAULT_DRAWS, "--draws", min=1, help="Contexts drawn per seed, their answers combined "
                               "(probabilities averaged, numbers by median); 1: one context, the fastest."),
     batch_size: int = typer.Option(None, "--batch-size", help="Sequences per forward pass (default: the run's)."),
     threads: int = typer.Option(1, "--threads", help="Sampler threads."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar / progress lines."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing output file that confluence did not "
+                               "write (a Parquet file of an earlier predict is replaced without it)."),
 ) -> None:
     """Per-task metrics of a checkpoint beside the trivial baselines (majority / mean / median) on the same rows."""
     from confluence.errors import ConfluenceError
@@ -107,6 +110,9 @@ def evaluate_cmd(
     if max_seeds is None:
         max_seeds = 0 if relbench_json else 5000
     try:
+        for f in (json_out, relbench_json):  # before minutes of work, not after
+            if f is not None:
+                outputs.claim_file(f, force=force)
         if relbench_json:
             from confluence.evaluation.relbench import RELBENCH_SPLITS, relbench_results, relbench_tasks
             from confluence.store import Store
@@ -152,7 +158,7 @@ def predict_cmd(
     out: Path = typer.Option(..., "-o", "--out", help="Output table: a .parquet or .csv file (written atomically)."),
     clip_numbers: bool = typer.Option(True, "--clip-numbers/--no-clip-numbers",
                                       help="Numbers within the train targets' range, rounded when they are all "
-                                           "whole (--no-clip-numbers: plain de-normalization, seed 004)."),
+                                           "whole (--no-clip-numbers: the plain de-normalized number)."),
     top_k: int = typer.Option(3, "--top-k", help="Categorical tasks: also list the K most probable classes "
                               "(class_1, prob_1, ...); 0: none."),
     max_seeds: int = typer.Option(0, "--max-seeds", help="Predict at most this many seeds of the split, chosen "
@@ -163,6 +169,8 @@ def predict_cmd(
                                    "training batch size)."),
     threads: int = typer.Option(1, "--threads", help="Sampler threads building the input sequences."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar / progress lines on stderr."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing output file that confluence did not "
+                               "write (a Parquet file of an earlier predict is replaced without it)."),
 ) -> None:
     """Write a table of anchor key, observation time, prediction, p_null and the target type's extra columns
     (docs/evaluation.md)."""
@@ -172,6 +180,7 @@ def predict_cmd(
 
     try:
         table_format(out)  # refuse an unknown output suffix before anything is loaded
+        outputs.claim_file(out, force=force)
         with Reporter(enabled=not no_progress) as rep:
             table = predict(checkpoint, db, task, split=split, anchors=anchors, out=out, batch_size=batch_size,
                             threads=threads, max_seeds=max_seeds or None, top_k=top_k, progress=rep,
@@ -189,6 +198,8 @@ def baseline_cmd(
     max_seeds: int = typer.Option(5000, "--max-seeds", help="Evaluate at most this many seeds per task (0: all)."),
     json_out: Path = typer.Option(None, "--json", help="Write the results as JSON here."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar / progress lines."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing output file that confluence did not "
+                               "write (a Parquet file of an earlier predict is replaced without it)."),
 ) -> None:
     """LightGBM per task on relational features (anchor row, parents, time-bounded child aggregates)."""
     from confluence.errors import ConfluenceError
@@ -197,6 +208,8 @@ def baseline_cmd(
     from confluence.toolkit.progress import Reporter
 
     try:
+        if json_out is not None:
+            outputs.claim_file(json_out, force=force)
         with Reporter(enabled=not no_progress) as rep:
             results = run_baselines(db, tasks=task or None, split=split, max_train=max_train,
                                     max_seeds=max_seeds or None, progress=rep)

@@ -34,7 +34,7 @@ app = typer.Typer(
     rich_markup_mode=None,  # plain help: reads at 80 columns and in a log file, no type placeholders on flags
 )
 bench_app = typer.Typer(help="Benchmarks that print measured figures.", no_args_is_help=True, rich_markup_mode=None)
-text_app = typer.Typer(help="The LeJEPA text base model (seed 003).", no_args_is_help=True, rich_markup_mode=None)
+text_app = typer.Typer(help="The LeJEPA text model: train your own frozen text encoder on a corpus of texts.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(bench_app, name="bench")
 app.add_typer(text_app, name="text")
 
@@ -44,7 +44,21 @@ for _area in (schema_cmds, data_cmds, sampler_cmds, train_cmds, eval_cmds, texte
 
 
 def main() -> None:
-    app()
+    """Run the command; a file-system failure no command turned into a message of its own (a full disk, a
+    read-only or forbidden path) ends with one `error:` line naming the path, not a traceback."""
+    import errno
+
+    try:
+        app()
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.EIO) \
+                and not (exc.errno is None and "requested and" in str(exc)):
+            raise
+        from confluence.outputs import write_failure
+
+        path = exc.filename or "the output"
+        typer.echo(f"error: {write_failure(exc, path, 'a file', 'the command stopped')}", err=True)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from confluence import outputs
 from confluence.cli.common import fail
 from confluence.errors import ConfluenceError, MetadataError
 
@@ -29,6 +30,8 @@ def draft_metadata_cmd(
                                     help="parquet, csv, sqlite, duckdb, relbench or postgresql (default: detect)."),
     sample_rows: int = typer.Option(100_000, "--sample-rows", min=1, help="Rows sampled per large table."),
     strict: bool = typer.Option(False, "--strict", help=STRICT_HELP + " Nothing is written."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing file at --out (e.g. a reviewed "
+                               "metadata file: its edits are lost)."),
 ) -> None:
     """Write a deterministic draft metadata file (stypes, keys, temporal columns, cell-masking tasks, reasons)."""
     from confluence.schema.draft import draft_metadata
@@ -37,6 +40,7 @@ def draft_metadata_cmd(
     from confluence.sources.data_warnings import recorded
 
     try:
+        outputs.claim_file(out, force=force)  # a reviewed metadata file is never replaced by a new draft
         with recorded() as found, open_source(source, kind=kind) as raw:
             meta = draft_metadata(raw, name=name, sample_rows=sample_rows, strict=strict)
     except ConfluenceError as exc:

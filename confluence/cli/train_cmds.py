@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 
@@ -62,6 +63,8 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
                        init_from=init_from, no_progress=no_progress)
         except ConfluenceError as exc:
             fail(str(exc))
+        except KeyboardInterrupt:
+            _interrupted(out)
         _report(res, out)
 
     @app.command("pretrain")
@@ -92,6 +95,8 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
                        resume=resume, force=force, init_from=init_from, no_progress=no_progress)
         except ConfluenceError as exc:
             fail(str(exc))
+        except KeyboardInterrupt:
+            _interrupted(out)
         _report(res, out)
 
 
@@ -131,7 +136,27 @@ def _run(cfg, out: Path, db: list[Path], heldout_db: list[Path], *, resume: bool
             held.close()
 
 
+def _interrupted(out: Path) -> NoReturn:
+    """Ctrl-C: say where the run stands and how to continue it; exit 130 (the shell's code for SIGINT)."""
+    from confluence.toolkit.checkpoint import CheckpointError, latest_checkpoint, read_checkpoint
+
+    try:
+        step = read_checkpoint(out).step if latest_checkpoint(out) is not None else None
+    except CheckpointError:
+        step = None
+    if step is None:
+        typer.echo(f"\nstopped (Ctrl-C) before the first checkpoint; nothing to resume in {out}", err=True)
+    else:
+        typer.echo(f"\nstopped (Ctrl-C); the run is saved at step {step} in {out}: run the same command with "
+                   "--resume to continue it exactly where it stopped", err=True)
+    raise typer.Exit(130)
+
+
 def _report(res, out: Path) -> None:
-    typer.echo(f"trained to step {res.step}; last train loss {res.last_loss}; run directory {out}")
+    if res.last_loss is None:  # no step ran: a finished run resumed
+        typer.echo(f"the run in {out} is already at step {res.step}, its last step; nothing to train. To train "
+                   "longer, resume it with a larger --max-steps (the schedule is stretched to it)")
+        return
+    typer.echo(f"trained to step {res.step}; last train loss {res.last_loss:.4f}; run directory {out}")
     for k, v in sorted(res.val_losses.items()):
         typer.echo(f"  {k}: {v:.4f}")

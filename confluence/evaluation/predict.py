@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from confluence import outputs
 from confluence.errors import ConfluenceError
 from confluence.evaluation.draws import DEFAULT_DRAWS
 from confluence.evaluation.inference import HeadOutputs, LoadedModel, Predictor, load_model, sigmoid, softmax
@@ -377,8 +378,9 @@ def write_table_atomic(table: pa.Table, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        if fmt == "parquet":
-            pq.write_table(table, tmp)
+        if fmt == "parquet":  # marked as confluence's, so a later predict may replace it (outputs.claim_file)
+            meta = dict(table.schema.metadata or {}) | {outputs.PARQUET_KEY: b"confluence"}
+            pq.write_table(table.replace_schema_metadata(meta), tmp)
         else:
             pacsv.write_csv(table, tmp)
         os.replace(tmp, path)

@@ -20,7 +20,15 @@ from confluence.preprocess.embeddings import TextInterner, category_text
 from confluence.preprocess.graph import KeyIndex
 from confluence.preprocess.progress import Reporter
 from confluence.preprocess.source import arrow_reader, quote
-from confluence.preprocess.stats import CHUNK, BoolStats, DistinctValues, MomentStats
+from confluence.preprocess.stats import (
+    CHUNK,
+    NUMBER_BOUNDS,
+    TIME_BOUNDS,
+    BoolStats,
+    DistinctValues,
+    MomentStats,
+    z_scores,
+)
 from confluence.preprocess.tasks import CategoryBlock
 from confluence.preprocess.writer import StoreWriter
 from confluence.schema.metadata import ColumnMeta, DatabaseMeta, TableMeta
@@ -168,7 +176,7 @@ def statistics_pass(con: duckdb.DuckDBPyConnection, tables: list[TablePlan], col
         if c.stype == SemanticType.CATEGORICAL:
             c.distinct = DistinctValues()
         else:
-            c.moments = MomentStats()
+            c.moments = MomentStats(bounds=NUMBER_BOUNDS if c.stype == SemanticType.NUMERICAL else TIME_BOUNDS)
         for row0, arr in scan(con, c.table, name, batch_rows, by_name[c.table].relation):
             nan, inf = enc.non_finite_counts(arr)
             c.nan, c.inf = c.nan + nan, c.inf + inf
@@ -234,7 +242,7 @@ def encode_column(con: duckdb.DuckDBPyConnection, writer: StoreWriter, tp: Table
         stop = row0 + len(arr)
         if stype == SemanticType.NUMERICAL:
             x, valid = enc.to_float(arr, t, name, row0)
-            values_out[row0:stop] = np.where(valid, (x - c.moments.mean) / c.moments.std, 0.0)
+            values_out[row0:stop] = z_scores(x, valid, c.moments.mean, c.moments.std)
         elif stype == SemanticType.TIMESTAMP:
             us, valid = enc.to_epoch_us(arr, t, name, row0)
             block = enc.encode_timestamp(us, ts_mean, ts_std)

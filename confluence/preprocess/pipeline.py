@@ -43,6 +43,7 @@ from confluence.preprocess.writer import StoreWriter
 from confluence.schema.metadata import DatabaseMeta, load_metadata
 from confluence.schema.validate import check_against_data
 from confluence.sources import data_warnings as dw
+from confluence.sources.sandbox import configure, is_locked
 from confluence.store import format as fmt
 from confluence.store.format import COUNT_WINDOWS_DAYS
 from confluence.stypes import SemanticType
@@ -92,11 +93,15 @@ def preprocess(
     `dangling_keys` (`DANGLING_KEYS`): "keep" adds to each referenced table one key-only row (its other columns
     NULL, always visible) per distinct foreign-key value matching none of its keys, after its own rows, instead of
     dropping those edges; tasks still read the tables as they are (docs/preprocessing.md).
+
+    A source opened here gets DuckDB's share of `memory_limit_mb` and `threads` before its connection is locked
+    (`confluence.sources.sandbox.lock_down`); an opened source keeps the settings it was opened with
+    (`open_source(path, memory_limit_mb=..., threads=...)`) unless its connection is not locked.
     """
     check_dangling_keys(dangling_keys)
     db = metadata if isinstance(metadata, DatabaseMeta) else load_metadata(metadata)
     duckdb_mb = max(int(memory_limit_mb) // 2, 64)  # DuckDB's share of the budget (the rest: Arrow batches)
-    raw = open_raw(source, duckdb_mb)
+    raw = open_raw(source, duckdb_mb, threads)
     found = dw.WarningList()
     try:
         if validate:
@@ -110,10 +115,8 @@ def preprocess(
         if encoder is None:
             encoder = load_encoder(text_encoder)
         con = raw.con
-        con.execute(f"SET memory_limit = '{duckdb_mb}MB'")
-        if threads:
-            con.execute(f"SET threads = {int(threads)}")
-        con.execute("SET preserve_insertion_order = true")
+        if not is_locked(con):  # a source opened here, or by open_source, has these settings and is locked
+            configure(con, memory_limit_mb=duckdb_mb, threads=threads)
         writer = StoreWriter(out)
         try:
             with Reporter(progress) as rep:
@@ -161,6 +164,9 @@ def _run(db: DatabaseMeta, con: duckdb.DuckDBPyConnection, writer: StoreWriter, 
     ts_mean, ts_std = float(ts_all.mean), float(ts_all.std)
     found.extend([dw.non_finite(c.table, c.meta.name, c.nan, c.inf, by_name[c.table].num_rows)
                   for c in columns if c.nan or c.inf])
+    found.extend([dw.outliers(c.table, c.meta.name, c.moments.outliers, by_name[c.table].num_rows,
+                              c.stype == SemanticType.TIMESTAMP)
+                  for c in columns if c.moments is not None and c.moments.outliers])
 
     texts = TextInterner()
     row_time = writer.array(fmt.ROW_TIME, np.int64, (num_rows,))

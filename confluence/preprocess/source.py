@@ -13,12 +13,13 @@ from confluence.sources import RawDatabase, open_source
 from confluence.sources.raw import quote_ident
 
 
-def open_raw(source: str | Path | RawDatabase | Any, memory_limit_mb: int | None = None) -> RawDatabase:
-    """Return `source` itself when it is already opened (anything with `.con` and `.tables`), else open it (a
-    PostgreSQL source is copied into DuckDB within `memory_limit_mb`)."""
+def open_raw(source: str | Path | RawDatabase | Any, memory_limit_mb: int | None = None,
+             threads: int | None = None) -> RawDatabase:
+    """Return `source` itself when it is already opened (anything with `.con` and `.tables`), else open it with
+    DuckDB's `memory_limit_mb` and `threads` (its connection is then locked: no later SET)."""
     if hasattr(source, "con") and hasattr(source, "tables"):
         return source
-    return open_source(source, memory_limit_mb=memory_limit_mb)
+    return open_source(source, memory_limit_mb=memory_limit_mb, threads=threads)
 
 
 def quote(name: str) -> str:

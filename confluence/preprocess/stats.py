@@ -14,6 +14,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 CHUNK = 65_536
+# Values outside these bounds are kept (encoded as far out as a float32 z-score may be, Z_LIMIT) but left out of
+# their column's mean and std, so one sentinel or overflow (1e308, the year 1 or 9999) neither overflows the
+# statistics nor squeezes every other value of the column to 0: numbers beyond +-1e18 (past the int64 range,
+# no measurement this system handles), timestamps before 1700 or after 2300 (epoch microseconds).
+NUMBER_BOUNDS = (-1e18, 1e18)
+TIME_BOUNDS = (-8_520_336_000_000_000.0, 10_413_792_000_000_000.0)  # 1700-01-01, 2300-01-01 UTC
+Z_LIMIT = 1e6  # |z| of any encoded number at most this (far beyond any ordinary column's), so float32 stays finite
 
 
 @dataclass
@@ -26,6 +33,8 @@ class MomentStats:
     m2: float = 0.0
     min: float | int | None = None
     max: float | int | None = None
+    bounds: tuple[float, float] | None = None  # values outside: counted in `outliers`, not in mean / m2
+    outliers: int = 0
     _carry: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
 
     def add(self, values: np.ndarray, valid: np.ndarray) -> None:
@@ -37,6 +46,12 @@ class MomentStats:
         lo, hi = x.min(), x.max()
         self.min = lo.item() if self.min is None else min(self.min, lo.item())
         self.max = hi.item() if self.max is None else max(self.max, hi.item())
+        if self.bounds is not None and (lo < self.bounds[0] or hi > self.bounds[1]):
+            inside = (x >= self.bounds[0]) & (x <= self.bounds[1])
+            self.outliers += int(len(x) - np.count_nonzero(inside))
+            x = x[inside]
+            if len(x) == 0:
+                return
         x = np.concatenate([self._carry, x.astype(np.float64)]) if len(self._carry) else x.astype(np.float64)
         full = len(x) // CHUNK * CHUNK
         for start in range(0, full, CHUNK):
@@ -71,7 +86,8 @@ class MomentStats:
     def merged(self, other: MomentStats) -> MomentStats:
         """Combine two finished accumulators (used for the database-wide timestamp statistics)."""
         out = MomentStats(count=self.count, null_count=self.null_count + other.null_count, mean=self.mean, m2=self.m2,
-                          min=self.min, max=self.max)
+                          min=self.min, max=self.max, bounds=self.bounds or other.bounds,
+                          outliers=self.outliers + other.outliers)
         if other.count:
             n = out.count + other.count
             delta = other.mean - out.mean
@@ -83,8 +99,18 @@ class MomentStats:
         return out
 
     def to_json(self) -> dict[str, float | int | None]:
-        return {"count": self.count, "null_count": self.null_count, "mean": self.mean, "std": self.std,
-                "min": self.min, "max": self.max}
+        out = {"count": self.count, "null_count": self.null_count, "mean": self.mean, "std": self.std,
+               "min": self.min, "max": self.max}
+        if self.outliers:  # only then: the statistics of every ordinary column stay byte for byte as before
+            out["outliers"] = self.outliers
+        return out
+
+
+def z_scores(x: np.ndarray, valid: np.ndarray, mean: float, std: float) -> np.ndarray:
+    """(x - mean) / std where valid (0 elsewhere), within +-Z_LIMIT: an outlier stays far out but finite."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        z = np.where(valid, (x - mean) / std, 0.0)
+    return np.clip(z, -Z_LIMIT, Z_LIMIT)
 
 
 @dataclass

@@ -20,8 +20,16 @@ from confluence.errors import DataError
 from confluence.preprocess import encode as enc
 from confluence.preprocess.graph import KeyIndex
 from confluence.preprocess.source import arrow_table, quote
-from confluence.preprocess.stats import BoolStats, DistinctValues, MomentStats
+from confluence.preprocess.stats import (
+    NUMBER_BOUNDS,
+    TIME_BOUNDS,
+    BoolStats,
+    DistinctValues,
+    MomentStats,
+    z_scores,
+)
 from confluence.schema.metadata import DatabaseMeta, TaskMeta
+from confluence.sources.sandbox import check_task_query, task_subquery
 from confluence.store.format import NO_CUTOFF, pack_bits
 from confluence.stypes import SemanticType
 
@@ -58,14 +66,16 @@ class TaskResult:
 
 
 def run_query(con: duckdb.DuckDBPyConnection, task: TaskMeta) -> pa.Table:
-    """The task's anchor key, target and observation time columns, as Arrow."""
+    """The task's anchor key, target and observation time columns, as Arrow. The query must be one read-only SELECT
+    of the database's tables (`check_task_query`: a MetadataError naming the task otherwise, and nothing runs)."""
     cols = [task.anchor_key, task.target_column]
     if task.observation_time_column:
         cols.append(task.observation_time_column)
     query = task.query.strip().rstrip(";")
+    check_task_query(con, task.name, query)
     select = ", ".join(quote(c) for c in cols)
     try:
-        return arrow_table(con, f"SELECT {select} FROM ({query}) AS task_result")
+        return arrow_table(con, f"SELECT {select} FROM {task_subquery(query)} AS task_result")
     except duckdb.Error as exc:
         msg = str(exc).splitlines()[0]
         raise DataError(f"task '{task.name}': query failed or lacks the columns {cols}: {msg}") from None
@@ -147,14 +157,14 @@ def materialize(
     anchor_row, obs, raw, valid = anchor_row[order], obs[order], raw[order], valid[order]
     # 3) statistics and encoding
     if stype == SemanticType.NUMERICAL:
-        ms = MomentStats()
+        ms = MomentStats(bounds=NUMBER_BOUNDS)
         ms.add(raw, valid)
         ms.finish()
         target_stats = ms.to_json()
         stats = column_stats if (cell_masking and column_stats) else target_stats
-        values = np.where(valid, (raw - stats["mean"]) / stats["std"], 0.0).astype(np.float32)
+        values = z_scores(raw, valid, stats["mean"], stats["std"]).astype(np.float32)
     elif stype == SemanticType.TIMESTAMP:
-        ms = MomentStats()
+        ms = MomentStats(bounds=TIME_BOUNDS)
         ms.add(raw, valid)
         ms.finish()
         target_stats = ms.to_json()

@@ -1,11 +1,14 @@
-"""Writes a store into `<out>.tmp-<pid>` and renames it to `<out>` at the very end.
+"""Writes a store into a temporary directory beside `<out>` and renames it to `<out>` at the very end.
 
 `metadata.json` is written last, after every array is flushed and fsynced, so a directory without it (an
-interrupted run) is never a loadable store. An existing store at `<out>` is moved aside, replaced, then deleted.
+interrupted run) is never a loadable store. An existing store at `<out>` is moved aside, replaced, then deleted;
+a directory that is not a store is never touched (`confluence.outputs`). One writer per store (`OutputLock`), and
+space is reserved before an array is memory-mapped, so a full disk is an error naming the store, never a SIGBUS.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -15,7 +18,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.format import open_memmap
 
-from confluence.errors import StoreError
+from confluence import outputs
 from confluence.fsutil import fsync_path
 from confluence.store import format as fmt
 
@@ -25,12 +28,16 @@ class StoreWriter:
 
     def __init__(self, out: str | Path):
         self.out = Path(out).absolute()
-        recover_leftovers(self.out)
-        _check_replaceable(self.out)
-        self.tmp = self.out.parent / f"{self.out.name}.tmp-{os.getpid()}"
-        if self.tmp.exists():
-            shutil.rmtree(self.tmp)
-        self.tmp.mkdir(parents=True)
+        self.lock = outputs.OutputLock(self.out, "preprocessed")
+        with outputs.writing(self.out, "the processed store"):
+            self.lock.acquire()
+            try:
+                recover_leftovers(self.out)
+                outputs.claim(self.out, "store", legacy=is_legacy_store)
+                self.tmp = outputs.temp_dir(self.out, "store")
+            except BaseException:
+                self.lock.release()
+                raise
         self.files: dict[str, dict[str, Any]] = {}
         self._open: dict[str, np.memmap] = {}
 
@@ -51,7 +58,9 @@ class StoreWriter:
         if int(np.prod(shape, dtype=np.int64)) == 0:
             np.save(path, np.zeros(shape, dtype=dtype))
             return np.zeros(shape, dtype=dtype)
-        mm = open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+        with outputs.writing(self.out, f"the processed store (its array {rel})"):
+            mm = open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+            reserve(path)
         self._open[rel] = mm
         return mm
 
@@ -61,7 +70,8 @@ class StoreWriter:
         if arr.dtype.byteorder == ">":
             arr = arr.astype(arr.dtype.newbyteorder("<"))
         path = self._register(rel, arr.dtype, arr.shape)
-        np.save(path, arr, allow_pickle=False)
+        with outputs.writing(self.out, f"the processed store (its array {rel})"):
+            np.save(path, arr, allow_pickle=False)
 
     def close(self, rel: str) -> None:
         """Flush and unmap an array obtained from `array` (frees its pages early)."""
@@ -72,27 +82,55 @@ class StoreWriter:
 
     def commit(self, metadata: dict[str, Any]) -> Path:
         """Flush everything, write metadata.json last, fsync, and atomically move the store into place."""
-        for rel in list(self._open):
-            self.close(rel)
-        metadata = dict(metadata)
-        metadata["files"] = {rel: self.files[rel] for rel in sorted(self.files)}
-        meta_path = self.tmp / fmt.METADATA_FILE
-        meta_path.write_text(json.dumps(metadata, indent=1, ensure_ascii=False, allow_nan=False) + "\n",
-                             encoding="utf-8")
-        _fsync_tree(self.tmp)
-        old = self.out.parent / f"{self.out.name}.old-{os.getpid()}"
-        if self.out.exists():
-            os.replace(self.out, old)
-        os.replace(self.tmp, self.out)
-        fsync_path(self.out.parent)
-        if old.exists():
-            shutil.rmtree(old)
+        try:
+            with outputs.writing(self.out, "the processed store"):
+                for rel in list(self._open):
+                    self.close(rel)
+                metadata = dict(metadata)
+                metadata["files"] = {rel: self.files[rel] for rel in sorted(self.files)}
+                outputs.mark(self.tmp, "store")
+                meta_path = self.tmp / fmt.METADATA_FILE
+                meta_path.write_text(json.dumps(metadata, indent=1, ensure_ascii=False, allow_nan=False) + "\n",
+                                     encoding="utf-8")
+                _fsync_tree(self.tmp)
+                outputs.replace_dir(self.tmp, self.out, "store", legacy=is_legacy_store)
+        finally:
+            self.lock.release()
         return self.out
 
     def abort(self) -> None:
-        """Remove the temporary directory (after an error)."""
+        """Remove the temporary directory (after an error) and let go of the lock."""
         self._open.clear()
         shutil.rmtree(self.tmp, ignore_errors=True)
+        self.lock.release()
+
+
+def reserve(path: Path) -> None:
+    """Allocate the disk blocks of a new (sparse) file now, so that a full disk is an OSError here instead of a
+    SIGBUS when a page of its memory map is first written."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        size = os.fstat(fd).st_size
+        if size:
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, getattr(errno, "ENOTSUP", -1)):
+                    raise
+    finally:
+        os.close(fd)
+
+
+def is_legacy_store(path: Path) -> bool:
+    """A store written before output markers: its metadata.json lists every file the directory holds (so a
+    folder with anything else in it, a user's metadata.json among its files, is not one)."""
+    try:
+        meta = json.loads((path / fmt.METADATA_FILE).read_text(encoding="utf-8"))
+        listed = set(meta["files"]) | {fmt.METADATA_FILE}
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    present = {p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()}
+    return bool(meta.get("format_version")) and present <= listed
 
 
 def _pid_alive(pid: int) -> bool:
@@ -122,14 +160,6 @@ def recover_leftovers(out: Path) -> None:
             os.replace(p, out)
         else:
             shutil.rmtree(p, ignore_errors=True)
-
-
-def _check_replaceable(out: Path) -> None:
-    """Only an empty directory or an earlier store may be replaced; never a directory of other files."""
-    if out.is_file() or out.is_symlink():
-        raise StoreError(f"{out}: exists and is not a directory; choose another --out")
-    if out.is_dir() and any(out.iterdir()) and not (out / fmt.METADATA_FILE).is_file():
-        raise StoreError(f"{out}: exists, is not empty and is not a processed store; refusing to replace it")
 
 
 def _fsync_tree(root: Path) -> None:

@@ -18,6 +18,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from confluence import outputs
 from confluence.errors import ConfluenceError
 
 PREFIX = "pretrained:"
@@ -60,6 +61,12 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _is_model_dir(d: Path) -> bool:
+    """A model directory exported before output markers: its shipped files and card, nothing else."""
+    names = {p.name for p in d.iterdir()}
+    return CARD in names and names <= {*SHIPPED_FILES, CARD, outputs.MARKER_FILE}
+
+
 @cache
 def _verified(d: Path) -> Path:
     want = json.loads((d / CARD).read_text()).get("sha256") or {}
@@ -99,33 +106,33 @@ def export_pretrained(run: Path, name: str, info: dict[str, Any], root: Path | N
         raise ConfluenceError(f"pretrained model name {name!r}: use letters, digits, '-' or '_'")
     root = root or ROOT
     dest = root / name
-    if dest.exists() and not overwrite:
+    legacy = _is_model_dir
+    if outputs.claim(dest, "pretrained-model", legacy=legacy) == "ours" and not overwrite:
         raise ConfluenceError(f"pretrained model {name} already exists at {dest}; pass overwrite to replace it")
     ck = read_checkpoint(Path(run))
     cfg = RunConfig.from_dict(ck.meta["config"])
     like, _ = eqx.partition(RelationalTransformer(cfg.model, key=jax.random.key(0)), eqx.is_inexact_array)
     params, _ = load_state(ck.path, like)
-    tmp = root / f".tmp-{name}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    eqx.tree_serialise_leaves(tmp / STATE_FILE, params)
-    meta = {k: v for k, v in ck.meta.items() if k != "stream"}  # the stream position is the run's, not the model's
-    meta["trained_tasks"] = sorted(BatchStream.drawn_tasks(ck.meta.get("stream")))
-    (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
-    size = sum((tmp / f).stat().st_size for f in SHIPPED_FILES)
-    if size > MAX_BYTES:
-        shutil.rmtree(tmp)
-        raise ConfluenceError(f"pretrained model {name}: {size / 2**20:.1f} MiB, more than the {MAX_BYTES >> 20} MiB "
-                              "a shipped model may take")
-    # the run directory's name only: a path on the exporting machine means nothing to the model's users
-    # the code that trained it (toolkit/provenance.py; null for runs before 2026-11-25), never taken from `info`
-    full = {"name": name, "step": ck.step, "source_run": Path(run).resolve().name, **info,
-            "code": ck.meta.get("code"), "bytes": size, "sha256": {f: sha256(tmp / f) for f in SHIPPED_FILES}}
-    (tmp / CARD).write_text(json.dumps(full, indent=2) + "\n")
-    if dest.exists():
-        shutil.rmtree(dest)
-    os.replace(tmp, dest)
+    with outputs.locked(dest, "exported"), outputs.writing(dest, f"pretrained model {name}"):
+        tmp = outputs.temp_dir(dest, "pretrained-model")
+        try:
+            eqx.tree_serialise_leaves(tmp / STATE_FILE, params)
+            meta = {k: v for k, v in ck.meta.items() if k != "stream"}  # the stream position is the run's
+            meta["trained_tasks"] = sorted(BatchStream.drawn_tasks(ck.meta.get("stream")))
+            (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
+            size = sum((tmp / f).stat().st_size for f in SHIPPED_FILES)
+            if size > MAX_BYTES:
+                raise ConfluenceError(f"pretrained model {name}: {size / 2**20:.1f} MiB, more than the "
+                                      f"{MAX_BYTES >> 20} MiB a shipped model may take")
+            # the run directory's name only: a path on the exporting machine means nothing to the model's users;
+            # the code that trained it (toolkit/provenance.py; null for runs before 2026-11-25), never from `info`
+            full = {"name": name, "step": ck.step, "source_run": Path(run).resolve().name, **info,
+                    "code": ck.meta.get("code"), "bytes": size,
+                    "sha256": {f: sha256(tmp / f) for f in SHIPPED_FILES}}
+            (tmp / CARD).write_text(json.dumps(full, indent=2) + "\n")
+            outputs.replace_dir(tmp, dest, "pretrained-model", legacy=legacy)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     _verified.cache_clear()
     return dest
 

@@ -16,6 +16,7 @@ from confluence.errors import DataError, MetadataError
 from confluence.schema.metadata import DatabaseMeta, TableMeta, TaskMeta, load_metadata
 from confluence.sources import data_warnings as dw
 from confluence.sources.raw import RawDatabase, quote_ident
+from confluence.sources.sandbox import task_query_problem, task_subquery
 from confluence.stypes import SemanticType
 
 __all__ = ["check_against_data", "load_and_validate", "validate_against_data", "type_family"]
@@ -233,8 +234,13 @@ class _Checker:
         if task.query.rstrip().endswith(";"):
             self.problems.append(f"{where}: its query ends with ';' (it is run as a subquery; remove the ';')")
             return
+        refused = task_query_problem(self.raw.con, task.query)  # one read-only SELECT of the tables, or nothing runs
+        if refused is not None:
+            self.problems.append(f"{where}: {refused}")
+            return
+        query = task_subquery(task.query)
         try:
-            schema = self.raw.sql(f"SELECT * FROM ({task.query}) LIMIT 0").to_arrow_table().schema
+            schema = self.raw.sql(f"SELECT * FROM {query} LIMIT 0").to_arrow_table().schema
         except duckdb.Error as exc:
             self.problems.append(f"{where}: its query fails: {str(exc).strip()}")
             return
@@ -259,7 +265,7 @@ class _Checker:
             else:
                 o, k = quote_ident(task.observation_time_column), quote_ident(task.anchor_key)
                 n, example = self.q_safe(
-                    f"SELECT count(*), CAST(min({k}) AS VARCHAR) FROM ({task.query}) WHERE {o} IS NULL"
+                    f"SELECT count(*), CAST(min({k}) AS VARCHAR) FROM {query} WHERE {o} IS NULL"
                 )
                 if n:
                     fam = type_family(schema.field(task.anchor_key).type)
@@ -287,7 +293,7 @@ class _Checker:
         try:
             total, unmatched, example = self.q(
                 f"SELECT count(*), count(*) FILTER (WHERE a.{pk} IS NULL), CAST(min(q.{k}) FILTER (WHERE a.{pk} IS NULL) AS VARCHAR)"
-                f" FROM ({task.query}) q LEFT JOIN {quote_ident(anchor.name)} a ON q.{k} = a.{pk}"
+                f" FROM {query} q LEFT JOIN {quote_ident(anchor.name)} a ON q.{k} = a.{pk}"
             )[0]
         except duckdb.Error as exc:
             self.problems.append(f"{where}: its query fails: {str(exc).strip()}")
@@ -310,12 +316,13 @@ class _Checker:
                                  f" (columns: {', '.join(cols)})")
             return
         o, c, k = (quote_ident(x) for x in (task.observation_time_column, split.column, task.anchor_key))
+        query = task_subquery(task.query)
         # epoch_ns(o) < cut-off * 1000 is exactly "observation time floored to microseconds < cut-off", the rule
         # preprocessing and the sampler apply
         expected = (f"CASE WHEN epoch_ns({o}) < {split.val_us * 1000} THEN 'train'"
                     f" WHEN epoch_ns({o}) < {split.test_us * 1000} THEN 'val' ELSE 'test' END")
         rows = (f"SELECT CAST({c} AS VARCHAR) AS s, {expected} AS e, CAST({k} AS VARCHAR) AS k,"
-                f" CAST({o} AS VARCHAR) AS t FROM ({task.query}) WHERE {o} IS NOT NULL")
+                f" CAST({o} AS VARCHAR) AS t FROM {query} WHERE {o} IS NOT NULL")
         try:
             total, wrong = self.q(f"SELECT count(*), count(*) FILTER (WHERE s IS DISTINCT FROM e) FROM ({rows})")[0]
             if wrong:
@@ -345,9 +352,9 @@ class _Checker:
                 f" {st.label} target"
             )
         elif st == SemanticType.BOOLEAN and fam == "integer":
-            c = quote_ident(task.target_column)
+            c, query = quote_ident(task.target_column), task_subquery(task.query)
             n, example = self.q_safe(
-                f"SELECT count(*), min({c}) FROM ({task.query}) WHERE {c} IS NOT NULL AND {c} NOT IN (0, 1)"
+                f"SELECT count(*), min({c}) FROM {query} WHERE {c} IS NOT NULL AND {c} NOT IN (0, 1)"
             )
             if n:
                 self.problems.append(

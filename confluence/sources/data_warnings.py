@@ -120,6 +120,16 @@ def non_finite(table: str, column: str, nan: int, inf: int, total: int) -> DataW
         " which are read as NULL (missing)", code="non_finite", table=table, column=column, rows=nan + inf)
 
 
+def outliers(table: str, column: str, count: int, total: int, timestamp: bool) -> DataWarning:
+    """Values far outside any ordinary range (a sentinel, an overflow): kept, but left out of the column's mean and
+    std (`confluence.preprocess.stats.NUMBER_BOUNDS`, `TIME_BOUNDS`)."""
+    what = "dates before 1700 or after 2300" if timestamp else "numbers beyond ±1e18"
+    return DataWarning(
+        f"column '{table}.{column}': {count} of {total} rows hold {what} (a sentinel or an overflow?); they are kept"
+        " as far-out values but left out of the column's mean and standard deviation, so the rest of the column is"
+        " scaled as if they were absent", code="outliers", table=table, column=column, rows=count)
+
+
 def dangling_foreign_key(table: str, column: str, dangling: int, non_null: int, target: str,
                          kept: bool = False) -> DataWarning:
     """A foreign key some (or all) of whose non-null values match no key of `target` (`table.column`); `kept`:

@@ -17,17 +17,27 @@ CONNECT_TIMEOUT_S = 10  # unless the URL or PGCONNECT_TIMEOUT says otherwise (li
 _PASSWORD_KEYS = ("password", "sslpassword")
 
 
+_ANY_SCHEME = re.compile(r"^(postgres(?:ql)?:/*)", re.IGNORECASE)  # a URL attempt, however misspelt
+
+
 def is_postgres_url(source: object) -> bool:
     """Whether `source` is a PostgreSQL connection URL (`postgresql://...` or `postgres://...`)."""
     return isinstance(source, str) and source.startswith(URL_SCHEMES)  # libpq's prefixes, case-sensitive too
 
 
+def looks_like_postgres_url(source: object) -> bool:
+    """Whether `source` was meant as a PostgreSQL URL (`POSTGRESQL://`, `postgresql:/`, ...): such a string may hold
+    a password, so it is only ever shown through `redact_url`, and refused unless `is_postgres_url`."""
+    return isinstance(source, str) and _ANY_SCHEME.match(source) is not None
+
+
 def _split_url(url: str) -> tuple[str, str, str, str]:
-    """(scheme with '://', authority, path, query) of a libpq URL, without decoding anything."""
-    scheme, rest = url.split("://", 1)
+    """(scheme with its slashes, authority, path, query) of a libpq URL (or a misspelt one), decoding nothing."""
+    m = _ANY_SCHEME.match(url)
+    scheme, rest = (m.group(1), url[m.end():]) if m else url.split("://", 1)
     rest, _, query = rest.partition("?")
     authority, slash, path = rest.partition("/")
-    return scheme + "://", authority, slash + path, query
+    return scheme, authority, slash + path, query
 
 
 def _query_parts(query: str) -> list[tuple[str, str]]:
@@ -37,8 +47,8 @@ def _query_parts(query: str) -> list[tuple[str, str]]:
 
 def redact_url(url: str) -> str:
     """The URL without its password (`user:secret@host` -> `user@host`, `password=` and `sslpassword=` parameters
-    dropped): the only form in which a PostgreSQL source is ever shown."""
-    if "://" not in url:
+    dropped): the only form in which a PostgreSQL source is ever shown, also when the URL is misspelt."""
+    if "://" not in url and not looks_like_postgres_url(url):
         return url
     scheme, authority, path, query = _split_url(url)
     userinfo, at, hosts = authority.rpartition("@")

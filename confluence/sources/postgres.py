@@ -21,6 +21,7 @@ from adbc_driver_postgresql import StatementOptions
 from confluence.errors import DataError
 from confluence.sources.pg_url import PostgresTarget, driver_message, parse_url
 from confluence.sources.raw import RawDatabase, TableHints, quote_ident
+from confluence.sources.sandbox import configure, lock_down
 
 KIND = "postgresql"
 DEFAULT_BATCH_BYTES = 16 << 20  # ADBC's default hint: about 16 MiB of rows per Arrow batch
@@ -204,11 +205,13 @@ class _Reader:
 
 
 def open_postgres(url: str, *, batch_bytes: int = DEFAULT_BATCH_BYTES,
-                  memory_limit_mb: int | None = None) -> RawDatabase:
+                  memory_limit_mb: int | None = None, threads: int | None = None) -> RawDatabase:
     """Open a PostgreSQL schema as a `RawDatabase`: every table, view, materialized view and foreign table of the
     schema copied into an in-memory DuckDB table (streamed in Arrow batches of about `batch_bytes`; DuckDB spills
-    beyond `memory_limit_mb` to its temporary directory), with single-column primary and foreign keys from the
-    catalog as hints.
+    beyond `memory_limit_mb` to its temporary directory, using `threads` when given), with single-column primary
+    and foreign keys from the catalog as hints. The DuckDB connection is then locked (`sandbox.lock_down`: no file
+    access at all, no setting changes); nothing of the user's but the URL reaches the server (the schema name is a
+    bound parameter or a quoted identifier).
 
     Credentials come from the URL or libpq's environment (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, ...);
     messages show the URL without its password. Raises `DataError` when the server cannot be reached or refuses
@@ -220,8 +223,7 @@ def open_postgres(url: str, *, batch_bytes: int = DEFAULT_BATCH_BYTES,
     reader = _Reader(target, batch_bytes)
     con = new_connection()
     try:
-        if memory_limit_mb is not None:
-            con.execute(f"SET memory_limit = '{int(memory_limit_mb)}MB'")
+        configure(con, memory_limit_mb=memory_limit_mb, threads=threads)
         database = reader.rows("SELECT current_database()")[0][0]
         where = f"database '{database}' of {target.display}"
         if not reader.rows("SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = $1", (target.schema,)):
@@ -243,6 +245,7 @@ def open_postgres(url: str, *, batch_bytes: int = DEFAULT_BATCH_BYTES,
             except duckdb.Error as exc:
                 raise DataError(f"{target.display}: table '{table}': cannot copy it into DuckDB"
                                 f" ({str(exc).splitlines()[0]})") from None
+        lock_down(con)  # the copy is in memory: the connection reads no file at all
     except BaseException:
         con.close()
         raise

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from confluence import outputs
 from confluence.errors import ConfluenceError, DataError
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[BOS]", "[EOS]", "[MASK]")
@@ -244,9 +244,8 @@ def prepare_corpus(
     docs = list(iter_corpus(corpus, column, source))
     if not docs:
         raise DataError(f"corpus {corpus}: no non-empty text found")
-    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    lock = outputs.OutputLock(out, "prepared").acquire()
+    tmp = outputs.temp_dir(out, "text-corpus")
     try:
         if tokenizer is None:
             tok = train_tokenizer(docs, vocab_size)
@@ -284,10 +283,12 @@ def prepare_corpus(
             corpus=str(corpus),
         )
         (tmp / META_FILE).write_text(json.dumps(meta.to_json(), indent=2), encoding="utf-8")
-        os.replace(tmp, out)
-    except BaseException:
+        outputs.replace_dir(tmp, out, "text-corpus")
+    except OSError as exc:
+        raise outputs.write_failure(exc, out, "the prepared text corpus") from None
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        lock.release()
     return meta
 
 

@@ -24,6 +24,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from confluence import outputs
 from confluence.errors import ConfluenceError
 from confluence.textmodel.config import TextRunConfig
 from confluence.textmodel.data import (
@@ -167,9 +168,27 @@ class TextTrainResult:
     seconds: float
 
 
+TEXT_RUN_FILES = ("checkpoints", "config.json", TOKENIZER_FILE, "data_meta.json", "scalars.csv", "scalars.png",
+                  "tensorboard")
+
+
 def train_text(data_dir: str | Path, run_dir: str | Path, cfg: TextRunConfig, *, resume: bool = True,
                progress: Callable[[dict[str, float]], None] | None = None,
                stop_after: int | None = None) -> TextTrainResult:
+    """Train the text model into `run_dir` (see `_train_text`), which must be new, empty, or a text run: a folder
+    of other files is refused, and one writer at a time holds it (`confluence.outputs`)."""
+    run = Path(run_dir)
+    outputs.claim(run, "text-run", legacy=lambda p: {q.name for q in p.iterdir()} <= {*TEXT_RUN_FILES,
+                                                                                       outputs.MARKER_FILE})
+    with outputs.locked(run, "trained"), outputs.writing(run, "the text-model run",
+                                                         "the last checkpoint stands (resume continues it)"):
+        outputs.mark(run, "text-run")
+        return _train_text(data_dir, run, cfg, resume=resume, progress=progress, stop_after=stop_after)
+
+
+def _train_text(data_dir: str | Path, run_dir: str | Path, cfg: TextRunConfig, *, resume: bool = True,
+                progress: Callable[[dict[str, float]], None] | None = None,
+                stop_after: int | None = None) -> TextTrainResult:
     """Train (or resume) a LeJEPA text model on prepared data; one epoch or `cfg.max_train_steps` steps.
 
     Writes run_dir/config.json, tokenizer.json, data_meta.json, scalars.csv (tags `train/<term>`) and

@@ -23,6 +23,7 @@ import numpy as np
 
 from confluence.errors import ConfluenceError
 from confluence.fsutil import fsync_path
+from confluence.outputs import pid_alive, writing
 
 STATE_FILE, META_FILE, LATEST = "state.eqx", "meta.json", "LATEST"
 
@@ -53,27 +54,35 @@ def save_checkpoint(run_dir: Path, step: int, params, opt_state, meta: dict[str,
     host_state = jax.tree.map(_to_host, (params, opt_state))
     if jax.process_index() != 0 or (final / STATE_FILE).is_file():
         return final  # not the writer, or this step is already saved (same step, same state): never rewrite it
-    ckpt_root.mkdir(parents=True, exist_ok=True)
-    tmp = ckpt_root / f".tmp-step_{step:08d}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    eqx.tree_serialise_leaves(tmp / STATE_FILE, host_state)
-    full_meta = {"step": step, "saved_at": time.time(), **meta}
-    (tmp / META_FILE).write_text(json.dumps(full_meta, indent=2, default=_json_default))
-    for name, source in (files or {}).items():
-        shutil.copyfile(source, tmp / name)
-    for f in (*(tmp / n for n in (STATE_FILE, META_FILE, *(files or {}))), tmp):
-        fsync_path(f)
-    if final.exists():  # a leftover without its state file (never referenced by LATEST)
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    fsync_path(ckpt_root)
-    latest_tmp = ckpt_root / f".{LATEST}.tmp"
-    latest_tmp.write_text(final.name + "\n")
-    fsync_path(latest_tmp)
-    os.replace(latest_tmp, ckpt_root / LATEST)
-    fsync_path(ckpt_root)
+    with writing(final, f"checkpoint step {step}", "the previous checkpoint stands"):
+        ckpt_root.mkdir(parents=True, exist_ok=True)
+        for stale in ckpt_root.glob(".tmp-step_*-*"):  # a killed writer's temporaries
+            pid = stale.name.rsplit("-", 1)[1]
+            if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+                shutil.rmtree(stale, ignore_errors=True)
+        tmp = ckpt_root / f".tmp-step_{step:08d}-{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        try:
+            eqx.tree_serialise_leaves(tmp / STATE_FILE, host_state)
+            full_meta = {"step": step, "saved_at": time.time(), **meta}
+            (tmp / META_FILE).write_text(json.dumps(full_meta, indent=2, default=_json_default))
+            for name, source in (files or {}).items():
+                shutil.copyfile(source, tmp / name)
+            for f in (*(tmp / n for n in (STATE_FILE, META_FILE, *(files or {}))), tmp):
+                fsync_path(f)
+            if final.exists():  # a leftover without its state file (never referenced by LATEST)
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        fsync_path(ckpt_root)
+        latest_tmp = ckpt_root / f".{LATEST}.tmp"
+        latest_tmp.write_text(final.name + "\n")
+        fsync_path(latest_tmp)
+        os.replace(latest_tmp, ckpt_root / LATEST)
+        fsync_path(ckpt_root)
     for old in sorted(p for p in ckpt_root.glob("step_*") if p.is_dir())[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -118,9 +127,23 @@ def resolve_checkpoint(path: Path) -> Path:
 
 
 def read_checkpoint(path: Path) -> Checkpoint:
+    """The checkpoint `path` resolves to, with its meta.json; a damaged meta.json is a CheckpointError."""
     ckpt = resolve_checkpoint(path)
-    meta = json.loads((ckpt / META_FILE).read_text())
-    return Checkpoint(ckpt, int(meta["step"]), meta)
+    try:
+        meta = json.loads((ckpt / META_FILE).read_text())
+        return Checkpoint(ckpt, int(meta["step"]), meta)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"checkpoint {ckpt}: its {META_FILE} is damaged or unreadable ({exc}){_earlier(ckpt)}") \
+            from None
+
+
+def _earlier(ckpt: Path) -> str:
+    """How to go back to an earlier checkpoint of the same run, if it has one (for messages)."""
+    earlier = sorted(p.name for p in ckpt.parent.glob("step_*") if p != ckpt and (p / STATE_FILE).is_file())
+    if not earlier or ckpt.parent.name != "checkpoints":
+        return ""
+    return (f"; to continue from the previous checkpoint, write its name ({earlier[-1]}) into "
+            f"{ckpt.parent / LATEST}")
 
 
 def load_state(path: Path, like_params, like_opt_state=None):
@@ -133,7 +156,8 @@ def load_state(path: Path, like_params, like_opt_state=None):
         return eqx.tree_deserialise_leaves(ckpt / STATE_FILE, (like_params, like_opt_state))
     except (ValueError, RuntimeError, OSError) as exc:
         raise CheckpointError(
-            f"checkpoint {ckpt}: does not match this model / optimizer ({exc}); check the model config"
+            f"checkpoint {ckpt}: its {STATE_FILE} cannot be read into this model / optimizer ({exc}): the file is "
+            f"damaged (e.g. cut short by a full disk) or the model config differs{_earlier(ckpt)}"
         ) from exc
 
 

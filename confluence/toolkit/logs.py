@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import time
+import warnings
 from pathlib import Path
 
 TENSORBOARD_DIR = "tensorboard"  # beside scalars.csv
@@ -25,9 +26,12 @@ class ScalarLog:
         self.path = Path(path)
         rows = []
         if truncate_after_step is not None and self.path.exists():
-            # On resume, drop rows logged after the checkpoint so the log has no repeated steps.
-            with open(self.path, newline="") as f:
-                rows = [r for r in csv.reader(f)][1:]
+            # On resume, drop rows logged after the checkpoint so the log has no repeated steps, and rows a crash
+            # cut short (said once: the curve loses that point, nothing else)
+            rows, torn = _parsed_rows(self.path)
+            if torn:
+                warnings.warn(f"{self.path}: {len(torn)} damaged row(s) dropped on resume (line {torn[0]} first)",
+                              stacklevel=2)
             rows = [r for r in rows if int(r[0]) <= truncate_after_step]
         self._f = open(self.path, "w", newline="")
         self._w = csv.writer(self._f)
@@ -62,12 +66,31 @@ class ScalarLog:
             self._tb.close()
 
 
+def _parsed_rows(path: Path) -> tuple[list[list[str]], list[int]]:
+    """The well-formed data rows of a scalars.csv (step, wall_time, tag, value) and the line numbers of the others
+    (a row cut short by a crash or a full disk)."""
+    good, torn = [], []
+    with open(path, newline="", errors="replace") as f:
+        for line, row in enumerate(csv.reader(f), start=1):
+            if line == 1:
+                continue
+            try:
+                int(row[0]), float(row[1]), float(row[3])
+                ok = len(row) == 4 and bool(row[2])
+            except (ValueError, IndexError):
+                ok = False
+            if ok:
+                good.append(row)
+            else:
+                torn.append(line)
+    return good, torn
+
+
 def read_scalars(path: Path) -> dict[str, list[tuple[int, float]]]:
-    """tag -> [(step, value)] from a scalars.csv."""
+    """tag -> [(step, value)] from a scalars.csv (rows cut short by a crash are skipped)."""
     out: dict[str, list[tuple[int, float]]] = {}
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            out.setdefault(row["tag"], []).append((int(row["step"]), float(row["value"])))
+    for step, _wall, tag, value in _parsed_rows(path)[0]:
+        out.setdefault(tag, []).append((int(step), float(value)))
     return out
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from confluence import outputs
 from confluence.errors import ConfluenceError
 from confluence.model.inputs import DbTables, batch_to_inputs, fitted_max_k, pad_alike
 from confluence.model.transformer import RelationalTransformer
@@ -150,6 +151,13 @@ def saved_position(meta: dict[str, Any]) -> dict[str, Any]:
 RUN_FILES = ("checkpoints", "scalars.csv", "scalars.png", "tensorboard", "config.json")
 
 
+def is_legacy_run(out_dir: Path) -> bool:
+    """A training run written before output markers: nothing but a run's files (`RUN_FILES`), a checkpoint among
+    them."""
+    names = {p.name for p in out_dir.iterdir()}
+    return names <= set(RUN_FILES) | {outputs.MARKER_FILE} and "checkpoints" in names
+
+
 def describe_run(out_dir: Path) -> str | None:
     """What training run `out_dir` holds ("checkpoint at step N", "a training log"), or None when it holds none."""
     ck = latest_checkpoint(out_dir)
@@ -159,9 +167,11 @@ def describe_run(out_dir: Path) -> str | None:
     return f"{', '.join(present)} without a checkpoint" if present else None
 
 
-def prepare_run_dir(out_dir: Path, *, resume: bool, force: bool) -> None:
-    """Check that training may write `out_dir` (see `train`), delete a replaced run when `force`, create it."""
-    existing = describe_run(out_dir) if out_dir.is_dir() else None
+def prepare_run_dir(out_dir: Path, *, resume: bool, force: bool, kind: str = "run") -> None:
+    """Check that training may write `out_dir` (see `train`), delete a replaced run when `force`, create it and
+    mark it as a run. A directory holding anything but a run (a user's files) is refused, `force` or not."""
+    state = outputs.claim(out_dir, kind, legacy=is_legacy_run)
+    existing = describe_run(out_dir) if state == "ours" else None
     if resume:
         if latest_checkpoint(out_dir) is None:
             has = f"; it holds {existing}" if existing else ("" if out_dir.is_dir() else "; it does not exist")
@@ -172,7 +182,8 @@ def prepare_run_dir(out_dir: Path, *, resume: bool, force: bool) -> None:
             raise ConfluenceError(f"{out_dir} already holds a training run ({existing}); nothing was changed. "
                                   "Continue it with --resume, replace it with --force, or choose another --out")
         remove_run_files(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    with outputs.writing(out_dir, "the training run"):
+        outputs.mark(out_dir, kind)
 
 
 def remove_run_files(out_dir: Path) -> None:
@@ -207,6 +218,23 @@ def train(
     A directory that already holds a run is never overwritten silently: without `resume` it is an error unless
     `force` (which deletes that run first); `resume` without a checkpoint to resume is an error too."""
     out_dir = Path(out_dir)
+    # one writer per run directory (process 0 writes it): a second `train` into it stops here, naming the first
+    lock = outputs.OutputLock(out_dir, "trained") if jax.process_index() == 0 else None
+    if lock is not None:
+        with outputs.writing(out_dir, "the training run"):
+            lock.acquire()
+    try:
+        return _train(cfg, stream, out_dir, resume=resume, init_from=init_from, mesh=mesh, progress=progress,
+                      on_step=on_step, force=force, heldout=heldout)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(cfg: RunConfig, stream: BatchStream, out_dir: Path, *, resume: bool, init_from: Path | None,
+           mesh: jax.sharding.Mesh | None, progress: bool, on_step: Callable[[int, dict[str, float]], None] | None,
+           force: bool, heldout: BatchStream | None) -> TrainResult:
+    """`train`'s body, run while holding the run directory's lock."""
     _check_stream(cfg, stream)  # bad input is refused before --force deletes anything
     if heldout is not None:
         _check_stream(cfg, heldout)
@@ -305,6 +333,7 @@ def train(
         log.close()
         if main and not resume:  # a new run that never stepped leaves nothing: the same --out can be used again
             remove_run_files(out_dir)
+            (out_dir / outputs.MARKER_FILE).unlink(missing_ok=True)
         raise
     bar = StepBar(stop_at, step) if progress and main else None
     if step == 0 and stop_at > 0:
@@ -365,7 +394,10 @@ def train(
         if bar is not None:
             bar.close()
     if main and (out_dir / "scalars.csv").is_file():
-        plot_scalars(out_dir / "scalars.csv", out_dir / "scalars.png")
+        try:
+            plot_scalars(out_dir / "scalars.csv", out_dir / "scalars.png")
+        except (OSError, ValueError) as exc:  # a picture of the log must not fail a finished run
+            warnings.warn(f"{out_dir / 'scalars.png'}: not drawn ({exc})", stacklevel=2)
     result.step, result.params = step, params
     return result
 
