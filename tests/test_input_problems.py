@@ -1,5 +1,6 @@
 """What a newcomer's data can get wrong, at the CLI: malformed CSV lines stop with the file and line; NaN / inf,
-dangling foreign keys and empty tables are data warnings naming the table and column; --strict makes them errors."""
+dangling foreign keys and empty tables are data warnings naming the table and column; --strict makes them errors.
+Every malformed-CSV case runs with LF and with CRLF (Windows) line ends: same line, field count and excerpt."""
 
 from __future__ import annotations
 
@@ -24,10 +25,16 @@ from tests.fixtures.bookstore import HashEncoder
 runner = CliRunner()
 
 
-def _csv(directory: Path, name: str, lines: list[str]) -> Path:
+def _csv(directory: Path, name: str, lines: list[str], eol: str = "\n") -> Path:
+    """Write `name`.csv with `eol` after every line (bytes as given: "\r\n" is what Python's csv module and
+    spreadsheets write)."""
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / f"{name}.csv").write_text("\n".join(lines) + "\n")
+    (directory / f"{name}.csv").write_bytes((eol.join(lines) + eol).encode())
     return directory
+
+
+# LF and CRLF line ends: every malformed-CSV test runs with both and expects the same message
+EOLS = pytest.mark.parametrize("eol", ["\n", "\r\n"], ids=["lf", "crlf"])
 
 
 def _rows(n: int = 59) -> list[str]:
@@ -41,37 +48,41 @@ def _draft(src: Path, out: Path, *extra: str):
 
 # -- parse problems: the file, the line and what is wrong -------------------------------------------------------
 
-def test_extra_fields_on_line_51_stop_draft_metadata(tmp_path):
+@EOLS
+def test_extra_fields_on_line_51_stop_draft_metadata(tmp_path, eol):
     lines = _rows()
     lines[50] += ",x,y"  # line 51 of the file (the header is line 1)
-    src = _csv(tmp_path / "db", "sales", lines)
+    src = _csv(tmp_path / "db", "sales", lines, eol)
     res = _draft(src, tmp_path / "meta.json")
     assert res.exit_code == 1, res.output
-    assert "sales.csv: line 51: 5 fields where the header has 3" in res.output
-    assert "50,name 50,75.0,x,y" in res.output and "Traceback" not in res.output
+    assert "sales.csv: line 51: 5 fields where the header has 3: '50,name 50,75.0,x,y'" in res.output
+    assert "Traceback" not in res.output
     assert not (tmp_path / "meta.json").exists()
     with pytest.raises(DataError, match=r"sales\.csv: line 51: "):
         open_source(src)
 
 
-def test_unterminated_quote_names_the_line(tmp_path):
+@EOLS
+def test_unterminated_quote_names_the_line(tmp_path, eol):
     lines = ["id,name,amount"] + [f'{i},"name {i}, the {i}th",{i * 1.5}' for i in range(1, 60)]
     lines[30] = '30,"name 30,45.0'  # line 31: the quote never closes
-    src = _csv(tmp_path / "db", "sales", lines)
+    src = _csv(tmp_path / "db", "sales", lines, eol)
     res = _draft(src, tmp_path / "meta.json")
     assert res.exit_code == 1, res.output
-    assert "sales.csv: line 31: unterminated quote" in res.output
+    assert "sales.csv: line 31: unterminated quote" in res.output and """closes it: '30,"name 30,45.0'""" in res.output
     # the same broken value in a file that quotes nothing else (the sniffer would read it without quoting)
     lines = _rows()
     lines[30] = '30,name 30,"45.0'
-    res = _draft(_csv(tmp_path / "plain", "sales", lines), tmp_path / "meta.json")
+    res = _draft(_csv(tmp_path / "plain", "sales", lines, eol), tmp_path / "meta.json")
     assert res.exit_code == 1 and "line 31: unterminated quote" in res.output
+    assert """closes it: '30,name 30,"45.0'""" in res.output
 
 
-def test_non_numeric_value_names_line_and_value(tmp_path):
+@EOLS
+def test_non_numeric_value_names_line_and_value(tmp_path, eol):
     lines = _rows()
     lines[40] = "40,name 40,abc"  # line 41
-    src = _csv(tmp_path / "db", "sales", lines)
+    src = _csv(tmp_path / "db", "sales", lines, eol)
     out = tmp_path / "meta.json"
     res = _draft(src, out)
     assert res.exit_code == 0, res.output
@@ -86,16 +97,61 @@ def test_non_numeric_value_names_line_and_value(tmp_path):
     assert "line 41 of" in res.output and "sales.csv holds 'abc', which is not a number" in res.output
 
 
-def test_other_malformed_csv_files(tmp_path):
+@EOLS
+def test_other_malformed_csv_files(tmp_path, eol):
     # a line with a different delimiter count makes DuckDB's sniffer skip lines (or fall back): still the line
-    bad = _csv(tmp_path / "semi", "t", ["id;name;v", '1;"a;b";2', "2;c;3", "3;d;4;5"])
-    with pytest.raises(DataError, match=r"t\.csv: line 4: 4 fields where the header has 3"):
+    bad = _csv(tmp_path / "semi", "t", ["id;name;v", '1;"a;b";2', "2;c;3", "3;d;4;5"], eol)
+    with pytest.raises(DataError, match=r"t\.csv: line 4: 4 fields where the header has 3: '3;d;4;5'$"):
         open_source(bad)
     with pytest.raises(DataError, match=r"t\.csv: line 1 is empty"):
-        open_source(_csv(tmp_path / "empty", "t", [""]))
+        open_source(_csv(tmp_path / "empty", "t", [""], eol))
 
 
-def test_well_formed_csv_files_still_read(tmp_path):
+SHOP_HEADER = "order_id,customer_id,placed_at,status,amount,note,gift"
+
+
+def _shop_orders(n: int = 60) -> list[str]:
+    """A 7-column orders file as Python's csv module writes it: notes quoted, every 7th spanning two lines."""
+    return [SHOP_HEADER] + [
+        f'{i},{i % 17},2024-01-{i % 28 + 1:02d} 10:00:00,{"open" if i % 2 else "done"},{i * 1.25},'
+        + (f'"note {i},\nlong"' if i % 7 == 0 else f'"note {i}, long"') + f",{i % 2}" for i in range(1, n + 1)]
+
+
+@EOLS
+@pytest.mark.parametrize("case", ["extra_fields", "fewer_fields", "unterminated", "blank_lines_before",
+                                  "semicolons_before_a_multiline_value"])
+def test_malformed_lines_of_a_quoted_file(tmp_path, eol, case):
+    # each record is one "line" as DuckDB counts them (a quoted value spanning two lines is one; so is a blank
+    # line): record k of _shop_orders is line k + 1
+    lines = _shop_orders()
+    row50 = lines[50]
+    want = {"extra_fields": f"line 51: 9 fields where the header has 7: {row50 + ',x,y'!r}",
+            "fewer_fields": "line 51: 5 fields where the header has 7: '50,16,2024-01-23 10:00:00,done,62.5'",
+            "unterminated": "line 51: unterminated quote: a field starts with '\"' but no '\"' right before a delimiter"
+                            """ or the line end closes it: '50,16,2024-01-23 10:00:00,done,62.5,"note 50, long,0'""",
+            "blank_lines_before": f"line 53: 9 fields where the header has 7: {row50 + ',x,y'!r}",
+            # a CRLF file whose sniff fails outright ("Error when sniffing file") and whose strict read stops
+            # without a line ("state machine reached an invalid state"): Python's csv module finds it
+            "semicolons_before_a_multiline_value":
+                """line 15: 1 fields where the header has 7: '14;14;2024-01-15 10:00:00;done;17.5;"note 14;'""",
+            }[case]
+    if case == "extra_fields":
+        lines[50] += ",x,y"
+    elif case == "fewer_fields":
+        lines[50] = row50.split(',"')[0]
+    elif case == "unterminated":
+        lines[50] = row50.replace(' long"', " long")
+    elif case == "blank_lines_before":
+        lines[50:51] = ["", "", row50 + ",x,y"]
+    else:
+        lines[14] = lines[14].replace(",", ";")
+    with pytest.raises(DataError) as err:
+        open_source(_csv(tmp_path / "db", "orders", lines, eol))
+    assert str(err.value) == f"{tmp_path / 'db' / 'orders.csv'}: {want}"
+
+
+@EOLS
+def test_well_formed_csv_files_still_read(tmp_path, eol):
     cases = {
         "one": (["word", "hello", "world"], ["word"], 2),  # a genuine one-column file
         "header_only": (["id,name,v"], ["id", "name", "v"], 0),
@@ -105,7 +161,7 @@ def test_well_formed_csv_files_still_read(tmp_path):
     for name, (lines, columns, rows) in cases.items():
         d = tmp_path / name
         d.mkdir()
-        (d / ("t.tsv" if name.startswith("tsv") else "t.csv")).write_text("\n".join(lines) + "\n")
+        (d / ("t.tsv" if name.startswith("tsv") else "t.csv")).write_bytes((eol.join(lines) + eol).encode())
         with open_source(d) as raw:
             assert raw.schema("t").names == columns, name
             assert raw.num_rows("t") == rows, name

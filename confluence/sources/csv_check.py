@@ -6,12 +6,18 @@ way, it falls back to reading each line as **one column** named after the whole 
 a later line for the header. Each hides a malformed line, such as a row with extra fields or a quote that is
 never closed. `check_dialect` catches these fallbacks and re-reads the file the standard way (RFC 4180: a field
 that starts with `"` is quoted, `""` inside it is a quote) with DuckDB's strict reader, which stops at the first
-malformed line; `csv_problem` rewrites that error as `<file>: line <n>: <what is wrong>: <the line>`."""
+malformed line; `csv_problem` rewrites that error as `<file>: line <n>: <what is wrong>: <the line>`.
+
+Windows line ends (CRLF) get the same message: DuckDB's "Original Line" of a CRLF file starts with the previous
+line's `\n` (and, like an LF file's, with any blank lines before it), and where its strict reader stops without
+naming a line ("state machine reached an invalid state", seen for a CRLF file whose broken line sits before a quoted
+value spanning lines), Python's `csv` module finds the line instead (`python_problem`)."""
 
 from __future__ import annotations
 
 import csv
 import gzip
+import io
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +34,11 @@ _LINE = re.compile(r"CSV Error on Line: (\d+)")
 _ORIGINAL = "Original Line: "
 _COUNTS = re.compile(r"Expected Number of Columns: (\d+) Found: (\d+)")
 _CONVERT = re.compile(r'Error when converting column "(.*?)"\. Could not convert string "(.*?)" to \'?([A-Z_ ]+)')
+# what DuckDB says right after the "Original Line" (which may span lines: blank lines before it, a quoted value after)
+_NOTES = re.compile(r"\n(?=Expected Number of Columns|Value with unterminated quote|Error when converting"
+                    r"|Invalid unicode|Maximum line size|Possible fixes|Possible Solution)")
+_UNTERMINATED = ("unterminated quote: a field starts with '\"' but no '\"' right before a delimiter or the line end"
+                 " closes it")
 
 
 @dataclass(frozen=True)
@@ -98,30 +109,106 @@ def header_split(line: str) -> tuple[str, int]:
     return best, len(_split(line, best))
 
 
+def _original_and_notes(body: str) -> tuple[str, str]:
+    """DuckDB's "Original Line" (its first line, without blank lines before it or line ends) and the notes after
+    it, from the text after `CSV Error on Line: <n>`; the same for LF and CRLF files."""
+    body = body.lstrip("\r\n")
+    if not body.startswith(_ORIGINAL):
+        return "", body
+    text = body[len(_ORIGINAL):]
+    if (m := _NOTES.search(text)) is not None:
+        original, notes = text[:m.start()], text[m.end():]
+    else:
+        original, _, notes = text.lstrip("\r\n").partition("\n")
+    return original.lstrip("\r\n").split("\n", 1)[0].rstrip("\r"), notes
+
+
+def _header_delimiter(file: Path) -> str | None:
+    try:
+        return header_split(header_line(file))[0]
+    except DataError:
+        return None
+
+
 def csv_problem(file: Path, message: str, delimiter: str | None = None) -> str | None:
-    """DuckDB's CSV error as `<file>: line <n>: <what>: <line>`, or None when the message names no line."""
+    """DuckDB's CSV error as `<file>: line <n>: <what>: <line>`, or None when the message names no line. The
+    fields of a line are counted with `delimiter` (by default the one that splits the header best): DuckDB's own
+    count stops one past the header's."""
     m = _LINE.search(message)
     if m is None:
         return None
     line_no = int(m.group(1))
-    body = message[m.end():]
-    original = ""
-    if body.lstrip("\n").startswith(_ORIGINAL):
-        original = body.lstrip("\n")[len(_ORIGINAL):].split("\n", 1)[0]
-    shown = original if len(original) <= 200 else original[:200] + "..."
-    if (c := _COUNTS.search(body)) is not None:
+    original, notes = _original_and_notes(message[m.end():])
+    if (c := _COUNTS.search(notes)) is not None:
+        delimiter = delimiter or (_header_delimiter(file) if original else None)
         found = len(_split(original, delimiter)) if delimiter and original else int(c.group(2))
         what = f"{found} fields where the header has {c.group(1)}"
-    elif "unterminated quote" in body:
-        what = ("unterminated quote: a field starts with '\"' but no '\"' right before a delimiter or the line"
-                " end closes it")
-    elif (c := _CONVERT.search(body)) is not None:
+    elif "unterminated quote" in notes:
+        what = _UNTERMINATED
+    elif (c := _CONVERT.search(notes)) is not None:
         what = f"column '{c.group(1)}' holds {c.group(2)!r}, which is not a {c.group(3).strip()}"
     else:
-        lines = [s.strip() for s in body.split("\n") if s.strip()]
-        rest = [s for s in lines[1:] if not s.startswith(("Possible fixes", "*", "file =", "Column "))]
+        rest = [s.strip() for s in notes.split("\n") if s.strip()
+                and not s.strip().startswith(("Possible fixes", "Possible Solution", "*", "file =", "Column "))]
         what = rest[0] if rest else "DuckDB cannot parse it"
+    return _say(file, line_no, what, original)
+
+
+def _say(file: Path, line_no: int, what: str, line: str) -> str:
+    shown = line if len(line) <= 200 else line[:200] + "..."
     return f"{file}: line {line_no}: {what}: {shown!r}"
+
+
+class _Lines:
+    """A text file's lines (line ends kept) for `csv.reader`, remembering those read for the current record."""
+
+    def __init__(self, text: IO[str]):
+        self.text = text
+        self.taken: list[str] = []
+
+    def __iter__(self) -> _Lines:
+        return self
+
+    def __next__(self) -> str:
+        line = self.text.readline()
+        if not line:
+            raise StopIteration
+        self.taken.append(line)
+        return line
+
+
+def python_problem(file: Path, delimiter: str, fields: int) -> str | None:
+    """The first malformed line as `csv_problem` words it, found with Python's `csv` module (RFC 4180 like DuckDB's
+    strict reader: `"` quotes, `""` escapes; LF, CRLF or CR line ends), or None when every line has `fields` fields.
+    For when DuckDB's strict reader fails without naming a line. Lines are counted as DuckDB counts them: one per
+    record (a quoted value spanning lines is one) and one per blank line, the header being line 1."""
+    try:
+        with _open(file) as fh:
+            lines = _Lines(io.TextIOWrapper(fh, encoding="utf-8", errors="replace", newline=""))
+            reader = csv.reader(lines, delimiter=delimiter, quotechar='"', doublequote=True, strict=True)
+            line_no = 0
+            while True:
+                lines.taken = []
+                try:
+                    row = next(reader, None)
+                except csv.Error as exc:
+                    # '"' expected after '"' (closed before something other than a delimiter), unexpected end of
+                    # data (never closed), field larger than field limit (a quote that runs on): a broken quote
+                    said = str(exc)
+                    quote = "'\"'" in said or "end of data" in said or "field larger" in said
+                    return _say(file, line_no + 1, _UNTERMINATED if quote else f"not valid CSV ({said})",
+                                _first(lines.taken))
+                if row is None:
+                    return None
+                line_no += 1
+                if line_no > 1 and row and len(row) != fields:
+                    return _say(file, line_no, f"{len(row)} fields where the header has {fields}", _first(lines.taken))
+    except (OSError, EOFError):
+        return None
+
+
+def _first(taken: list[str]) -> str:
+    return taken[0].lstrip("\ufeff").rstrip("\r\n") if taken else ""
 
 
 def csv_line_value(message: str) -> tuple[int, str] | None:
@@ -154,16 +241,24 @@ def _empty_header(file: Path) -> DataError:
     return DataError(f"{file}: line 1 is empty (an empty file?); the header must be the first line")
 
 
+def _first_bad_line(con: duckdb.DuckDBPyConnection, file: Path, delimiter: str, fields: int,
+                    options: str) -> tuple[str | None, duckdb.Error | None]:
+    """(the message naming the first malformed line, DuckDB's error) of a strict RFC 4180 read with `fields`
+    fields; Python's `csv` module names the line when DuckDB's error does not. (None, None): every line parses."""
+    exc = _strict_error(con, file, delimiter, fields, options)
+    if exc is None:
+        return None, None
+    return csv_problem(file, str(exc), delimiter) or python_problem(file, delimiter, fields), exc
+
+
 def _malformed(con: duckdb.DuckDBPyConnection, file: Path, delimiter: str, fields: int, options: str,
                otherwise: str) -> DataError:
     """The error for a file the sniffer could not read as one table: its first malformed line under a strict
     RFC 4180 read with `fields` fields, else `otherwise`."""
     if fields < 1:
         return _empty_header(file)
-    exc = _strict_error(con, file, delimiter, fields, options)
-    if exc is not None and (msg := csv_problem(file, str(exc), delimiter)) is not None:
-        return DataError(msg)
-    return DataError(f"{file}: {otherwise}")
+    msg, _ = _first_bad_line(con, file, delimiter, fields, options)
+    return DataError(msg if msg is not None else f"{file}: {otherwise}")
 
 
 def check_dialect(con: duckdb.DuckDBPyConnection, file: Path, dialect: Dialect, options: str) -> None:
@@ -186,10 +281,9 @@ def check_dialect(con: duckdb.DuckDBPyConnection, file: Path, dialect: Dialect, 
     elif dialect.quote == "" and dialect.delimiter != "\t" and _contains(file, b'"'):
         # Quote characters in a file read without quoting: fine if it reads the same way with quoting (a quote
         # inside a value), else some quoted value is broken. Tab-separated files have no quoting convention.
-        exc = _strict_error(con, file, dialect.delimiter, len(dialect.columns), options)
+        msg, exc = _first_bad_line(con, file, dialect.delimiter, len(dialect.columns), options)
         if exc is not None:
-            raise DataError(csv_problem(file, str(exc), dialect.delimiter)
-                            or f"{file}: not valid CSV: {first_line(str(exc))}")
+            raise DataError(msg or f"{file}: not valid CSV: {first_line(str(exc))}")
 
 
 def locate_failure(con: duckdb.DuckDBPyConnection, file: Path, options: str, exc: duckdb.Error) -> DataError:
