@@ -269,7 +269,7 @@ def bench_attention_cmd(
     ] = None,
     perm_tile: Annotated[
         int | None,
-        typer.Option(help="The sampler's perm_tile for --store batches (0: seed 000's orders). Default: --block, "
+        typer.Option(help="The sampler's perm_tile for --store batches (0: the original, untiled cell orders). Default: --block, "
                           "the tile the orders are chosen for."),
     ] = None,
     train: Annotated[bool, typer.Option(help="Also measure end-to-end training cells/s.")] = True,
@@ -394,32 +394,68 @@ def bench_serve_cmd(
     task: str | None = typer.Option(None, "--task", help="Task the requests ask (default: the store's first)."),
     clients: list[int] = typer.Option([1, 8], "--clients", metavar="N", min=1,
                                       help="Concurrent clients, one level each (repeatable)."),
-    requests: int = typer.Option(200, "--requests", min=1, help="Timed requests per level."),
+    requests: int = typer.Option(200, "--requests", min=1, help="Timed requests per level (with --mixed: the "
+                                 "distinct one-anchor requests, cycled)."),
     anchors_per_request: int = typer.Option(1, "--anchors-per-request", min=1, help="Anchors in each request."),
     batch_size: int | None = typer.Option(None, "--batch-size", min=1, help="The server's --batch-size "
                                           "(default: the run's)."),
     max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", min=0.0, help="The server's --max-wait-ms."),
     draws: int | None = typer.Option(None, "--draws", min=1, help="The server's --draws (default: its default)."),
+    mixed: bool = typer.Option(False, "--mixed", help="One-anchor clients sending back to back while "
+                               "--large-clients clients send --large-requests requests of --large-anchors anchors "
+                               "each: the small requests' p50 / p99, errors, /health's latency, the server's memory "
+                               "(VmRSS) before and after."),
+    large_anchors: int = typer.Option(1000, "--large-anchors", min=1, help="With --mixed: anchors per large "
+                                      "request."),
+    large_clients: int = typer.Option(1, "--large-clients", min=1, help="With --mixed: clients sending large "
+                                      "requests."),
+    large_requests: int = typer.Option(2, "--large-requests", min=1, help="With --mixed: large requests each "
+                                       "large client sends (the level lasts until they are answered)."),
+    server_repo: Path | None = typer.Option(None, "--server-repo", metavar="DIR", help="Run the server from this "
+                                            "checkout's confluence package (PYTHONPATH=DIR), e.g. a `git worktree` "
+                                            "of an older commit, to compare versions."),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the figures to this JSON file."),
 ) -> None:
-    """Requests/s, anchors/s and p50/p99 latency of `confluence serve` under concurrent HTTP clients."""
+    """Requests/s, anchors/s and p50/p99 latency of `confluence serve` under concurrent HTTP clients (--mixed:
+    small requests beside large ones)."""
     from confluence.bench.serve import bench_serve
 
     try:
         res = bench_serve(checkpoint, db, task=task, clients=tuple(clients), requests=requests,
                           anchors_per_request=anchors_per_request, batch_size=batch_size, max_wait_ms=max_wait_ms,
-                          draws=draws, log=typer.echo)
+                          draws=draws, mixed=mixed, large_anchors=large_anchors, large_clients=large_clients,
+                          large_requests=large_requests, server_repo=server_repo, log=typer.echo)
     except ConfluenceError as exc:
         fail(exc)
     typer.echo(f"{res['store']} / {res['task']}, step {res['checkpoint_step']}, {res['anchors_per_request']} "
                f"anchor(s) per request, batch size {res['batch_size']}, {res['draws']} draw(s), {res['machine']}, "
-               f"1-min load average {res['loadavg_1min'][0]:.1f} -> {res['loadavg_1min'][1]:.1f}")
-    typer.echo(f"{'clients':>7} {'req/s':>8} {'anchors/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'req/call':>9}")
-    for r in res["levels"]:
-        typer.echo(f"{r['clients']:>7} {r['requests_per_s']:>8.1f} {r['anchors_per_s']:>10.1f} "
-                   f"{r['latency_ms']['p50']:>8.1f} {r['latency_ms']['p99']:>8.1f} "
-                   f"{r['requests_per_model_call']:>9.2f}")
+               f"1-min load average {res['loadavg_1min'][0]:.1f} -> {res['loadavg_1min'][1]:.1f}; server code "
+               f"{res['server_code']}; SIGTERM to exit {res['stop_s']:.1f} s")
+    if mixed:
+        typer.echo(f"{'clients':>7} {'small':>6} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'large':>6} "
+                   f"{'large s':>8} {'health max ms':>13} {'errors':>7}  RSS MB before -> after (peak)")
+        for r in res["levels"]:
+            lat, mem0, mem1 = r["small_latency_ms"], r["memory_before"], r["memory_after"]
+            errors = sum(n for kind in r["errors"].values() for n in kind.values())
+            typer.echo(f"{r['clients']:>7} {r['small_answered']:>6} {_ms(lat['p50']):>8} {_ms(lat['p99']):>8} "
+                       f"{_ms(lat['max']):>8} {r['large_answered']:>6} "
+                       f"{_ms(r['large_latency_ms']['p50'], 1e-3):>8} {_ms(r['health_latency_ms']['max']):>13} "
+                       f"{errors:>7}  {_mb(mem0['rss_mb'])} -> {_mb(mem1['rss_mb'])} ({_mb(mem1['peak_rss_mb'])})")
+    else:
+        typer.echo(f"{'clients':>7} {'req/s':>8} {'anchors/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'req/call':>9}")
+        for r in res["levels"]:
+            typer.echo(f"{r['clients']:>7} {r['requests_per_s']:>8.1f} {r['anchors_per_s']:>10.1f} "
+                       f"{r['latency_ms']['p50']:>8.1f} {r['latency_ms']['p99']:>8.1f} "
+                       f"{r['requests_per_model_call']:>9.2f}")
     _write_json(json_out, res)
+
+
+def _mb(x: float | None) -> str:
+    return "?" if x is None else f"{x:.0f}"
+
+
+def _ms(x: float | None, scale: float = 1.0) -> str:
+    return "-" if x is None else f"{x * scale:.1f}"
 
 
 def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) -> None:

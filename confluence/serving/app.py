@@ -1,11 +1,17 @@
 """The HTTP JSON API of the prediction service (FastAPI): `POST /predict`, `GET /health`, `GET /tasks`,
-`GET /model`, and the OpenAPI page at `/docs` (schema at `/openapi.json`). docs/serving.md describes it."""
+`GET /model`, the schema at `/openapi.json` (and with `docs`, the Swagger page at `/docs`). In front of it, `Guard`
+checks the bearer token and the body size before a byte of the body is parsed; `/predict` parses, checks and
+renders on worker threads, never on the event loop. docs/serving.md describes it."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hmac
+import json
 import logging
-from collections.abc import AsyncIterator
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -13,18 +19,35 @@ from typing import Any, Literal
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 from starlette.concurrency import run_in_threadpool
 
 import confluence
 from confluence.evaluation.draws import DEFAULT_DRAWS
+from confluence.serving.batching import Unavailable
 from confluence.serving.service import PredictionService, RequestError, ServeSettings, json_rows
 
 log = logging.getLogger("confluence.serving")
 
 MAX_TOP_K = 100
+EXCERPT = 100  # most characters of one input value an error message repeats
+MAX_ERRORS = 10  # validation errors listed in one answer (the count of the rest follows)
+# a refused body of up to this many bytes is read and dropped (for up to DISCARD_S) before the 413, so that a client
+# that sends its whole body before it reads (most do) gets the answer, not a reset connection; beyond: at once
+DISCARD_BYTES = 64 * 1024 * 1024
+DISCARD_S = 5.0
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
+
+
+def excerpt(text: str, limit: int = EXCERPT) -> str:
+    """`text` cut to `limit` characters and "…": an error names a bad value without echoing a large input."""
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 class Anchor(BaseModel):
@@ -44,7 +67,8 @@ class Anchor(BaseModel):
     @classmethod
     def _key_type(cls, v: Any) -> Any:
         if isinstance(v, bool) or not isinstance(v, int | str):
-            raise PydanticCustomError("key_type", "a key is an integer or a string, not {value}", {"value": repr(v)})
+            raise PydanticCustomError("key_type", "a key is an integer or a string, not {value}",
+                                      {"value": excerpt(repr(v))})
         return v
 
 
@@ -89,6 +113,7 @@ class Health(BaseModel):
     batch_size: int
     max_wait_ms: float
     max_anchors: int
+    max_body_bytes: int = Field(description="Most bytes in a request body (more: 413 before it is read).")
     draws: int = Field(description="Contexts each anchor is answered from (the server's --draws).")
     compiled_shapes: int = Field(description="Batch shapes the model is compiled for (it compiles them all "
                                              "before it is ready).")
@@ -108,21 +133,23 @@ class TaskInfo(BaseModel):
 
 class StoreInfo(BaseModel):
     name: str
-    path: str
+    path: str = Field(description="The store's directory name (its absolute path with the server's "
+                                  "--model-details).")
     d_t: int = Field(description="Size of the store's text embeddings (the checkpoint's d_t).")
     tasks: int
 
 
 class ModelCard(BaseModel):
-    checkpoint: str = Field(description="The checkpoint directory served.")
+    checkpoint: str = Field(description="The checkpoint directory served: its name (its absolute path with the "
+                                        "server's --model-details).")
     checkpoint_sha256: str = Field(description="sha256 over the checkpoint's files (name, NUL, bytes; name order).")
     step: int = Field(description="Training step of the checkpoint.")
     saved_at: str | None = Field(description="When the checkpoint was written (ISO 8601, UTC).")
     parameters: int = Field(description="Number of model parameters.")
     trained_on: list[str] = Field(description="Databases the run trained on.")
     code: dict[str, Any] | None = Field(default=None, description="The code that trained it: version, git commit, "
-                                        "dirty (the package differed from the commit), diff_sha256, environment "
-                                        "(library versions, device, CPU); "
+                                        "dirty (the package differed from the commit), diff_sha256, and with the "
+                                        "server's --model-details environment (library versions, device, CPU); "
                                         "null for checkpoints written before 2026-11-25.")
     config: dict[str, Any] = Field(description="The run's model settings, and a summary of its sampler, loss and "
                                                "schedule.")
@@ -130,37 +157,212 @@ class ModelCard(BaseModel):
 
 
 def _field(loc: tuple[Any, ...]) -> str:
-    """('body', 'anchors', 0, 'key') -> 'anchors[0].key'."""
+    """('body', 'anchors', 0, 'key') -> 'anchors[0].key' (a long name cut to an excerpt)."""
     out = ""
     for part in loc[1:] if loc and loc[0] == "body" else loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        part = part if isinstance(part, int) else excerpt(str(part))
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
     return out or "body"
 
 
-def _validation_message(errors: list[dict[str, Any]]) -> str:
-    msgs = []
-    for e in errors:
+def _public_errors(errors: list[Any]) -> tuple[str, list[dict[str, Any]]]:
+    """pydantic's errors as the answer's `detail` (one line per error, naming the field) and `errors` (each with
+    its loc, msg, type and the input, cut to an excerpt); at most MAX_ERRORS of each, then how many more."""
+    msgs, out = [], []
+    for e in errors[:MAX_ERRORS]:
         if e.get("type") == "json_invalid":
-            msgs.append(f"the request body is not valid JSON ({e.get('ctx', {}).get('error', e.get('msg'))})")
+            msgs.append(f"the request body is not valid JSON ({excerpt(str(e.get('ctx', {}).get('error', '')))})")
         else:
-            msgs.append(f"{_field(tuple(e.get('loc', ())))}: {e.get('msg')}")
-    return "; ".join(msgs)
+            msgs.append(f"{_field(tuple(e.get('loc', ())))}: {excerpt(str(e.get('msg')), 2 * EXCERPT)}")
+        loc = [p if isinstance(p, int) else excerpt(str(p)) for p in e.get("loc", ())]
+        item = {"loc": loc, "msg": excerpt(str(e.get("msg")), 2 * EXCERPT), "type": e.get("type")}
+        if "input" in e:
+            text = json.dumps(jsonable_encoder(e["input"]), default=repr)
+            item["input"] = e["input"] if len(text) <= EXCERPT else excerpt(text)
+        out.append(item)
+    if len(errors) > MAX_ERRORS:
+        msgs.append(f"and {len(errors) - MAX_ERRORS} more error(s)")
+    return "; ".join(msgs), out
+
+
+def _non_finite(data: Any) -> tuple[str, float] | None:
+    """The first NaN or infinity in parsed JSON (Python's parser accepts NaN, Infinity and 1e999): (field, value)."""
+    stack: list[tuple[tuple[Any, ...], Any]] = [((), data)]
+    while stack:
+        loc, v = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            return _field(loc), v
+        if isinstance(v, dict):
+            stack.extend(reversed([((*loc, k), x) for k, x in v.items()]))
+        elif isinstance(v, list):
+            stack.extend(reversed([((*loc, i), x) for i, x in enumerate(v)]))
+    return None
+
+
+class InvalidBody(RequestError):
+    """A body that does not fit the request schema: 422 with pydantic's errors (inputs cut to excerpts)."""
+
+    def __init__(self, message: str, errors: list[dict[str, Any]]):
+        super().__init__(message, 422)
+        self.errors = errors
+
+
+def parse_request(body: bytes, max_anchors: int) -> PredictRequest:
+    """A `POST /predict` body checked: JSON (NaN and infinities refused, naming the field), at most `max_anchors`
+    anchors (counted before each is validated), and the schema. RequestError (413 or 422) otherwise. Runs on a
+    worker thread: a large body never holds the event loop."""
+    try:
+        data = json.loads(body)
+    except RecursionError:
+        raise RequestError("the request body is not valid JSON (nested too deeply)") from None
+    except ValueError as exc:  # JSONDecodeError, bad UTF-8, an integer of more than 4,300 digits
+        raise RequestError(f"the request body is not valid JSON ({excerpt(str(exc))})") from None
+    bad = _non_finite(data)
+    if bad is not None:
+        where, value = bad
+        name = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+        raise RequestError(f"{where}: {name} is not a number JSON allows (no NaN or Infinity)")
+    anchors = data.get("anchors") if isinstance(data, dict) else None
+    if isinstance(anchors, list) and len(anchors) > max_anchors:
+        raise RequestError(f"anchors: {len(anchors)} anchors, at most {max_anchors} per request (the server's "
+                           f"--max-anchors)", status=413)
+    try:
+        return PredictRequest.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidBody(*_public_errors(exc.errors())) from None
+
+
+def shorten(message: str, values: list[Any]) -> str:
+    """`message` with every long string or integer of `values` (the request's task, keys, times) it repeats cut
+    to an excerpt, so an error about a 50 MB key does not send the key back."""
+    for v in values:
+        if isinstance(v, str | int) and not isinstance(v, bool):
+            text = str(v)
+            if len(text) > EXCERPT:
+                for form in {repr(v), text}:
+                    message = message.replace(form, excerpt(form))
+    return message
+
+
+def _render(task: str, key_column: str, table: Any) -> bytes:
+    """The `POST /predict` answer as JSON bytes (on a worker thread: a 1,000-row answer is no event-loop work)."""
+    return json.dumps({"task": task, "key_column": key_column, "rows": json_rows(table)}, allow_nan=False,
+                      separators=(",", ":")).encode()
+
+
+async def _discard(receive: Callable[[], Awaitable[Message]], budget: int) -> None:
+    """Read and drop the rest of a refused request body: at most `budget` bytes, for at most DISCARD_S (nothing is
+    kept: memory stays flat)."""
+    async def drain() -> None:
+        left = budget
+        while left > 0:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            left -= len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return
+
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(drain(), DISCARD_S)
+
+
+async def _reply(send: Callable[[Message], Awaitable[None]], status: int, detail: str,
+                 headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close"), *(headers or [])]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class Guard:
+    """ASGI middleware in front of every endpoint, before a byte of the body is parsed: the bearer token (every
+    path but /health; 401 with `WWW-Authenticate: Bearer`, compared in constant time), then the body size: a
+    Content-Length over `max_body`, or a chunked body whose bytes pass it, gets 413 (the rest of the body, up to
+    DISCARD_BYTES, read and dropped first: `_discard`; a larger one, or one sent with `Expect: 100-continue`, is
+    not read at all). The body read is handed on to the app."""
+
+    def __init__(self, app: ASGIApp, *, token: str | None, max_body: int):
+        self.app = app
+        self.token = None if token is None else token.encode()
+        self.max_body = max_body
+
+    def _authorized(self, header: bytes | None) -> bool:
+        scheme, _, given = (header or b"").strip().partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.token or b"")
+
+    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Message]],
+                       send: Callable[[Message], Awaitable[None]]) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        if self.token is not None and scope["path"] != "/health" and \
+                not self._authorized(headers.get(b"authorization")):
+            await _reply(send, 401, "this server needs a bearer token (header 'Authorization: Bearer TOKEN'); the "
+                                    "one given is missing or wrong", [(b"www-authenticate", b"Bearer")])
+            return
+        too_big = f"at most {self.max_body} bytes per request (the server's --max-body-bytes)"
+        if b"content-length" in headers:
+            try:
+                declared = int(headers[b"content-length"])
+            except ValueError:
+                await _reply(send, 400, "Content-Length is not a number")
+                return
+            if declared > self.max_body:
+                if declared <= DISCARD_BYTES and headers.get(b"expect", b"").lower() != b"100-continue":
+                    await _discard(receive, declared)
+                await _reply(send, 413, f"request body: {declared} bytes, {too_big}")
+                return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            size += len(message.get("body", b""))
+            if size > self.max_body:
+                if message.get("more_body", False):
+                    await _discard(receive, DISCARD_BYTES - size)
+                await _reply(send, 413, f"request body: more than {self.max_body} bytes, {too_big}")
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body, given = b"".join(chunks), False
+
+        async def replay() -> Message:
+            nonlocal given
+            if not given:
+                given = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
 
 
 def create_app(checkpoint: str | Path, db: str | Path, *, batch_size: int | None = None, max_wait_ms: float = 5.0,
                max_anchors: int = 1000, top_k: int = 3, clip_numbers: bool = True, threads: int = 1,
-               warm_up: bool = True, draws: int = DEFAULT_DRAWS) -> FastAPI:
+               warm_up: bool = True, draws: int = DEFAULT_DRAWS, max_body_bytes: int | None = None,
+               token: str | None = None, docs: bool = False, model_details: bool = False) -> FastAPI:
     """The ASGI app serving `checkpoint` on the store `db`. Both load here (a ConfluenceError for a bad path, so a
     server can refuse to start before it binds); the batching worker starts with the app (its lifespan) and
-    compiles the model (for every batch shape, unless `warm_up` is off) before `/health` says ready."""
+    compiles the model (for every batch shape, unless `warm_up` is off) before `/health` says ready. The other
+    settings are ServeSettings'."""
     settings = ServeSettings(batch_size=batch_size, max_wait_ms=max_wait_ms, max_anchors=max_anchors, top_k=top_k,
-                             clip_numbers=clip_numbers, threads=threads, warm_up=warm_up, draws=draws)
+                             clip_numbers=clip_numbers, threads=threads, warm_up=warm_up, draws=draws,
+                             max_body_bytes=max_body_bytes, token=token, docs=docs, model_details=model_details)
     service = PredictionService(checkpoint, db, settings)
     return build_app(service)
 
 
+_PREDICT_BODY = {"requestBody": {"required": True, "content": {"application/json": {
+    "schema": {"$ref": "#/components/schemas/PredictRequest"}}}}}
+
+
 def build_app(service: PredictionService) -> FastAPI:
-    """The FastAPI app around a loaded `PredictionService` (started and stopped with the app)."""
+    """The FastAPI app around a loaded `PredictionService` (started and stopped with the app), behind `Guard`."""
+    settings = service.settings
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -172,14 +374,31 @@ def build_app(service: PredictionService) -> FastAPI:
 
     app = FastAPI(title="Confluence prediction service", version=confluence.__version__, lifespan=lifespan,
                   description=f"Predictions of checkpoint step {service.loaded.step} on store "
-                              f"'{service.store.name}'. The same rows as `confluence predict --anchors`.")
+                              f"'{service.store.name}'. The same rows as `confluence predict --anchors`.",
+                  docs_url="/docs" if settings.docs else None, redoc_url=None)
     app.state.service = service
+    app.add_middleware(Guard, token=settings.token, max_body=settings.body_limit)
+
+    def openapi() -> dict[str, Any]:
+        """FastAPI's schema, with the request body /predict reads itself (PredictRequest) and the bearer token."""
+        if app.openapi_schema is None:
+            spec = get_openapi(title=app.title, version=app.version, description=app.description,
+                               routes=app.routes)
+            schema = PredictRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+            components = spec.setdefault("components", {})
+            components.setdefault("schemas", {}).update({**schema.pop("$defs", {}), "PredictRequest": schema})
+            if settings.token is not None:
+                components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+                spec["security"] = [{"bearer": []}]
+            app.openapi_schema = spec
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = list(exc.errors())
-        return JSONResponse({"detail": _validation_message(errors), "errors": jsonable_encoder(errors)},
-                            status_code=422)
+        detail, errors = _public_errors(list(exc.errors()))
+        return JSONResponse({"detail": detail, "errors": errors}, status_code=422)
 
     @app.exception_handler(Exception)
     async def _crash(request: Request, exc: Exception) -> JSONResponse:
@@ -189,19 +408,20 @@ def build_app(service: PredictionService) -> FastAPI:
 
     @app.get("/", include_in_schema=False)
     async def index() -> dict[str, str]:
-        return {"service": "confluence", "docs": "/docs", "openapi": "/openapi.json", "health": "/health",
-                "tasks": "/tasks", "model": "/model", "predict": "POST /predict"}
+        return {"service": "confluence", **({"docs": "/docs"} if settings.docs else {}), "openapi": "/openapi.json",
+                "health": "/health", "tasks": "/tasks", "model": "/model", "predict": "POST /predict"}
 
     @app.get("/health", response_model=Health, responses={503: {"model": Health}},
-             summary="Ready to answer? (503 while the model compiles)")
+             summary="Ready to answer? (503 while the model compiles; no token needed)")
     async def health() -> JSONResponse:
         b = service.batcher
         status = "failed" if b.failed is not None else ("ready" if b.ready.is_set() else "starting")
         st = service.stats
         body = Health(status=status, store=service.store.name, step=service.loaded.step,
-                      batch_size=service.predictor.batch_size, max_wait_ms=service.settings.max_wait_ms,
-                      max_anchors=service.settings.max_anchors, draws=service.predictor.draws,
-                      compiled_shapes=service.compiled[0], batch_shapes=service.compiled[1],
+                      batch_size=service.predictor.batch_size, max_wait_ms=settings.max_wait_ms,
+                      max_anchors=settings.max_anchors, max_body_bytes=settings.body_limit,
+                      draws=service.predictor.draws, compiled_shapes=service.compiled[0],
+                      batch_shapes=service.compiled[1],
                       stats=StatsBody(requests=st.requests, anchors=st.anchors, model_calls=st.model_calls,
                                       merged_calls=st.merged_calls, rounds=st.rounds,
                                       max_requests_per_round=st.max_requests_per_round, errors=st.errors,
@@ -218,19 +438,33 @@ def build_app(service: PredictionService) -> FastAPI:
         return service.card
 
     @app.post("/predict", response_model=PredictResponse, summary="Predict a task for anchors named by key",
-              responses={413: {"model": Error, "description": "More anchors than the server's --max-anchors"},
+              openapi_extra=_PREDICT_BODY,
+              responses={401: {"model": Error, "description": "The server needs a bearer token"},
+                         413: {"model": Error, "description": "More anchors than the server's --max-anchors, or "
+                                                              "a body over its --max-body-bytes"},
                          422: {"model": Error, "description": "A field is wrong; `detail` names it"},
-                         500: {"model": Error}})
-    async def predict(req: PredictRequest) -> Any:
+                         500: {"model": Error},
+                         503: {"model": Error, "description": "The server is shutting down"}})
+    async def predict(request: Request) -> Response:
+        try:
+            req = await run_in_threadpool(parse_request, await request.body(), settings.max_anchors)
+        except InvalidBody as exc:
+            return JSONResponse({"detail": str(exc), "errors": exc.errors}, status_code=exc.status)
+        except RequestError as exc:
+            return JSONResponse({"detail": str(exc)}, status_code=exc.status)
         keys = [a.key for a in req.anchors]
         times = [a.observation_time for a in req.anchors]
         try:
             job = await run_in_threadpool(service.job, req.task, keys,
                                           None if all(t is None for t in times) else times, req.top_k)
         except RequestError as exc:
-            return JSONResponse({"detail": str(exc)}, status_code=exc.status)
-        table = await asyncio.wrap_future(service.batcher.submit(job))
-        rows = await run_in_threadpool(json_rows, table)
-        return PredictResponse(task=req.task, key_column=service.key_column(req.task), rows=rows)
+            return JSONResponse({"detail": shorten(str(exc), [req.task, *keys, *times])}, status_code=exc.status)
+        try:
+            table = await asyncio.wrap_future(service.batcher.submit(job))
+        except Unavailable as exc:
+            return JSONResponse({"detail": f"{exc}; try again later"}, status_code=503,
+                                headers={"retry-after": "5"})
+        content = await run_in_threadpool(_render, req.task, service.key_column(req.task), table)
+        return Response(content, media_type="application/json")
 
     return app

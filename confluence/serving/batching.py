@@ -127,8 +127,9 @@ def _concat(parts: list[HeadOutputs]) -> HeadOutputs:
 
 @dataclass
 class Stats:
-    """What the batcher did: requests and anchors answered, model calls (forward passes), rounds (queue drains),
-    model calls that held more than one request's anchors, the most requests in one round."""
+    """What the batcher did: requests and anchors answered, model calls (forward passes), rounds (times the worker
+    took queued requests), model calls that held more than one request's anchors, the most requests taken in one
+    round, requests that failed on the server's side."""
 
     requests: int = 0
     anchors: int = 0
@@ -139,54 +140,119 @@ class Stats:
     errors: int = 0
 
 
+class Unavailable(RuntimeError):
+    """The service is shutting down (or its worker is not running): the request was not answered (HTTP 503)."""
+
+
+class _Run:
+    """One request's sequences in progress: `draws` passes over its anchors (anchor `i` is seed `i` of its own
+    ad-hoc task, draw `e` the sampler's epoch `e`), built one sampler batch at a time as the worker takes them,
+    and the head outputs gathered back in order."""
+
+    def __init__(self, predictor: Predictor, task: str, rows: np.ndarray, obs: np.ndarray):
+        self.task = task
+        self._predictor = predictor
+        self._custom = predictor.stream.sampler.anchor_task(task, rows, obs)
+        self._ids = np.arange(len(rows), dtype=np.int64)
+        self.left = len(rows) * predictor.draws  # sequences not yet taken into a pass
+        self.since = time.monotonic()
+        self._pieces: list[list[HeadOutputs]] = [[] for _ in range(predictor.draws)]
+        self._epoch, self._gen = -1, None
+        self._batch: TrainingBatch | None = None
+        self._at = self._valid = 0
+
+    def take(self, n: int) -> list[tuple[_Run, int, TrainingBatch, int, int]]:
+        """The next `n` sequences: (this run, draw, built batch, first, end) per piece of a built batch."""
+        out = []
+        while n > 0:
+            if self._at == self._valid:
+                self._next_batch()
+            k = min(n, self._valid - self._at)
+            out.append((self, self._epoch, self._batch, self._at, self._at + k))
+            self._at += k
+            n -= k
+            self.left -= k
+        return out
+
+    def _next_batch(self) -> None:
+        while True:
+            if self._gen is None:
+                self._epoch += 1
+                self._gen = self._predictor.stream.ordered(self._custom, self._ids, epoch=self._epoch,
+                                                           context=ANCHOR_CONTEXT)
+            batch = next(self._gen, None)
+            if batch is not None:
+                self._batch, self._at, self._valid = batch, 0, int(batch.seq_valid.sum())
+                return
+            self._gen = None
+
+    def put(self, draw: int, out: HeadOutputs) -> None:
+        self._pieces[draw].append(out)
+
+    def outputs(self) -> HeadOutputs:
+        """Its head outputs, the draws combined (once every sequence is answered)."""
+        return combine_draws([_concat(p) for p in self._pieces])
+
+    def close(self) -> None:
+        """Stop its batch stream (a run abandoned half way leaves no producer behind)."""
+        if self._gen is not None:
+            self._gen.close()
+            self._gen = None
+
+
+def pass_shares(left: list[int], slots: int) -> list[int]:
+    """Sequences each request gets in one forward pass of `slots`, `left` its sequences still to run, oldest
+    first: the oldest gets at least a quarter of the pass (so a large request keeps going under a stream of small
+    ones), the rest go smallest-remaining-first (so a one-anchor request beside a 1,000-anchor one is answered in
+    the next pass)."""
+    share = [0] * len(left)
+    if not left:
+        return share
+    share[0] = min(left[0], max(slots // 4, 1))
+    free = slots - share[0]
+    for i in sorted(range(len(left)), key=lambda i: (left[i], i)):
+        give = min(left[i] - share[i], free)
+        share[i] += give
+        free -= give
+    return share
+
+
+def _one_pass(predictor: Predictor, runs: list[_Run], stats: Stats | None) -> None:
+    """One forward pass over runs of one task (oldest first), filled by `pass_shares`; outputs put back per run."""
+    parts = [p for run, n in zip(runs, pass_shares([r.left for r in runs], predictor.batch_size), strict=True)
+             if n for p in run.take(n)]
+    _, _, first, a, b = parts[0]
+    if len(parts) == 1 and a == 0 and b == int(first.seq_valid.sum()):
+        batch = first
+    else:
+        batch = merge_sequences([(bt, lo, hi) for _, _, bt, lo, hi in parts], predictor.batch_size,
+                                tuple(predictor.stream.config.text_buckets))
+    out = predictor.forward(batch)
+    lo = 0
+    for run, draw, _, a, b in parts:
+        run.put(draw, HeadOutputs(*(getattr(out, f.name)[lo: lo + b - a] for f in dataclasses.fields(HeadOutputs))))
+        lo += b - a
+    if stats is not None:
+        stats.model_calls += 1
+        stats.merged_calls += len({id(p[0]) for p in parts}) > 1
+
+
 def head_outputs(predictor: Predictor, task: str, anchors: list[tuple[np.ndarray, np.ndarray]],
                  stats: Stats | None = None) -> list[HeadOutputs]:
     """Head outputs for several requests of one task, [(anchor rows, observation times)] each, in shared forward
-    passes; each equals `predictor.anchor_outputs(task, rows, obs)` (up to float rounding where merged), its
-    `predictor.draws` contexts per anchor combined the same way."""
-    bsz = predictor.batch_size
-    sampler, stream = predictor.stream.sampler, predictor.stream
-    draws = predictor.draws
-    pieces: list[list[HeadOutputs]] = [[] for _ in range(len(anchors) * draws)]  # request j, draw e: j * draws + e
-    pending: list[tuple[int, TrainingBatch, int, int]] = []
-    filled = 0
-
-    def flush() -> None:
-        nonlocal filled
-        whole = len(pending) == 1 and pending[0][2] == 0 and pending[0][3] == int(pending[0][1].seq_valid.sum())
-        batch = pending[0][1] if whole else merge_sequences([(b, lo, hi) for _, b, lo, hi in pending], bsz,
-                                                            tuple(stream.config.text_buckets))
-        out = predictor.forward(batch)
-        lo = 0
-        for j, _, a, b in pending:
-            pieces[j].append(HeadOutputs(*(getattr(out, f.name)[lo: lo + b - a]
-                                           for f in dataclasses.fields(HeadOutputs))))
-            lo += b - a
-        if stats is not None:
-            stats.model_calls += 1
-            stats.merged_calls += len({j // draws for j, *_ in pending}) > 1
-        pending.clear()
-        filled = 0
-
-    for j, (rows, obs) in enumerate(anchors):
-        custom = sampler.anchor_task(task, rows, obs)
-        for epoch in range(draws):
-            for batch in stream.ordered(custom, np.arange(len(rows), dtype=np.int64), epoch=epoch,
-                                        context=ANCHOR_CONTEXT):
-                m, a = int(batch.seq_valid.sum()), 0
-                while a < m:
-                    take = min(m - a, bsz - filled)
-                    pending.append((j * draws + epoch, batch, a, a + take))
-                    filled += take
-                    a += take
-                    if filled == bsz:
-                        flush()
-    if pending:
-        flush()
-    return [combine_draws([_concat(p) for p in pieces[j * draws: (j + 1) * draws]]) for j in range(len(anchors))]
+    passes (scheduled as the worker schedules them); each equals `predictor.anchor_outputs(task, rows, obs)` (up
+    to float rounding where merged), its `predictor.draws` contexts per anchor combined the same way."""
+    runs = [_Run(predictor, task, rows, obs) for rows, obs in anchors]
+    try:
+        while any(r.left for r in runs):
+            _one_pass(predictor, [r for r in runs if r.left], stats)
+    finally:
+        for r in runs:
+            r.close()
+    return [r.outputs() for r in runs]
 
 
-@dataclass
+@dataclass(eq=False)
 class Job:
     """One request's anchors, handed to the batcher; `finish(outputs)` turns the head outputs into the answer
     (run on the batcher's thread), whose result or error lands in `future`."""
@@ -202,8 +268,11 @@ _STOP = object()
 
 
 class Batcher:
-    """The thread that owns a `Predictor`: drains queued jobs (up to `batch_size` anchors or `max_wait_s` after the
-    first), runs them in shared forward passes per task, and resolves each job's future."""
+    """The thread that owns a `Predictor`. It takes queued jobs (after the first, up to `max_wait_s` for more to
+    fill a batch) and runs the jobs in progress one forward pass at a time: each pass holds one task's sequences
+    of several jobs (`pass_shares`: smallest-remaining-first, the oldest at least a quarter; tasks in turn), and
+    new jobs join between passes, so a small request is not stuck behind a large one. `stop()` / `stop_after()`
+    end it between passes; jobs not answered by then get `Unavailable`."""
 
     def __init__(self, predictor: Predictor, *, max_wait_s: float = 0.005,
                  warm_up: Callable[[], None] | None = None):
@@ -211,9 +280,14 @@ class Batcher:
         self.max_wait_s = max_wait_s
         self.stats = Stats()
         self.ready = threading.Event()
-        self.stopping = threading.Event()  # set by stop(); a long warm-up checks it between compilations
+        self.stopping = threading.Event()  # shutdown has begun; a long warm-up checks it between compilations
+        self._stop_at = float("inf")  # monotonic time after which the worker answers nothing more
         self._warm_up = warm_up
         self._queue: queue.Queue = queue.Queue()
+        self._active: list[tuple[Job, _Run]] = []  # jobs in progress, oldest first
+        self._turn = 0  # which task's jobs the next pass serves (tasks in turn)
+        self._task = ""
+        self._taken = 0
         self._thread = threading.Thread(target=self._loop, name="confluence-batcher", daemon=True)
         self.failed: BaseException | None = None
 
@@ -221,29 +295,32 @@ class Batcher:
         self._thread.start()
 
     def submit(self, job: Job) -> concurrent.futures.Future:
-        if not self._thread.is_alive():
+        if not self._thread.is_alive() or time.monotonic() >= self._stop_at:
             job.future.set_running_or_notify_cancel()
-            job.future.set_exception(RuntimeError("the prediction worker is not running"))
+            job.future.set_exception(Unavailable("the prediction service is shutting down"
+                                                 if self.stopping.is_set() else
+                                                 "the prediction worker is not running"))
         else:
             self._queue.put(job)
         return job.future
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Answer what is queued, then end the thread."""
+    def stop_after(self, seconds: float) -> None:
+        """Begin shutting down: jobs in progress or queued get `seconds` more to be answered; then the worker stops
+        between passes and every job left gets `Unavailable`. Safe from a signal handler (it only sets flags)."""
+        self._stop_at = min(self._stop_at, time.monotonic() + max(seconds, 0.0))
         self.stopping.set()
+        self._queue.put(_STOP)  # wakes an idle worker
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop now: the worker ends after its current forward pass; jobs not answered get `Unavailable`."""
+        self.stop_after(0.0)
         if self._thread.is_alive():
-            self._queue.put(_STOP)
             self._thread.join(timeout)
-        while True:  # anything that slipped in after the stop is refused, not left waiting
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is not _STOP and item.future.set_running_or_notify_cancel():
-                item.future.set_exception(RuntimeError("the prediction service is shutting down"))
+        self._refuse_queued()
 
     def pending(self) -> int:
-        return self._queue.qsize()
+        """Requests queued or in progress."""
+        return self._queue.qsize() + len(self._active)
 
     def _loop(self) -> None:
         try:
@@ -253,51 +330,113 @@ class Batcher:
             log.exception("warm-up failed")
             self.failed = exc
         self.ready.set()
-        stopping = False
-        while not stopping:
-            item = self._queue.get()
-            if item is _STOP:
-                break
-            jobs, n = [item], len(item.rows)
-            deadline = time.monotonic() + self.max_wait_s
-            while n < self.predictor.batch_size:
+        try:
+            while self._take(block=not self._active):
+                if time.monotonic() >= self._stop_at:
+                    break
+                if self._active and self._gather():
+                    self._pass()
+        finally:
+            for job, run in self._active:
+                run.close()
+                if not job.future.done():
+                    job.future.set_exception(Unavailable("the prediction service is shutting down"))
+            self._active.clear()
+            self._refuse_queued()
+
+    def _admit(self, item: Any) -> bool:
+        """A queued item into progress (a gone client's job is skipped); False for the stop sentinel once the
+        stop time has come."""
+        if item is _STOP:
+            return time.monotonic() < self._stop_at
+        if item.future.set_running_or_notify_cancel():
+            try:
+                self._active.append((item, _Run(self.predictor, item.task, item.rows, item.obs)))
+            except Exception as exc:  # noqa: BLE001 - that request gets the error
+                self._fail([item], exc)
+            self._taken += 1
+        return True
+
+    def _take(self, block: bool) -> bool:
+        """Whatever is queued into progress (when `block`, after waiting for one item). False once told to stop."""
+        self._taken = 0
+        try:
+            if block and not self._admit(self._queue.get()):
+                return False
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    return True
+                if not self._admit(item):
+                    return False
+        finally:
+            self._count_round()
+
+    def _count_round(self) -> None:
+        if self._taken:
+            self.stats.rounds += 1
+            self.stats.max_requests_per_round = max(self.stats.max_requests_per_round, self._taken)
+
+    def _gather(self) -> bool:
+        """Choose the next pass's task (tasks in turn) and, while its requests hold less than a pass and the oldest
+        of them has waited less than `max_wait_s`, wait for more to join. False once told to stop."""
+        tasks = list(dict.fromkeys(job.task for job, _ in self._active))
+        self._task = tasks[self._turn % len(tasks)]
+        self._turn += 1
+        deadline = min(run.since for job, run in self._active if job.task == self._task) + self.max_wait_s
+        self._taken = 0
+        try:
+            while sum(run.left for job, run in self._active if job.task == self._task) < self.predictor.batch_size:
                 try:
                     item = self._queue.get(timeout=max(deadline - time.monotonic(), 0.0))
                 except queue.Empty:
                     break
-                if item is _STOP:
-                    stopping = True
-                    break
-                jobs.append(item)
-                n += len(item.rows)
-            self._round(jobs)
+                if not self._admit(item):
+                    return False
+            return True
+        finally:
+            self._count_round()
 
-    def _round(self, jobs: list[Job]) -> None:
-        jobs = [j for j in jobs if j.future.set_running_or_notify_cancel()]  # a gone client's job is skipped
-        if not jobs:
+    def _pass(self) -> None:
+        """One forward pass for the requests in progress of the chosen task; finished requests are answered."""
+        task = self._task
+        group = [(job, run) for job, run in self._active if job.task == task]
+        if not group:
             return
-        st = self.stats
-        st.rounds += 1
-        st.max_requests_per_round = max(st.max_requests_per_round, len(jobs))
-        by_task: dict[str, list[Job]] = {}
-        for job in jobs:
-            by_task.setdefault(job.task, []).append(job)
-        for task, group in by_task.items():
-            try:
-                outs = head_outputs(self.predictor, task, [(j.rows, j.obs) for j in group], st)
-            except Exception as exc:  # noqa: BLE001 - every waiting request gets the error
-                log.exception("model call failed for task %s", task)
-                st.errors += len(group)
-                for job in group:
-                    job.future.set_exception(exc)
-                continue
-            for job, out in zip(group, outs, strict=True):
+        try:
+            _one_pass(self.predictor, [run for _, run in group], self.stats)
+        except Exception as exc:  # noqa: BLE001 - every request in the pass's task gets the error
+            log.exception("model call failed for task %s", task)
+            self._fail([job for job, _ in group], exc)
+            return
+        for job, run in group:
+            if run.left == 0:
+                self._active = [p for p in self._active if p[1] is not run]
+                run.close()
                 try:
-                    job.future.set_result(job.finish(out))
+                    job.future.set_result(job.finish(run.outputs()))
                 except Exception as exc:  # noqa: BLE001
                     log.exception("post-processing failed for task %s", task)
-                    st.errors += 1
+                    self.stats.errors += 1
                     job.future.set_exception(exc)
                 else:
-                    st.requests += 1
-                    st.anchors += len(job.rows)
+                    self.stats.requests += 1
+                    self.stats.anchors += len(job.rows)
+
+    def _fail(self, jobs: list[Job], exc: BaseException) -> None:
+        for job in jobs:
+            for _, run in [p for p in self._active if p[0] is job]:
+                run.close()
+            self._active = [p for p in self._active if p[0] is not job]
+            self.stats.errors += 1
+            job.future.set_exception(exc)
+
+    def _refuse_queued(self) -> None:
+        while True:  # anything that slipped in after the stop is refused, not left waiting
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not _STOP and item.future.set_running_or_notify_cancel():
+                item.future.set_exception(Unavailable("the prediction service is shutting down"))

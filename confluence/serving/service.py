@@ -10,7 +10,7 @@ import hashlib
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +40,23 @@ class RequestError(ConfluenceError):
         self.status = status
 
 
+# request bodies: room for the JSON around the anchors, and per anchor (a 40-character key with a time and
+# offset takes about 110 bytes; 512 leaves room for longer keys and indentation)
+BODY_BASE_BYTES = 64 * 1024
+BODY_BYTES_PER_ANCHOR = 512
+
+
 @dataclass(frozen=True)
 class ServeSettings:
     """How the service batches and what it accepts. `batch_size`: sequences per forward pass (None: the run's);
     `max_wait_ms`: how long the worker waits for more requests after the first before a model call;
-    `max_anchors`: anchors per request; `top_k`: classes listed by default; `clip_numbers`: as in predict;
-    `warm_up`: compile every batch shape before reporting ready (else each on first use); `draws`: contexts per
-    anchor whose answers are combined, as in predict (`confluence.evaluation.draws`)."""
+    `max_anchors`: anchors per request; `max_body_bytes`: bytes in a request body (None: `BODY_BASE_BYTES` +
+    `BODY_BYTES_PER_ANCHOR` x `max_anchors`; more is refused unparsed); `top_k`: classes listed by default;
+    `clip_numbers`: as in predict; `warm_up`: compile every batch shape before reporting ready (else each on first
+    use); `draws`: contexts per anchor whose answers are combined, as in predict (`confluence.evaluation.draws`);
+    `token`: the bearer token every endpoint but /health requires (None: none); `docs`: serve the Swagger page at
+    /docs (its assets come from a CDN); `model_details`: /model shows absolute paths and the training machine's
+    environment (else basenames only)."""
 
     batch_size: int | None = None
     max_wait_ms: float = 5.0
@@ -56,25 +66,27 @@ class ServeSettings:
     threads: int = 1
     warm_up: bool = True
     draws: int = DEFAULT_DRAWS
+    max_body_bytes: int | None = None
+    token: str | None = field(default=None, repr=False)  # never in a log line
+    docs: bool = False
+    model_details: bool = False
+
+    @property
+    def body_limit(self) -> int:
+        """Most bytes in a request body: `max_body_bytes`, or the default derived from `max_anchors`."""
+        if self.max_body_bytes is not None:
+            return self.max_body_bytes
+        return BODY_BASE_BYTES + BODY_BYTES_PER_ANCHOR * self.max_anchors
 
     def check(self) -> None:
         for name, value, least in (("batch_size", self.batch_size, 1), ("max_wait_ms", self.max_wait_ms, 0),
                                    ("max_anchors", self.max_anchors, 1), ("top_k", self.top_k, 0),
-                                   ("threads", self.threads, 1), ("draws", self.draws, 1)):
+                                   ("threads", self.threads, 1), ("draws", self.draws, 1),
+                                   ("max_body_bytes", self.max_body_bytes, 1024)):
             if value is not None and value < least:
                 raise ConfluenceError(f"{name} (--{name.replace('_', '-')}) must be {least} or more, not {value}")
-
-
-def use_compile_cache(directory: str) -> Path | None:
-    """Turn on JAX's persistent compilation cache in `directory` ('off': leave it off), so a restarted server
-    loads its compiled batch shapes instead of compiling them again (68 s -> 12 s to ready on the demo)."""
-    if directory == "off":
-        return None
-    path = Path(directory).expanduser()
-    path.mkdir(parents=True, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", str(path))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    return path
+        if self.token is not None and (not self.token or any(c.isspace() for c in self.token)):
+            raise ConfluenceError("the bearer token is empty or holds whitespace")
 
 
 def checkpoint_sha256(path: Path) -> str:
@@ -88,22 +100,27 @@ def checkpoint_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def model_card(loaded: LoadedModel, store: Store) -> dict[str, Any]:
+def model_card(loaded: LoadedModel, store: Store, details: bool = False) -> dict[str, Any]:
     """What a client needs to know about the model behind the answers: checkpoint (path, step, file hash, when
-    saved, the code that trained it), parameter count, a summary of the training config, and the store served."""
+    saved, the code that trained it), parameter count, a summary of the training config, and the store served.
+    Without `details`, paths are basenames and the code record has no `environment` (the training machine's
+    libraries, device and CPU): a client need not learn the server's directories or hardware."""
     meta = read_checkpoint(loaded.path).meta
     cfg = loaded.config
     params = eqx.filter(loaded.model, eqx.is_inexact_array)
     saved = meta.get("saved_at")
     s = cfg.sampler
+    code = meta.get("code")
+    if isinstance(code, dict) and not details:
+        code = {k: v for k, v in code.items() if k != "environment"}
     return {
-        "checkpoint": str(loaded.path),
+        "checkpoint": str(loaded.path) if details else loaded.path.name,
         "checkpoint_sha256": checkpoint_sha256(loaded.path),
         "step": loaded.step,
         "saved_at": None if saved is None else dt.datetime.fromtimestamp(float(saved), dt.UTC).isoformat(),
         "parameters": int(sum(x.size for x in jax.tree_util.tree_leaves(params))),
         "trained_on": list(meta.get("databases", [])),
-        "code": meta.get("code"),
+        "code": code,
         "config": {
             "model": asdict(cfg.model),
             "sampler": {"seq_len": s.seq_len, "batch_size": s.batch_size, "max_rows": s.max_rows, "width": s.width,
@@ -112,7 +129,8 @@ def model_card(loaded: LoadedModel, store: Store) -> dict[str, Any]:
             "max_steps": cfg.loop.max_steps,
             "seed": cfg.seed,
         },
-        "store": {"name": store.name, "path": str(store.path), "d_t": store.d_t, "tasks": len(store.tasks)},
+        "store": {"name": store.name, "path": str(store.path) if details else Path(store.path).name,
+                  "d_t": store.d_t, "tasks": len(store.tasks)},
     }
 
 
@@ -162,7 +180,7 @@ class PredictionService:
         self.loaded = load_model(checkpoint)
         self.predictor = Predictor(self.loaded, self.store, batch_size=self.settings.batch_size,
                                    threads=self.settings.threads, draws=self.settings.draws)
-        self.card = model_card(self.loaded, self.store)
+        self.card = model_card(self.loaded, self.store, self.settings.model_details)
         self.tasks = task_infos(self.store)
         # each anchor table's keys sorted once (not hashed again on every request)
         self._indexes = {}
@@ -184,6 +202,11 @@ class PredictionService:
     def stop(self) -> None:
         self.batcher.stop()
         self.predictor.close()
+
+    def stop_after(self, seconds: float) -> None:
+        """Begin shutting down: requests in progress get `seconds` more, then the rest get HTTP 503 (the CLI
+        server calls it when SIGTERM / SIGINT arrives, so a large request cannot hold the exit up)."""
+        self.batcher.stop_after(seconds)
 
     @property
     def ready(self) -> bool:
