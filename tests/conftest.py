@@ -2,10 +2,13 @@
 per session through the real pipeline)."""
 
 import os
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# commands run in tests keep their compiled models in a folder of the test session, not in ~/.cache
+os.environ.setdefault("CONFLUENCE_COMPILE_CACHE", tempfile.mkdtemp(prefix="confluence-test-jax-"))
 
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402

@@ -458,11 +458,62 @@ def _ms(x: float | None, scale: float = 1.0) -> str:
     return "-" if x is None else f"{x * scale:.1f}"
 
 
+def bench_predict_cmd(
+    db: Path = typer.Option(..., "--db", help="Processed store (e.g. the demo's)."),
+    task: str = typer.Option(..., "--task", help="Task whose test seeds are predicted."),
+    checkpoint: str | None = typer.Option(None, "--checkpoint", help="Run, checkpoint or pretrained:NAME."),
+    config: str | None = typer.Option(None, "--config", help="Instead of --checkpoint: a randomly initialised "
+                                      "model of this recipe (small, base, ...): the same arithmetic as a trained one."),
+    anchors: int = typer.Option(2000, "--anchors", min=1, help="Test seeds predicted."),
+    draws: int = typer.Option(4, "--draws", min=1, help="Contexts per anchor."),
+    batch_size: list[int] = typer.Option([], "--batch-size", metavar="N", help="Sequences per model call (repeatable: one "
+                                         "profile each; default: the run's)."),
+    threads: int = typer.Option(1, "--threads", min=1, help="Sampler threads building contexts beside the model."),
+    repo: list[Path] = typer.Option([], "--repo", metavar="DIR", help="Also time `confluence predict` end to end from this "
+                                    "checkout (repeatable; '.' is this one), cold and warm compilation cache."),
+    repeats: int = typer.Option(1, "--repeats", min=1, help="Alternations of the --repo checkouts."),
+    json_out: Path | None = typer.Option(None, "--json", help="Also write the figures to this JSON file."),
+) -> None:
+    """Where an inference context's time goes (load, compile, sampling, model, both together, assembly) and, with
+    --repo, `confluence predict` end to end before and after in one run."""
+    import tempfile
+
+    from confluence.bench.predict import profile_inference, recipe_checkpoint, time_commands
+
+    if (checkpoint is None) == (config is None):
+        fail(ConfluenceError("give one of --checkpoint and --config"))
+    with tempfile.TemporaryDirectory(prefix="bench-predict-run-") as tmp:
+        try:
+            ck = checkpoint if checkpoint is not None else str(recipe_checkpoint(config, Path(tmp) / "run"))
+            res: dict = {"checkpoint": checkpoint or f"random {config}", "profiles": [], "commands": []}
+            for bs in batch_size or [None]:
+                p = profile_inference(ck, db, task, anchors=anchors, draws=draws, batch_size=bs, threads=threads)
+                res["profiles"].append(p)
+                flops = "" if p["flops_per_context"] is None else \
+                    f"; {p['flops_per_context'] / 1e6:.0f} MFLOP, {p['bytes_per_context'] / 1e6:.1f} MB per context"
+                typer.echo(f"batch {p['batch_size']} on {p['device']}: load {p['load_s']:.2f} s, bind "
+                           f"{p['bind_s']:.2f} s, first call {p['first_call_s']:.2f} s (first prediction "
+                           f"{p['first_prediction_s']:.2f} s); contexts/s: sampling {p['sampling_contexts_per_s']:.0f},"
+                           f" model {p['model_contexts_per_s']:.0f}, together {p['pipeline_contexts_per_s']:.0f} "
+                           f"({p['pipeline_anchors_per_s']:.0f} anchors/s at {draws} draws); table "
+                           f"{p['assemble_s']:.2f} s{flops}")
+            if repo:
+                res["commands"] = time_commands([r.resolve() for r in repo], ck, db, task, anchors=anchors,
+                                                draws=draws, repeats=repeats)
+                for r in res["commands"]:
+                    typer.echo(f"predict from {r['repo']} ({r['cache']} cache): {r['wall_s']:.1f} s, "
+                               f"{r['anchors_per_s']:.0f} anchors/s, {r['contexts_per_s']:.0f} contexts/s")
+        except (ConfluenceError, RuntimeError) as exc:
+            fail(exc)
+    _write_json(json_out, res)
+
+
 def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) -> None:
     """Add every `confluence bench ...` command."""
     del app, text_app
     for name, fn in (("sources", bench_sources_cmd), ("preprocess", bench_preprocess_cmd),
                      ("text-encoder", bench_text_encoder_cmd), ("sampler", bench_sampler_cmd),
                      ("train", bench_train_cmd), ("attention", bench_attention_cmd),
-                     ("learnability", bench_learnability_cmd), ("serve", bench_serve_cmd)):
+                     ("learnability", bench_learnability_cmd), ("serve", bench_serve_cmd),
+                     ("predict", bench_predict_cmd)):
         bench_app.command(name)(fn)

@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,13 +22,13 @@ from confluence.errors import ConfluenceError
 from confluence.evaluation.draws import combine_draws
 from confluence.model.inputs import DbTables, batch_to_inputs, fitted_max_k
 from confluence.model.loss import categorical_logits
-from confluence.model.transformer import RelationalTransformer
+from confluence.model.transformer import RelationalTransformer, load_transformer
 from confluence.sampler.data import TaskData
 from confluence.sampler.sampler import Sampler
 from confluence.sampler.stream import BatchStream
 from confluence.store import Store
 from confluence.stypes import D_TIME, SemanticType
-from confluence.toolkit.checkpoint import load_state, read_checkpoint
+from confluence.toolkit.checkpoint import read_checkpoint
 from confluence.training.config import RunConfig
 
 
@@ -53,12 +52,10 @@ def load_model(checkpoint: str | Path) -> LoadedModel:
     if "config" not in ck.meta:
         raise ConfluenceError(f"checkpoint {ck.path}: its meta.json has no training config")
     cfg = RunConfig.from_dict(ck.meta["config"])
-    model = RelationalTransformer(cfg.model, key=jax.random.key(0))
-    params, static = eqx.partition(model, eqx.is_inexact_array)
-    params, _ = load_state(ck.path, params)
+    model = load_transformer(cfg.model, ck.path)
     # a run's position says which tasks it drew batches of; a shipped model records them (`confluence.pretrained`)
     drawn = BatchStream.drawn_tasks(ck.meta.get("stream")) | frozenset(ck.meta.get("trained_tasks") or ())
-    return LoadedModel(model=eqx.combine(params, static), config=cfg, step=ck.step, path=ck.path, trained_tasks=drawn)
+    return LoadedModel(model=model, config=cfg, step=ck.step, path=ck.path, trained_tasks=drawn)
 
 
 @dataclass

@@ -95,11 +95,10 @@ def export_pretrained(run: Path, name: str, info: dict[str, Any], root: Path | N
     trained it and the files' sha256. Written to a temporary directory and renamed, so a half-written model never
     loads; an existing one is replaced only with `overwrite`."""
     import equinox as eqx
-    import jax
 
-    from confluence.model.transformer import RelationalTransformer
+    from confluence.model.transformer import load_transformer
     from confluence.sampler.stream import BatchStream
-    from confluence.toolkit.checkpoint import META_FILE, STATE_FILE, load_state, read_checkpoint
+    from confluence.toolkit.checkpoint import META_FILE, STATE_FILE, read_checkpoint
     from confluence.training.config import RunConfig
 
     if not name or "/" in name or name.startswith("."):
@@ -111,8 +110,7 @@ def export_pretrained(run: Path, name: str, info: dict[str, Any], root: Path | N
         raise ConfluenceError(f"pretrained model {name} already exists at {dest}; pass overwrite to replace it")
     ck = read_checkpoint(Path(run))
     cfg = RunConfig.from_dict(ck.meta["config"])
-    like, _ = eqx.partition(RelationalTransformer(cfg.model, key=jax.random.key(0)), eqx.is_inexact_array)
-    params, _ = load_state(ck.path, like)
+    params, _ = eqx.partition(load_transformer(cfg.model, ck.path), eqx.is_inexact_array)
     with outputs.locked(dest, "exported"), outputs.writing(dest, f"pretrained model {name}"):
         tmp = outputs.temp_dir(dest, "pretrained-model")
         try:
