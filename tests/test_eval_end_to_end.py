@@ -97,7 +97,7 @@ def test_predict_split_and_anchor_file(shop):
     assert all(0.0 <= c <= 1.0 for c in t2.column("confidence").to_pylist())
     pacsv.write_csv(pa.table({"customer_id": [1, 999]}), tmp / "bad.csv")
     with pytest.raises(ConfluenceError, match="bad.csv: line 3: key 999"):  # header line 1, data lines 2..
-        predict(run, store_path, "buys_next_30d", anchors=tmp / "bad.csv")
+        predict(run, store_path, "buys_next_30d", anchors=tmp / "bad.csv", observation_time="row")
 
 
 def test_postprocess_matches_direct_computation(shop):

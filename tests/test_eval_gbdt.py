@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -155,6 +158,58 @@ def test_fit_gbdt_reports_metrics(stores, task):
     headline = {"amount": "mae", "status": "accuracy", "buys_next_30d": "auroc"}[task]
     assert np.isfinite(res.metrics[headline])
     assert res.num_train > 0
+
+
+def test_lightgbm_and_duckdb_use_the_cpus_given(stores):
+    """The baseline's threads are the CPUs the process may use (here pinned to one), not a fixed 2 or DuckDB's count
+    of the machine's: more threads than free cores made LightGBM's rounds 4-8x slower beside one busy process on a
+    2-core box (docs/evaluation.md, "LightGBM beside other work")."""
+    a, _ = stores
+    script = (
+        "import json, os, sys\n"
+        "import numpy as np\n"
+        "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+        "from confluence.evaluation.gbdt import FeatureBuilder, fit_gbdt\n"
+        "from confluence.store import Store\n"
+        "store = Store.open(sys.argv[1])\n"
+        "ids = np.arange(store.task('amount').num_seeds)\n"
+        "builder = FeatureBuilder(store)\n"
+        "res = fit_gbdt(store, 'amount', ids[ids % 5 != 0], ids[ids % 5 == 0], builder=builder, num_boost_round=5)\n"
+        "duckdb_threads = builder.con.execute(\"SELECT current_setting('threads')\").fetchall()[0][0]\n"
+        "print(json.dumps({'lightgbm': res.params['num_threads'], 'duckdb': duckdb_threads}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script, str(a.path)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.splitlines()[-1]) == {"lightgbm": 1, "duckdb": 1}
+
+
+def test_lightgbm_leaves_the_cores_other_work_holds_and_answers_the_same(stores, monkeypatch):
+    """A process spinning on one of two CPUs leaves LightGBM one thread (`free_cpus`); the fit's answers do not
+    depend on its thread count, so a baseline measured beside other work is the one measured alone."""
+    import confluence.evaluation.gbdt as gbdt_module
+    from confluence.toolkit.threads import free_cpus, usable_cpus
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    busy = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpus[0]}}})\nwhile 1: pass"])
+    try:
+        import time
+
+        time.sleep(0.5)
+        assert free_cpus() <= usable_cpus() - 1
+    finally:
+        busy.kill()
+        busy.wait()
+    a, _ = stores
+    ids = np.arange(a.task("amount").num_seeds)
+    got = {}
+    for n in (1, 2):
+        monkeypatch.setattr(gbdt_module, "free_cpus", lambda n=n: n)
+        res = gbdt_module.fit_gbdt(a, "amount", ids[ids % 5 != 0], ids[ids % 5 == 0], num_boost_round=20)
+        assert res.params["num_threads"] == n
+        got[n] = res.predictions
+    np.testing.assert_array_equal(got[1], got[2])
 
 
 def test_categorical_features_are_renumbered_to_consecutive_codes():

@@ -205,9 +205,13 @@ def test_anchor_file_errors_name_the_line_or_row(tiny_store, tmp_path):
     out = ["-o", str(tmp_path / "p.csv")]
     pacsv.write_csv(pa.table({"order_id": [100, 101, 999]}), tmp_path / "a.csv")
     r = _predict(missing, tiny_store, "--task", "order_rating", "--anchors", str(tmp_path / "a.csv"), *out)
+    _error(r, f"{tmp_path / 'a.csv'}: has no 'observation_time' column; give every anchor its time")
+    r = _predict(missing, tiny_store, "--task", "order_rating", "--anchors", str(tmp_path / "a.csv"), *out,
+                 "--observation-time", "row")
     _error(r, f"{tmp_path / 'a.csv'}: line 4: key 999 is not a 'orders' row")  # header line 1, data lines 2..4
     pq.write_table(pa.table({"order_id": [100, 999, 101]}), tmp_path / "a.parquet")
-    r = _predict(missing, tiny_store, "--task", "order_rating", "--anchors", str(tmp_path / "a.parquet"), *out)
+    r = _predict(missing, tiny_store, "--task", "order_rating", "--anchors", str(tmp_path / "a.parquet"), *out,
+                 "--observation-time", "latest")
     _error(r, "a.parquet: row 1 (counting from 0): key 999")
     (tmp_path / "t.csv").write_text("order_id,observation_time\n100,2020-01-01 00:00:00\n101,yesterday\n")
     r = _predict(missing, tiny_store, "--task", "order_rating", "--anchors", str(tmp_path / "t.csv"), *out)
@@ -221,7 +225,7 @@ def test_anchor_file_errors_name_the_line_or_row(tiny_store, tmp_path):
 def test_anchor_file_predictions(run, tiny_store, tmp_path):
     pacsv.write_csv(pa.table({"order_id": [102, 100]}), tmp_path / "a.csv")
     r = _predict(run, tiny_store, "--task", "order_rating", "--anchors", str(tmp_path / "a.csv"),
-                 "-o", str(tmp_path / "p.parquet"), "--no-progress")
+                 "-o", str(tmp_path / "p.parquet"), "--no-progress", "--observation-time", "row")
     assert r.exit_code == 0, r.output
     t = pq.read_table(tmp_path / "p.parquet")
     assert t.column("order_id").to_pylist() == [102, 100]

@@ -180,3 +180,25 @@ def test_observation_time_cell(bookstore_path):
         assert other.obs_column_idx == -1
         ob = s.batch_for_seeds(name, np.arange(min(4, other.num_seeds)))
         assert not np.isin(ob.column_ids, [info.obs_column_idx]).any()
+
+
+def test_cli_show_prints_numbers_as_the_data_holds_them(tmp_path):
+    """A 0 of the data prints 0, not the float32 z-score's round trip (-1.5e-07); the other prices as written."""
+    import re
+
+    import pyarrow as pa
+
+    from tests.fixtures.bookstore import bookstore_tables, write_bookstore, write_metadata
+
+    tables = bookstore_tables("tiny")
+    books = tables["books"]
+    tables["books"] = books.set_column(books.schema.get_field_index("price"), "price", pa.array([0.0, 12.5, 7.3]))
+    store = preprocess(write_bookstore(tmp_path, tables=tables), write_metadata(tmp_path), tmp_path / "store",
+                       encoder=HashEncoder(16), progress=False)
+    printed: set[str] = set()
+    for seed in range(len(Store.open(store).task_arrays("order_rating").anchor_row)):
+        r = CliRunner().invoke(app, ["sample", "show", "--db", str(store), "--task", "order_rating",
+                                     "--seed-index", str(seed), "--set", "sampler.seq_len=64"])
+        assert r.exit_code == 0, r.output
+        printed |= set(re.findall(r"books\.price\s+numerical\s+(\S+) \(z=", r.output))
+    assert "0" in printed and printed <= {"0", "12.5", "7.3"}, printed

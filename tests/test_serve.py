@@ -117,14 +117,15 @@ def server(run, tiny_store):
 
 
 def expected(run: Path, store: Path, task: str, anchors: list[dict], tmp: Path, **kw: Any) -> list[dict]:
-    """`predict(..., anchors=FILE)` for the same anchors written as a CSV file, as JSON rows (pass the server's
+    """`predict(..., anchors=FILE, observation_time="row")` (an anchor without a time: its row's own, as the
+    service reads it) for the same anchors written as a CSV file, as JSON rows (pass the server's
     batch size: a forward pass of another shape can round the last bit differently)."""
     cols = {"key": [a["key"] for a in anchors]}
     if any("observation_time" in a for a in anchors):
         cols["observation_time"] = pa.array([a.get("observation_time") for a in anchors], pa.string())
     path = tmp / f"anchors_{task}_{abs(hash(json.dumps(anchors)))}.csv"
     pacsv.write_csv(pa.table(cols), path)
-    return json_rows(predict(run, store, task, anchors=path, **kw))
+    return json_rows(predict(run, store, task, anchors=path, observation_time="row", **kw))
 
 
 def same_rows(got: list[dict], want: list[dict], exact: bool = True) -> None:
@@ -209,16 +210,17 @@ def test_concurrent_clients_share_model_calls_and_get_their_own_answers(server, 
 
 
 def test_merged_requests_get_what_each_would_get_alone(run, tiny_store):
-    """The batching itself, without HTTP: several requests in shared forward passes equal separate calls, though
-    a sequence's random walk depends on its position in a request (so a plain concatenation would not)."""
+    """The batching itself, without HTTP: several requests in shared forward passes equal separate calls. An
+    anchor's contexts depend on the anchor and its time, not on its position in a request (`anchor_seed_keys`)."""
     store = Store.open(tiny_store)
     predictor = Predictor(load_model(run), store, batch_size=4)
     try:
         arrays = store.task_arrays("book_genre")
         rows, obs = np.asarray(arrays.anchor_row[:3]), np.asarray(arrays.obs_time[:3])
-        # one anchor, eight times in one request: the walk (so the answer) depends on the position
+        # one anchor, eight times in one request: eight times the same answer (before 2026-11-27 the walk, so
+        # the answer, depended on the position)
         repeated = predictor.anchor_outputs("book_genre", np.repeat(rows[:1], 8), np.repeat(obs[:1], 8))
-        assert not np.allclose(repeated.null_logit, repeated.null_logit[0])
+        np.testing.assert_array_equal(repeated.cat_logits, np.repeat(repeated.cat_logits[:1], 8, axis=0))
         heads = ("null_logit", "num_pred", "bool_logit", "ts_pred", "cat_logits")
         requests = [(rows, obs), (rows[::-1].copy(), obs[::-1].copy()), (rows[:1], obs[:1])]
         stats = Stats()

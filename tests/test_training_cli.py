@@ -131,3 +131,26 @@ def test_ctrl_c_says_how_to_resume_and_a_finished_run_says_it_is_finished(tmp_pa
     r = CliRunner().invoke(app, [*args, "--resume", "--max-steps", str(step)])
     assert r.exit_code == 0, r.output
     assert f"is already at step {step}, its last step; nothing to train" in r.output and "None" not in r.output
+
+
+@pytest.mark.slow
+def test_train_says_what_it_does_before_the_first_step(tmp_path, tiny_config_file, tiny_store):
+    """The waits before the first step (the model's initialisation, compiling the step, the untrained model's
+    validation) each say what they are, in order, with --no-progress too (it turns off only the bar)."""
+    base = ["train", "--db", str(tiny_store), "--config", str(tiny_config_file), "--max-steps", "2"]
+    quiet = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "quiet"), "--no-progress"])
+    assert quiet.exit_code == 0, quiet.output
+    lines = quiet.output.splitlines()
+    expected = ["opening the training stores (1 database(s)) ...", "initialising the model (1 layer, d_model 16) ...",
+                "compiling the training step (4 sequences of 48 cells, up to 16 rows each, 64 texts per batch; once "
+                "per batch shape) ...", "validating the untrained model (", "validating at step 2 (",
+                "trained to step 2"]
+    at = [next((i for i, ln in enumerate(lines) if ln.startswith(e)), None) for e in expected]
+    assert None not in at and at == sorted(at), quiet.output
+    assert any(ln.startswith("compiling the training step: done in ") for ln in lines), quiet.output
+    tasks = len(json.loads((tiny_store / "metadata.json").read_text())["tasks"])
+    assert f"validating the untrained model ({tasks} tasks, 1 batch each) ..." in lines, quiet.output
+    assert "train: started" not in quiet.output  # the bar (log lines here) is what --no-progress turns off
+    loud = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "loud")])
+    assert loud.exit_code == 0, loud.output
+    assert "train: started (2 to do)" in loud.output and "compiling the training step (" in loud.output

@@ -156,8 +156,17 @@ def predict_cmd(
     split: str = typer.Option("test", "--split", help="Predict every seed of this split: train | val | test "
                               "(ignored with --anchors)."),
     anchors: Path = typer.Option(None, "--anchors", help="Predict for these anchors instead: a .parquet or .csv file "
-                                 "with the anchor table's primary-key column (or 'key') and an optional "
-                                 "'observation_time' column."),
+                                 "with the anchor table's primary-key column (or 'key') and an 'observation_time' "
+                                 "column (every anchor needs a time, or --observation-time)."),
+    observation_time: str = typer.Option(None, "--observation-time", metavar="row|latest|TIME",
+                                         help="With --anchors: the time of anchors without one: 'row' (the anchor "
+                                              "row's own time), 'latest' (no cut-off: the context may show the "
+                                              "row's future) or an ISO 8601 time."),
+    context_labels: str = typer.Option(None, "--context-labels", metavar="train|val|test|all",
+                                       help="Whose labels a labelled context may show: those an evaluation of "
+                                            "that split reads, or 'all' known at the observation time. Default: "
+                                            "the --split's; 'all' with --anchors (as serve). The same anchor, "
+                                            "time and labels give the same answer by every command."),
     out: Path = typer.Option(..., "-o", "--out", help="Output table: a .parquet or .csv file (written atomically)."),
     clip_numbers: bool = typer.Option(True, "--clip-numbers/--no-clip-numbers",
                                       help="Numbers within the train targets' range, rounded when they are all "
@@ -190,7 +199,8 @@ def predict_cmd(
         with Reporter(enabled=not no_progress) as rep:
             table = predict(checkpoint, db, task, split=split, anchors=anchors, out=out, batch_size=batch_size,
                             threads=threads, max_seeds=max_seeds or None, top_k=top_k, progress=rep,
-                            clip_numbers=clip_numbers, draws=draws)
+                            clip_numbers=clip_numbers, draws=draws, context_labels=context_labels,
+                            observation_time=observation_time)
     except (ConfluenceError, OSError) as exc:
         fail(exc)
     typer.echo(f"wrote {table.num_rows} predictions to {out}")

@@ -106,6 +106,7 @@ def _run(cfg, out: Path, db: list[Path], heldout_db: list[Path], *, resume: bool
     import jax
 
     from confluence.toolkit.checkpoint import latest_checkpoint, read_checkpoint
+    from confluence.toolkit.progress import Phase
     from confluence.training.config import RunConfig, describe_changes
     from confluence.training.loop import fit_max_k, open_heldout_stream, open_stream, prepare_run_dir, train
 
@@ -115,10 +116,14 @@ def _run(cfg, out: Path, db: list[Path], heldout_db: list[Path], *, resume: bool
     if main:
         typer.echo(f"training: {describe_schedule(cfg)}"
                    + (f" on {len(db)} database(s), {len(heldout_db)} held out" if heldout_db else ""))
-    stream = open_stream(db, cfg)
+    with Phase("opening the training stores", f"{len(db)} database(s)", enabled=main, tick=not no_progress):
+        stream = open_stream(db, cfg)
     held = None
     try:
-        held = open_heldout_stream(heldout_db, cfg) if heldout_db else None
+        if heldout_db:
+            with Phase("opening the held-out stores", f"{len(heldout_db)} database(s)", enabled=main,
+                       tick=not no_progress):
+                held = open_heldout_stream(heldout_db, cfg)
         fitted = fit_max_k(cfg, list(stream.stores) + (list(held.stores) if held is not None else []))
         if main and fitted.loss.max_k != cfg.loss.max_k:
             typer.echo(f"loss.max_k: {cfg.loss.max_k} -> {fitted.loss.max_k} (a categorical target has more classes "

@@ -46,7 +46,7 @@ def run_baselines(
     known = {t.name for t in store.tasks}
     if any(t not in known for t in names):
         raise ConfluenceError(f"task(s) {[t for t in names if t not in known]} not in store {store.name!r}")
-    builder = FeatureBuilder(store) if gbdt else None
+    builder = FeatureBuilder(store, progress=progress) if gbdt else None
     out: dict[str, dict] = {}
     for task in names:
         stype = SemanticType(int(store.task(task).target_stype))

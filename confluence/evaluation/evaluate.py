@@ -25,7 +25,7 @@ from confluence.evaluation.targets import decode_targets, numerical_predictions
 from confluence.sampler.config import labels_for
 from confluence.sampler.splits import subsample
 from confluence.stypes import SemanticType
-from confluence.toolkit.progress import Reporter
+from confluence.toolkit.progress import Reporter, per_row
 
 
 @dataclass(frozen=True)
@@ -130,10 +130,10 @@ def evaluate(
             train = decode_targets(store, task, train_ids)
             train_vals = train.values[~train.is_null]
             train_std = float(np.std(train_vals)) if stype == SemanticType.NUMERICAL and train_vals.size else None
-            if progress is not None:
-                progress.step(f"{task}: model", len(eval_ids) * predictor.draws)
-            out = predictor.task_outputs(task, eval_ids, progress.advance if progress is not None else None,
-                                         context=split)
+            if progress is not None:  # counted in rows, whatever the contexts drawn per row
+                progress.step(f"{task}: model", len(eval_ids))
+            out = predictor.task_outputs(task, eval_ids, None if progress is None else
+                                         per_row(progress.advance, predictor.draws), context=split)
             keep = ~truth.is_null
             pred = model_point_predictions(predictor, task, out, keep, clip_numbers)
             model = model_metrics(stype, truth.values, truth.is_null, pred, out.null_logit, train_std)
@@ -145,7 +145,7 @@ def evaluate(
             if gbdt:
                 from confluence.evaluation.gbdt import FeatureBuilder, fit_gbdt
 
-                builder = builder or FeatureBuilder(store)
+                builder = builder or FeatureBuilder(store, progress=progress)
                 g = fit_gbdt(store, task, train_ids, eval_ids, builder=builder, max_train=gbdt_max_train,
                              progress=progress)
                 entry["gbdt"] = g.metrics

@@ -17,6 +17,11 @@ Features for a seed (anchor row `a`, observation time `t`), built with DuckDB SQ
 Aggregates are running statistics per parent, ordered by time and looked up with an ASOF join, so the cost is
 O(rows + seeds · log) rather than seeds × children. Rows of static tables (no temporal column) are always
 visible, as in the sampler.
+
+Threads: DuckDB uses the CPUs the process is given (`toolkit.threads.usable_cpus`); LightGBM as many of them as
+other processes leave free when its fit starts (`toolkit.threads.free_cpus`): with more threads than free cores its
+rounds were 4-8x slower beside one busy process on a 2-core box (docs/evaluation.md, "LightGBM beside other work").
+Its results do not depend on the thread count (`deterministic`).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from confluence.preprocess.encode import calendar_fields
 from confluence.sampler.splits import subsample
 from confluence.store.format import unpack_bits
 from confluence.stypes import US_PER_DAY, SemanticType
+from confluence.toolkit.threads import free_cpus, usable_cpus
 
 FEATURE_STYPES = (SemanticType.NUMERICAL, SemanticType.CATEGORICAL, SemanticType.BOOLEAN, SemanticType.TIMESTAMP)
 
@@ -68,20 +74,39 @@ class FeatureTable:
     categorical: list[int] = field(default_factory=list)
 
 
-class FeatureBuilder:
-    """Builds GBDT features for seeds of any task of one store. Table frames are built once and reused."""
+@dataclass
+class _Block:
+    """One query of a feature table: its SQL, the features it gives, which are categorical, what it is in words
+    (for progress) and the running-aggregate table it reads, built on first use (None: none)."""
 
-    def __init__(self, store: Any, threads: int | None = None):
+    sql: str
+    names: list[str]
+    cats: list[bool]
+    what: str
+    running: tuple[int, str] | None = None  # (foreign-key column idx, child table)
+
+
+class FeatureBuilder:
+    """Builds GBDT features for seeds of any task of one store. Table frames are built once and reused.
+    `threads`: DuckDB's threads (default: the CPUs the process may use, not DuckDB's count of the machine's);
+    `progress` (a `Reporter`) sees the tables loaded into DuckDB as one step."""
+
+    def __init__(self, store: Any, threads: int | None = None, progress: Any = None):
         self.store = store
         self.con = duckdb.connect()
         # progress is ours to show (`progress`, a Reporter): DuckDB's own bar printed through `--no-progress`
         self.con.execute("SET enable_progress_bar = false")
-        if threads:
-            self.con.execute(f"SET threads = {int(threads)}")
+        self.con.execute(f"SET threads = {int(threads or usable_cpus())}")
         self._frames: dict[str, list[tuple[str, SemanticType]]] = {}
+        if progress is not None:
+            progress.step("LightGBM: the store's foreign keys and tables into DuckDB", 1 + len(store.tables))
         self._register_edges()
+        if progress is not None:
+            progress.advance(1)
         for table in store.tables:
             self._register_table(table)
+            if progress is not None:
+                progress.advance(1)
 
     # ----------------------------------------------------------------------------------------------- registration
     def _register_edges(self) -> None:
@@ -156,8 +181,10 @@ class FeatureBuilder:
                     out.append((cidx, t.name))
         return out
 
-    def build(self, task_name: str, seed_ids: np.ndarray) -> FeatureTable:
-        """Feature matrix for the given seeds of a task (rows in the order of `seed_ids`)."""
+    def build(self, task_name: str, seed_ids: np.ndarray, progress: Any = None, description: str = "") -> FeatureTable:
+        """Feature matrix for the given seeds of a task (rows in the order of `seed_ids`). `progress` (a
+        `Reporter`) sees one step, `description` (default "<task>: features"), of one unit per query, and a note
+        naming each query's feature family (parents, siblings, children through which key) while it runs."""
         s = self.store
         task = s.task(task_name)
         arrays = s.task_arrays(task_name)
@@ -178,7 +205,7 @@ class FeatureBuilder:
         if not task.is_derived:
             hidden.add(int(task.target_column_idx))
 
-        blocks: list[tuple[str, list[str], list[bool]]] = []  # (sql, feature names, is_categorical)
+        blocks: list[_Block] = []
 
         def frame_select(alias: str, table: str, prefix: str, skip: set[int] = frozenset()) -> tuple[list[str], list[str], list[bool]]:
             exprs, names, cats = [], [], []
@@ -194,9 +221,9 @@ class FeatureBuilder:
         # Anchor row.
         exprs, names, cats = frame_select("a", anchor, "", hidden)
         if exprs:
-            blocks.append((
+            blocks.append(_Block(
                 f"SELECT s.seed_id, {', '.join(exprs)} FROM seeds s JOIN {_q('t_' + anchor)} a ON a.row = s.anchor",
-                names, cats,
+                names, cats, f"the {anchor} row's columns",
             ))
         # Parents (one and two hops), invisible when created after the observation time.
         for c1, p1 in self._fk_columns(anchor):
@@ -204,45 +231,57 @@ class FeatureBuilder:
                 continue
             pre1 = f"p:{self._column_name(f'c{c1}')}->"
             exprs, names, cats = frame_select("p", p1, pre1)
+            fk1 = self._column_name(f"c{c1}")
             if exprs:
-                blocks.append((
+                blocks.append(_Block(
                     f"SELECT s.seed_id, {', '.join(exprs)} FROM seeds s JOIN edges e ON e.child = s.anchor AND e.col = {c1} "
                     f"JOIN {_q('t_' + p1)} p ON p.row = e.parent AND p.time <= s.obs",
-                    names, cats,
+                    names, cats, f"the {p1} parent through {fk1}",
                 ))
             for c2, p2 in self._fk_columns(p1):
                 pre2 = f"{pre1}{self._column_name(f'c{c2}')}->"
                 exprs, names, cats = frame_select("g", p2, pre2)
                 if exprs:
-                    blocks.append((
+                    blocks.append(_Block(
                         f"SELECT s.seed_id, {', '.join(exprs)} FROM seeds s "
                         f"JOIN edges e ON e.child = s.anchor AND e.col = {c1} "
                         f"JOIN {_q('t_' + p1)} p ON p.row = e.parent AND p.time <= s.obs "
                         f"JOIN edges e2 ON e2.child = p.row AND e2.col = {c2} "
                         f"JOIN {_q('t_' + p2)} g ON g.row = e2.parent AND g.time <= s.obs",
-                        names, cats,
+                        names, cats, f"the {p2} grandparent through {fk1}, {self._column_name(f'c{c2}')}",
                     ))
             # Siblings through this parent: the parent's children strictly before the observation time.
             for cc, ct in self._children_of(p1):
                 pre = f"sib:{self._column_name(f'c{c1}')}<-{self._column_name(f'c{cc}')}:"
                 join = (f"JOIN edges e ON e.child = s.anchor AND e.col = {c1} "
                         f"JOIN {_q('t_' + p1)} vp ON vp.row = e.parent AND vp.time <= s.obs")
-                blocks.append(self._child_aggregates("e.parent", join, cc, ct, pre, strict=True))
+                blocks.append(self._child_aggregates("e.parent", join, cc, ct, pre, strict=True,
+                                                     what=f"{ct} siblings through {fk1}"))
         # The anchor's own children at the observation time.
         for cc, ct in self._children_of(anchor):
             pre = f"child:{self._column_name(f'c{cc}')}:"
-            blocks.append(self._child_aggregates("s.anchor", "", cc, ct, pre, strict=False))
+            blocks.append(self._child_aggregates("s.anchor", "", cc, ct, pre, strict=False,
+                                                 what=f"{ct} children through {self._column_name(f'c{cc}')}"))
 
         n = len(ids)
         all_names: list[str] = []
         all_cats: list[int] = []
         columns: list[np.ndarray] = []
-        for sql, names, cats in blocks:
-            if not names:
-                continue
-            res = con.execute(f"SELECT * FROM ({sql}) ORDER BY seed_id").fetchnumpy()
+        blocks = [b for b in blocks if b.names]
+        if progress is not None:
+            progress.step(description or f"{task_name}: features", len(blocks))
+        note = getattr(progress, "note", None)
+        for block in blocks:
+            if block.running is not None and not self._has_table(f"cum_{block.running[0]}"):
+                if note is not None:
+                    fk_col, child = block.running
+                    note(f"running aggregates of {child} rows per {self._column_name(f'c{fk_col}')} (built once)")
+                self._build_running(*block.running)
+            if note is not None:
+                note(block.what)
+            res = con.execute(f"SELECT * FROM ({block.sql}) ORDER BY seed_id").fetchnumpy()
             rows = np.asarray(res["seed_id"], dtype=np.int64)
-            for name, is_cat in zip(names, cats, strict=True):
+            for name, is_cat in zip(block.names, block.cats, strict=True):
                 col = np.full(n, np.nan)
                 vals = res[name]
                 vals = np.asarray(vals.filled(np.nan) if np.ma.isMaskedArray(vals) else vals, dtype=np.float64)
@@ -251,6 +290,8 @@ class FeatureBuilder:
                     all_cats.append(len(all_names))
                 all_names.append(name)
                 columns.append(col)
+            if progress is not None:
+                progress.advance(1)
         if int(getattr(task, "obs_column_idx", -1)) >= 0:
             # the model sees the observation time as a cell (see preprocess/pipeline.py); so does LightGBM
             for name, col in observation_time_features(np.asarray(arrays.obs_time, dtype=np.int64)[ids]).items():
@@ -259,28 +300,34 @@ class FeatureBuilder:
         x = np.stack(columns, axis=1) if columns else np.zeros((n, 0))
         return FeatureTable(x=x, names=all_names, categorical=all_cats)
 
-    def _child_aggregates(self, key_expr: str, join: str, fk_col: int, child_table: str, prefix: str,
-                          strict: bool) -> tuple[str, list[str], list[bool]]:
-        """Running count / mean / last value of a child table's columns per parent, ASOF-joined at the seed's time."""
+    def _build_running(self, fk_col: int, child_table: str) -> None:
+        """The table `cum_<fk_col>`: per parent and child time, the running count, means and last values of the
+        child table's columns up to that time (what `_child_aggregates` looks up)."""
         feats = self._frames[child_table]
         cum = f"cum_{fk_col}"
-        if not self._has_table(cum):
-            per_time = ", ".join(
-                ["count(*) AS n"]
-                + [f"sum({f}) AS s_{f}, count({f}) AS k_{f}" for f, st in feats if st == SemanticType.NUMERICAL]
-                + [f"arg_max({f}, ch.row) AS l_{f}" for f, _ in feats]
-            )
-            running = ", ".join(
-                ["sum(n) OVER w AS n"]
-                + [f"sum(s_{f}) OVER w / nullif(sum(k_{f}) OVER w, 0) AS m_{f}" for f, st in feats if st == SemanticType.NUMERICAL]
-                + [f"l_{f}" for f, _ in feats]
-            )
-            self.con.execute(
-                f"CREATE TEMP TABLE {cum} AS SELECT parent, time, {running} FROM ("
-                f"SELECT e.parent, ch.time, {per_time} FROM edges e JOIN {_q('t_' + child_table)} ch ON ch.row = e.child "
-                f"WHERE e.col = {fk_col} GROUP BY e.parent, ch.time) "
-                f"WINDOW w AS (PARTITION BY parent ORDER BY time ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)"
-            )
+        per_time = ", ".join(
+            ["count(*) AS n"]
+            + [f"sum({f}) AS s_{f}, count({f}) AS k_{f}" for f, st in feats if st == SemanticType.NUMERICAL]
+            + [f"arg_max({f}, ch.row) AS l_{f}" for f, _ in feats]
+        )
+        running = ", ".join(
+            ["sum(n) OVER w AS n"]
+            + [f"sum(s_{f}) OVER w / nullif(sum(k_{f}) OVER w, 0) AS m_{f}" for f, st in feats if st == SemanticType.NUMERICAL]
+            + [f"l_{f}" for f, _ in feats]
+        )
+        self.con.execute(
+            f"CREATE TEMP TABLE {cum} AS SELECT parent, time, {running} FROM ("
+            f"SELECT e.parent, ch.time, {per_time} FROM edges e JOIN {_q('t_' + child_table)} ch ON ch.row = e.child "
+            f"WHERE e.col = {fk_col} GROUP BY e.parent, ch.time) "
+            f"WINDOW w AS (PARTITION BY parent ORDER BY time ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)"
+        )
+
+    def _child_aggregates(self, key_expr: str, join: str, fk_col: int, child_table: str, prefix: str,
+                          strict: bool, what: str) -> _Block:
+        """Running count / mean / last value of a child table's columns per parent, ASOF-joined at the seed's time
+        (the running table is built when the block first runs)."""
+        feats = self._frames[child_table]
+        cum = f"cum_{fk_col}"
         op = ">" if strict else ">="
         names, cats, exprs = [f"{prefix}count"], [False], [f"coalesce(c.n, 0) AS {_q(prefix + 'count')}"]
         for f, st in feats:
@@ -294,7 +341,7 @@ class FeatureBuilder:
             cats.append(st == SemanticType.CATEGORICAL)
         sql = (f"SELECT s.seed_id, {', '.join(exprs)} FROM seeds s {join} "
                f"ASOF LEFT JOIN {cum} c ON c.parent = {key_expr} AND s.obs {op} c.time")
-        return sql, names, cats
+        return _Block(sql, names, cats, what, running=(fk_col, child_table))
 
     def _has_table(self, name: str) -> bool:
         return bool(self.con.execute(
@@ -311,6 +358,7 @@ class GBDTResult:
     predictions: np.ndarray  # raw units (see confluence.evaluation.targets), or probabilities [n, K] for categorical
     feature_names: list[str]
     num_train: int
+    params: dict[str, Any] = field(default_factory=dict)  # LightGBM's parameters (threads included)
 
 
 def dense_categories(x_train: np.ndarray, x_eval: np.ndarray, columns: Sequence[int]) -> None:
@@ -341,11 +389,11 @@ def fit_gbdt(
 ) -> GBDTResult:
     """Train LightGBM on the train seeds of a task and report `evaluate`'s metrics on the eval seeds.
 
-    `progress` (a `confluence.toolkit.progress.Reporter`) sees one step: the two feature tables, then each round."""
+    `progress` (a `confluence.toolkit.progress.Reporter`) sees three steps: the train seeds' feature table and the
+    eval seeds' (a unit per query, each named while it runs), then LightGBM's rounds. LightGBM runs on the CPUs
+    the CPUs other work leaves free (`toolkit.threads.free_cpus`); its answers are the same on any thread count."""
     import lightgbm as lgb
 
-    if progress is not None:
-        progress.step(f"{task_name}: LightGBM", 2 + num_boost_round)
     builder = builder or FeatureBuilder(store)
     train_ids = subsample(np.asarray(train_ids, dtype=np.int64), max_train, seed)
     eval_ids = np.asarray(eval_ids, dtype=np.int64)
@@ -353,18 +401,18 @@ def fit_gbdt(
     y_ev = decode_targets(store, task_name, eval_ids)
     keep_tr = ~y_tr.is_null
     keep_ev = ~y_ev.is_null
-    f_tr = builder.build(task_name, train_ids[keep_tr])
-    if progress is not None:
-        progress.advance(1)
-    f_ev = builder.build(task_name, eval_ids[keep_ev])
-    if progress is not None:
-        progress.advance(1)
+    f_tr = builder.build(task_name, train_ids[keep_tr], progress,
+                         f"{task_name}: LightGBM features of {int(keep_tr.sum())} train seeds")
+    f_ev = builder.build(task_name, eval_ids[keep_ev], progress,
+                         f"{task_name}: LightGBM features of {int(keep_ev.sum())} eval seeds")
     dense_categories(f_tr.x, f_ev.x, f_tr.categorical)
     stype = y_tr.stype
     params: dict[str, Any] = {
         "learning_rate": 0.05, "num_leaves": 63, "min_data_in_leaf": 20, "feature_fraction": 0.9,
         "bagging_fraction": 0.9, "bagging_freq": 1, "seed": seed, "deterministic": True, "verbose": -1,
-        "num_threads": 2,
+        # the CPUs free now, not a fixed count: more threads than free cores stall every round (the answers do not
+        # change: `deterministic` gives the same model on any thread count)
+        "num_threads": free_cpus(),
         # LightGBM's default (1e-3) lets a multiclass leaf hold only rows it already predicts with near-certainty
         # (hessian p(1-p) ~ 0), whose Newton step is then huge: on the demo's flights.carrier, 20,000 train seeds
         # gave accuracy 0.34 and log loss 10.6 (5,000 gave 0.988). 1.0 keeps every objective stable (an L1
@@ -387,6 +435,9 @@ def fit_gbdt(
     ds = lgb.Dataset(f_tr.x, label=target, feature_name=[f"f{i}" for i in range(len(f_tr.names))],
                      categorical_feature=f_tr.categorical or "auto", free_raw_data=False, params={"verbose": -1})
     callbacks = [] if progress is None else [lambda env: progress.advance(1)]
+    if progress is not None:
+        progress.step(f"{task_name}: LightGBM rounds ({len(target)} rows x {len(f_tr.names)} features, "
+                      f"{params['num_threads']} threads)", num_boost_round)
     booster = lgb.train(params, ds, num_boost_round=num_boost_round, callbacks=callbacks)
     raw = booster.predict(f_ev.x)
     truth = y_ev.values[keep_ev]
@@ -398,7 +449,7 @@ def fit_gbdt(
     metrics = M.metrics_for(stype, truth, raw, target_std=train_std)
     metrics = {k: (float(v) if not (isinstance(v, float) and math.isnan(v)) else math.nan) for k, v in metrics.items()}
     return GBDTResult(task=task_name, metrics=metrics, predictions=raw, feature_names=f_tr.names,
-                      num_train=int(keep_tr.sum()))
+                      num_train=int(keep_tr.sum()), params=params)
 
 
 __all__ = ["FeatureBuilder", "FeatureTable", "GBDTResult", "fit_gbdt", "DecodedTargets"]

@@ -160,14 +160,16 @@ class Predictor:
         return self._run(task, np.asarray(seed_ids, dtype=np.int64), progress, context)
 
     def anchor_outputs(self, task: str, anchor_rows: np.ndarray, obs_times: np.ndarray,
-                       progress: Any = None) -> HeadOutputs:
+                       progress: Any = None, context: str = "all") -> HeadOutputs:
         """Head outputs for arbitrary anchor rows (global row indices) and observation times of a task.
 
         The target is unknown (null); the context follows the same temporal rule as training: no row created after
-        the observation time is visible, and a labelled context shows any label known by then (never the
-        anchor's own tuple)."""
+        the observation time is visible, and a labelled context shows the labels of `context` known by then ("all":
+        every label, the default for new anchors; "test": those a test-split evaluation reads; never the anchor's
+        own tuple). An anchor that is a seed of the task gets the contexts `task_outputs` gives that seed with the
+        same `context` (`Sampler.anchor_task`): the same answer."""
         custom = self.stream.sampler.anchor_task(task, anchor_rows, obs_times)
-        return self._run(custom, np.arange(len(anchor_rows), dtype=np.int64), progress, context="all")
+        return self._run(custom, np.arange(len(anchor_rows), dtype=np.int64), progress, context=context)
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:

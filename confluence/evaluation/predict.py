@@ -38,6 +38,7 @@ from confluence.sampler.splits import split_index, subsample
 from confluence.store import Store
 from confluence.store.format import NO_CUTOFF
 from confluence.stypes import SemanticType
+from confluence.toolkit.progress import per_row
 
 TABLE_SUFFIXES = (".parquet", ".csv")
 
@@ -278,10 +279,20 @@ def resolve_anchors(store: Any, task: str, keys: pa.Array, times: pa.Array | Non
     return rows, np.asarray(obs, dtype=np.int64), keys
 
 
-def read_anchor_file(path: Path, store: Any, task: str) -> tuple[np.ndarray, np.ndarray, pa.Array]:
-    """Anchors named by the user: a Parquet / CSV file with the anchor table's primary-key column (or `key`) and an
-    optional `observation_time` column. Returns (global rows, observation times, keys). Errors name the CSV line
-    (header on line 1) or the Parquet row."""
+# whose labels a labelled context may show: what an evaluation of that split reads, or every label known by then
+LABEL_SCOPES = ("train", "val", "test", "all")
+
+
+def read_anchor_file(path: Path, store: Any, task: str, observation_time: str | None = None
+                     ) -> tuple[np.ndarray, np.ndarray, pa.Array]:
+    """Anchors named by the user: a Parquet / CSV file with the anchor table's primary-key column (or `key`) and
+    an `observation_time` column. Returns (global rows, observation times, keys). Errors name the CSV line (header
+    on line 1) or the Parquet row.
+
+    Every anchor needs an explicit time: an empty cell (or no column) is an error, unless `observation_time`
+    says what it means: "row" (the anchor row's own time; no cut-off for a table without time), "latest" (no
+    cut-off: the context may show every row of the store, the future of that row included) or an ISO 8601 time.
+    (Before, an empty cell silently meant no cut-off: a row that saw its own future.)"""
     path = Path(path)
     table = store.table(store.task(task).anchor_table)
     t = _read_table(path)
@@ -289,8 +300,38 @@ def read_anchor_file(path: Path, store: Any, task: str) -> tuple[np.ndarray, np.
     if key_col not in t.column_names:
         raise ConfluenceError(f"{path}: needs a column '{table.primary_key}' (or 'key') with anchor keys of "
                               f"'{table.name}'; it has {t.column_names}")
+    keys = t.column(key_col).combine_chunks()
+    where = lambda i: _row_name(path, i)  # noqa: E731
     times = t.column("observation_time").combine_chunks() if "observation_time" in t.column_names else None
-    return resolve_anchors(store, task, t.column(key_col).combine_chunks(), times, lambda i: _row_name(path, i))
+    if times is not None and (pa.types.is_string(times.type) or pa.types.is_large_string(times.type)):
+        times = pa.array([None if v is None or not v.strip() else v for v in times.to_pylist()], pa.string())
+    blank = np.ones(len(keys), bool) if times is None else times.is_null().to_numpy(zero_copy_only=False)
+    if blank.any() and observation_time is None:
+        first = int(np.flatnonzero(blank)[0])
+        what = f"{path}: has no 'observation_time' column" if times is None else \
+            f"{where(first)}: observation_time is empty ({int(blank.sum())} such row(s))"
+        raise ConfluenceError(f"{what}; give every anchor its time, or pass --observation-time row (each anchor "
+                              "row's own time), latest (no cut-off: every row of the store, its future included) or "
+                              "an ISO 8601 time")
+    rows, obs, cast_keys = resolve_anchors(store, task, keys, times, where, null_time_default=True)
+    if blank.any():
+        obs = np.where(blank, default_times(store, task, rows, observation_time), obs)
+    return rows, obs, cast_keys
+
+
+def default_times(store: Any, task: str, rows: np.ndarray, observation_time: str) -> np.ndarray:
+    """The observation time (epoch µs) `--observation-time` gives anchor rows: "row" (each row's own time; no
+    cut-off for a table without time), "latest" (no cut-off) or one ISO 8601 time for all."""
+    table = store.table(store.task(task).anchor_table)
+    if observation_time == "row":
+        if not table.temporal_column:
+            return np.full(len(rows), NO_CUTOFF, np.int64)
+        return np.asarray(np.asarray(store.row_time)[rows], np.int64)
+    if observation_time == "latest":
+        return np.full(len(rows), NO_CUTOFF, np.int64)
+    one = observation_times(pa.array([observation_time], pa.string()),
+                            lambda i: f"--observation-time {observation_time!r}")
+    return np.full(len(rows), int(one[0]), np.int64)
 
 
 def prediction_table(store: Any, task: str, keys: pa.Array, obs: np.ndarray, head: HeadOutputs, *,
@@ -328,13 +369,19 @@ def predict(
     progress: Any = None,
     clip_numbers: bool = True,
     draws: int = DEFAULT_DRAWS,
+    context_labels: str | None = None,
+    observation_time: str | None = None,
 ) -> pa.Table:
     """Predictions for a split of a task's seeds, or for the anchors in a file. Writes `out` (.parquet / .csv)
     atomically when given; returns the table. `progress`: a `Reporter`-like object (`step(desc, total)`,
     `advance(n)`). `clip_numbers=False` reports numbers plainly de-normalized (seed 004), not clipped to the train
     targets' range and rounded (`targets.numerical_predictions`). `draws`: contexts per anchor whose answers are
-    combined (`inference.combine_draws`; 1: one context). Bad arguments (output suffix, task, split, anchors file)
-    are refused before the model loads."""
+    combined (`inference.combine_draws`; 1: one context). `context_labels`: whose labels a labelled context may
+    show ("train", "val", "test": what an evaluation of that split reads; "all": every label known at the
+    observation time); default: the split's for `split`, "all" for `anchors` (as the service). The same anchor,
+    observation time and `context_labels` give the same prediction by either path (docs/evaluation.md, "One
+    answer per question"). `observation_time`: what an anchors file's missing times mean (`read_anchor_file`).
+    Bad arguments (output suffix, task, split, anchors file, label scope) are refused before the model loads."""
     out_path = None if out is None else Path(out)
     if out_path is not None:
         table_format(out_path)
@@ -344,22 +391,26 @@ def predict(
             raise ConfluenceError(f"{name} (--{name.replace('_', '-')}) must be {least} or more, not {value}")
     store = db if isinstance(db, Store) else Store.open(db)
     require_task(store, task)
+    if anchors is None:
+        split_index(split or "test")  # an unknown split is named as such, before the label scope it implies
+    context = context_labels or ("all" if anchors is not None else split or "test")
+    if context not in LABEL_SCOPES:
+        raise ConfluenceError(f"context labels (--context-labels) must be one of {', '.join(LABEL_SCOPES)}, not "
+                              f"{context!r}")
     if anchors is not None:
-        rows, obs, keys = read_anchor_file(Path(anchors), store, task)
-    else:
-        split_index(split or "test")
+        rows, obs, keys = read_anchor_file(Path(anchors), store, task, observation_time)
     loaded = checkpoint if isinstance(checkpoint, LoadedModel) else load_model(checkpoint)
     predictor = Predictor(loaded, store, batch_size=batch_size, threads=threads, draws=draws)
     try:
         if anchors is None:
             ids = subsample(predictor.seed_ids(split or "test", task), max_seeds)
-        if progress is not None:
-            progress.step(f"predict {task}", (len(ids) if anchors is None else len(rows)) * predictor.draws)
-        advance = None if progress is None else progress.advance
+        if progress is not None:  # counted in rows, whatever the contexts drawn per row
+            progress.step(f"predict {task}", len(ids) if anchors is None else len(rows))
+        advance = None if progress is None else per_row(progress.advance, predictor.draws)
         if anchors is not None:
-            head = predictor.anchor_outputs(task, rows, obs, advance)
+            head = predictor.anchor_outputs(task, rows, obs, advance, context=context)
         else:
-            head = predictor.task_outputs(task, ids, advance, context=split or "test")
+            head = predictor.task_outputs(task, ids, advance, context=context)
         train_ids = predictor.seed_ids("train", task) if clip_numbers else None
     finally:
         predictor.close()

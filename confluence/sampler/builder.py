@@ -164,7 +164,7 @@ class BatchBuilder:
         anchors = np.ascontiguousarray(task.anchor_row[seed_ids])
         obs = np.ascontiguousarray(task.obs_time[seed_ids])
         key = stream_key("sequence", self.seed, epoch, self.db_idx, task.index)
-        states = sequence_states(key, seed_ids)
+        states = sequence_states(key, seed_ids if task.seed_keys is None else task.seed_keys[seed_ids])
         max_rows = cfg.max_rows
         s_len = cfg.seq_len
         k_lab = labels_for(cfg, d.name, task.name) if labels is not None else 0

@@ -49,6 +49,10 @@ class TaskData:
     tgt_bits: np.ndarray  # u8 packed bits (boolean) or u8[1]
     tgt_valid: np.ndarray  # u8 packed bits
     obs_ts: np.ndarray  # f32[n, 15]: the encoded observation time (obs_col >= 0) or f32[1, 15]
+    # i64[n]: what each seed's random numbers are keyed on, None for the seed index itself (a served task). An
+    # ad-hoc anchor task (`Sampler.anchor_task`) keys an anchor that is a seed of its task on that seed's index, so
+    # the same (anchor, observation time) gets the same context draws however it is asked for
+    seed_keys: np.ndarray | None = None
 
     @property
     def num_seeds(self) -> int:

@@ -29,6 +29,7 @@ from confluence.sampler.labels import (
     task_horizon,
     with_matches,
 )
+from confluence.sampler.rng import hash_unit, stream_key
 from confluence.sampler.splits import split_index, split_seed_ids, task_split
 from confluence.stypes import D_TIME, SemanticType
 
@@ -189,7 +190,10 @@ class Sampler:
     def anchor_task(self, task: str, anchor_rows: np.ndarray, obs_times: np.ndarray, db: int | str = 0) -> TaskData:
         """`task` re-rooted at arbitrary anchor rows (global row indices) and observation times, with unknown (NULL)
         targets: seed `i` of the result is (anchor_rows[i], obs_times[i]). The context follows the task's rules
-        (excluded columns, the observation-time cell, no row after the observation time)."""
+        (excluded columns, the observation-time cell, no row after the observation time). An anchor that is a seed of
+        the task (the same row and observation time) draws its contexts with that seed's random numbers, so with the
+        same labels readable it gets exactly the contexts an evaluation of that seed gets (`seed_keys`); any other
+        anchor's are keyed on its row and time, whatever its position in the request."""
         base = self.entry(task, db).task
         rows = np.asarray(anchor_rows, dtype=np.int64)
         obs = np.asarray(obs_times, dtype=np.int64)
@@ -205,6 +209,7 @@ class Sampler:
             tgt_bits=np.zeros((n + 7) // 8 if st == SemanticType.BOOLEAN else 1, np.uint8),
             tgt_valid=np.zeros((n + 7) // 8, np.uint8),
             obs_ts=obs_time_cells(store, base.obs_col, obs),
+            seed_keys=anchor_seed_keys(base, rows, obs),
         )
 
     def render(self, task: str, seed_id: int, db: int | str = 0, epoch: int = 0, max_cells: int | None = None) -> str:
@@ -228,3 +233,21 @@ class Sampler:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def anchor_seed_keys(base: TaskData, rows: np.ndarray, obs: np.ndarray) -> np.ndarray:
+    """The random-number key of each (anchor row, observation time): the index of the task's seed with that row and
+    time when there is one (the first in the task's order), else a 52-bit hash of the pair plus 2**62 (never a seed
+    index)."""
+    pair = np.dtype([("row", "<i8"), ("obs", "<i8")])
+    seeds = np.empty(base.anchor_row.shape[0], pair)
+    seeds["row"], seeds["obs"] = base.anchor_row, base.obs_time
+    asked = np.empty(rows.shape[0], pair)
+    asked["row"], asked["obs"] = rows, obs
+    order = np.argsort(seeds, kind="stable")
+    at = np.minimum(np.searchsorted(seeds[order], asked), max(len(order) - 1, 0))
+    found = (seeds[order][at] == asked) if len(order) else np.zeros(len(asked), bool)
+    with np.errstate(over="ignore"):
+        mixed = (rows.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ obs.astype(np.uint64)
+    hashed = (hash_unit(stream_key("anchor"), mixed.view(np.int64)) * float(1 << 52)).astype(np.int64) + (1 << 62)
+    return np.where(found, order[at] if len(order) else 0, hashed).astype(np.int64)

@@ -6,6 +6,7 @@ timestamps as dates, categories as their strings, rows by primary key; the model
 from __future__ import annotations
 
 import datetime as dt
+import math
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,17 @@ from confluence.store.format import INT64_MAX
 from confluence.stypes import SemanticType
 
 _VIA = {0: "seed", 1: "parent", 2: "child", 3: "label"}  # 3: a labelled task row (`confluence.sampler.labels`)
+
+
+def column_value(z: float, mean: float, std: float) -> str:
+    """The column's value of a z-score as the data holds it: `z * std + mean` rounded to the decimals the z-score
+    keeps. The store holds z in float32 (about 7 significant digits, so the value is known to |z| x std x 2^-24), and
+    the digits beyond that are rounding noise: an exact 0 of the data came back as -6.145e-11 and now prints 0."""
+    value = z * std + mean
+    noise = abs(z * std) * 2.0 ** -24 + abs(mean) * 2.0 ** -52  # float32 z, float64 statistics
+    decimals = min(15, max(0, math.floor(math.log10(0.5 / noise)))) if noise > 0 else 15  # never coarser than units
+    text = f"{round(value, decimals) + 0.0:.{decimals}f}"  # + 0.0: no "-0"
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def _time(us: int) -> str:
@@ -47,12 +59,13 @@ class CellDecoder:
             self.counts = {int(c): (float(m), float(sd)) for c, m, sd in zip(cc.col, cc.mean, cc.std, strict=True)}
 
     def number(self, col: int, z: float) -> str:
+        """A numerical cell as the data holds it (a count as a whole number), its z-score beside."""
         if col in self.counts:
             m, sd = self.counts[col]
-            return f"{np.expm1(z * sd + m):.4g} (count; z={z:.3g})"
+            return f"{round(float(np.expm1(z * sd + m)))} (count; z={z:.3g})"
         st = self.columns[col].stats if col in self.columns else {}
         if "mean" in st and "std" in st:
-            return f"{z * (float(st['std']) or 1.0) + float(st['mean']):.6g} (z={z:.3g})"
+            return f"{column_value(z, float(st['mean']), float(st['std']) or 1.0)} (z={z:.3g})"
         return f"z={z:.4g}"
 
     def time(self, z: float) -> str:

@@ -75,8 +75,17 @@ class TableMeta:
 
 
 SPLIT_NAMES = ("train", "val", "test")
-_HORIZON_UNITS = {"second": 1_000_000, "minute": 60_000_000, "hour": 3_600_000_000, "day": 86_400_000_000,
-                  "week": 604_800_000_000}
+# The fields each object of a metadata file may hold; any other name is an "unknown field" problem. Every one is
+# described in docs/metadata_reference.md (tests/test_metadata_reference.py keeps that page complete).
+DATABASE_FIELDS = ("name", "description", "tables", "tasks")
+TABLE_FIELDS = ("primary_key", "temporal_column", "columns", "description")
+COLUMN_FIELDS = ("stype", "foreign_key", "description", "reason")
+TASK_FIELDS = ("query", "anchor_table", "anchor_key", "target_column", "target_stype", "observation_time_column",
+               "description", "exclude_columns", "split", "horizon", "reason")
+SPLIT_FIELDS = ("val_time", "test_time", "column")
+# a horizon's units in microseconds (each also in the plural: "30 days"): fixed lengths only
+HORIZON_UNITS = {"second": 1_000_000, "minute": 60_000_000, "hour": 3_600_000_000, "day": 86_400_000_000,
+                 "week": 604_800_000_000}
 _HORIZON = re.compile(r"^\s*(\d+)\s*(second|minute|hour|day|week)s?\s*$")
 
 
@@ -87,7 +96,7 @@ def parse_horizon(text: Any) -> int:
     if m is None:
         raise ValueError(f"{text!r} is not a horizon like '30 days' (a whole number of seconds, minutes, hours, "
                          "days or weeks)")
-    return int(m.group(1)) * _HORIZON_UNITS[m.group(2)]
+    return int(m.group(1)) * HORIZON_UNITS[m.group(2)]
 _EPOCH = dt.datetime(1970, 1, 1)
 
 
@@ -214,7 +223,7 @@ def parse_metadata(raw: Any, source: str = "metadata") -> DatabaseMeta:
     if not isinstance(raw, dict):
         raise MetadataError([f"{source}: top level must be a JSON object, got {type(raw).__name__}"])
     for key in raw:
-        if key not in ("name", "description", "tables", "tasks"):
+        if key not in DATABASE_FIELDS:
             problems.append(f"database: unknown field '{key}'")
     name = _str(raw, "name", "database", problems) or "unnamed"
     tables_raw = raw.get("tables")
@@ -228,7 +237,7 @@ def parse_metadata(raw: Any, source: str = "metadata") -> DatabaseMeta:
             problems.append(f"{where}: must be an object")
             continue
         for key in traw:
-            if key not in ("primary_key", "temporal_column", "columns", "description"):
+            if key not in TABLE_FIELDS:
                 problems.append(f"{where}: unknown field '{key}'")
         cols_raw = traw.get("columns")
         cols: dict[str, ColumnMeta] = {}
@@ -241,7 +250,7 @@ def parse_metadata(raw: Any, source: str = "metadata") -> DatabaseMeta:
                 problems.append(f"{cwhere}: must be an object like {{\"stype\": \"numerical\"}}")
                 continue
             for key in craw:
-                if key not in ("stype", "foreign_key", "description", "reason"):
+                if key not in COLUMN_FIELDS:
                     problems.append(f"{cwhere}: unknown field '{key}'")
             stype_name = _str(craw, "stype", cwhere, problems)
             stype = SemanticType.IGNORED
@@ -304,10 +313,8 @@ def parse_metadata(raw: Any, source: str = "metadata") -> DatabaseMeta:
         if not isinstance(kraw, dict):
             problems.append(f"{where}: must be an object")
             continue
-        allowed = ("query", "anchor_table", "anchor_key", "target_column", "target_stype",
-                   "observation_time_column", "description", "exclude_columns", "split", "horizon", "reason")
         for key in kraw:
-            if key not in allowed:
+            if key not in TASK_FIELDS:
                 problems.append(f"{where}: unknown field '{key}'")
         query = _str(kraw, "query", where, problems)
         anchor_table = _str(kraw, "anchor_table", where, problems)
@@ -382,8 +389,8 @@ def _task_split(raw: Any, where: str, problems: list[str]) -> TaskSplit | None:
                         ' {"val_time": "2021-01-01", "test_time": "2021-04-01"}')
         return None
     for key in raw:
-        if key not in ("val_time", "test_time", "column"):
-            problems.append(f"{where}: field 'split' has an unknown field '{key}' (known: val_time, test_time, column)")
+        if key not in SPLIT_FIELDS:
+            problems.append(f"{where}: field 'split' has an unknown field '{key}' (known: {', '.join(SPLIT_FIELDS)})")
     times: dict[str, dt.datetime] = {}
     for key in ("val_time", "test_time"):
         text = _str(raw, key, f"{where}, field 'split'", problems)

@@ -79,6 +79,11 @@ class PredictRequest(BaseModel):
     top_k: int | None = Field(None, ge=0, le=MAX_TOP_K, description="Categorical tasks: classes listed "
                                                                      "(class_1, prob_1, ...); default: the "
                                                                      "server's --top-k.")
+    context_labels: Literal["train", "val", "test", "all"] = Field(
+        "all", description="Whose labels a labelled context may show: every label known at the observation time "
+                           "(all, the default), or those an evaluation of that split reads (test: train and "
+                           "validation labels): with 'test', a test seed's answer is exactly the one `confluence "
+                           "evaluate` scored and `predict --split test` wrote.")
 
 
 class PredictResponse(BaseModel):
@@ -456,7 +461,8 @@ def build_app(service: PredictionService) -> FastAPI:
         times = [a.observation_time for a in req.anchors]
         try:
             job = await run_in_threadpool(service.job, req.task, keys,
-                                          None if all(t is None for t in times) else times, req.top_k)
+                                          None if all(t is None for t in times) else times, req.top_k,
+                                          req.context_labels)
         except RequestError as exc:
             return JSONResponse({"detail": shorten(str(exc), [req.task, *keys, *times])}, status_code=exc.status)
         try:

@@ -149,8 +149,10 @@ class _Run:
     ad-hoc task, draw `e` the sampler's epoch `e`), built one sampler batch at a time as the worker takes them,
     and the head outputs gathered back in order."""
 
-    def __init__(self, predictor: Predictor, task: str, rows: np.ndarray, obs: np.ndarray):
+    def __init__(self, predictor: Predictor, task: str, rows: np.ndarray, obs: np.ndarray,
+                 context: str = ANCHOR_CONTEXT):
         self.task = task
+        self.context = context
         self._predictor = predictor
         self._custom = predictor.stream.sampler.anchor_task(task, rows, obs)
         self._ids = np.arange(len(rows), dtype=np.int64)
@@ -179,7 +181,7 @@ class _Run:
             if self._gen is None:
                 self._epoch += 1
                 self._gen = self._predictor.stream.ordered(self._custom, self._ids, epoch=self._epoch,
-                                                           context=ANCHOR_CONTEXT)
+                                                           context=self.context)
             batch = next(self._gen, None)
             if batch is not None:
                 self._batch, self._at, self._valid = batch, 0, int(batch.seq_valid.sum())
@@ -238,11 +240,12 @@ def _one_pass(predictor: Predictor, runs: list[_Run], stats: Stats | None) -> No
 
 
 def head_outputs(predictor: Predictor, task: str, anchors: list[tuple[np.ndarray, np.ndarray]],
-                 stats: Stats | None = None) -> list[HeadOutputs]:
+                 stats: Stats | None = None, context: str = ANCHOR_CONTEXT) -> list[HeadOutputs]:
     """Head outputs for several requests of one task, [(anchor rows, observation times)] each, in shared forward
-    passes (scheduled as the worker schedules them); each equals `predictor.anchor_outputs(task, rows, obs)` (up
-    to float rounding where merged), its `predictor.draws` contexts per anchor combined the same way."""
-    runs = [_Run(predictor, task, rows, obs) for rows, obs in anchors]
+    passes (scheduled as the worker schedules them); each equals `predictor.anchor_outputs(task, rows, obs,
+    context=context)` (up to float rounding where merged), its `predictor.draws` contexts per anchor combined the
+    same way."""
+    runs = [_Run(predictor, task, rows, obs, context) for rows, obs in anchors]
     try:
         while any(r.left for r in runs):
             _one_pass(predictor, [r for r in runs if r.left], stats)
@@ -262,6 +265,7 @@ class Job:
     obs: np.ndarray
     finish: Callable[[HeadOutputs], Any]
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    context: str = ANCHOR_CONTEXT  # the labels its contexts may read (`confluence.sampler.labels.CONTEXT_SPLITS`)
 
 
 _STOP = object()
@@ -351,7 +355,7 @@ class Batcher:
             return time.monotonic() < self._stop_at
         if item.future.set_running_or_notify_cancel():
             try:
-                self._active.append((item, _Run(self.predictor, item.task, item.rows, item.obs)))
+                self._active.append((item, _Run(self.predictor, item.task, item.rows, item.obs, item.context)))
             except Exception as exc:  # noqa: BLE001 - that request gets the error
                 self._fail([item], exc)
             self._taken += 1

@@ -238,8 +238,10 @@ class PredictionService:
         log.info("compiled in %.1f s", time.perf_counter() - t0)
 
     # ---- requests
-    def job(self, task: str, keys: list[Any], times: list[str | None] | None, top_k: int | None) -> Job:
-        """A request checked and resolved (RequestError naming the field otherwise), ready for the batcher."""
+    def job(self, task: str, keys: list[Any], times: list[str | None] | None, top_k: int | None,
+            context_labels: str = "all") -> Job:
+        """A request checked and resolved (RequestError naming the field otherwise), ready for the batcher;
+        `context_labels`: whose labels its contexts may show (`predict --context-labels`)."""
         if task not in self._train_ids:
             raise RequestError(f"task: no task {task!r} in store '{self.store.name}'; tasks: "
                                f"{', '.join(t.name for t in self.store.tasks)} (GET /tasks)")
@@ -265,7 +267,7 @@ class PredictionService:
         def finish(head: HeadOutputs) -> pa.Table:
             return prediction_table(self.store, task, cast_keys, obs, head, train_ids=train_ids, top_k=k)
 
-        return Job(task, rows, obs, finish)
+        return Job(task, rows, obs, finish, context=context_labels)
 
     def key_column(self, task: str) -> str:
         return self.store.table(self.store.task(task).anchor_table).primary_key or "anchor"

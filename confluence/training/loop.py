@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from rich.console import Console
 
 from confluence import outputs
 from confluence.errors import ConfluenceError
@@ -25,7 +27,7 @@ from confluence.toolkit.checkpoint import latest_checkpoint, load_state, read_ch
 from confluence.toolkit.interrupt import StepBoundaryInterrupt
 from confluence.toolkit.logs import ScalarLog, plot_scalars
 from confluence.toolkit.mesh import make_mesh, replicate
-from confluence.toolkit.progress import StepBar
+from confluence.toolkit.progress import Phase, StepBar
 from confluence.toolkit.provenance import code_provenance
 from confluence.training.config import RunConfig
 from confluence.training.step import get_trainer, shard_inputs
@@ -247,22 +249,32 @@ def _train(cfg: RunConfig, stream: BatchStream, out_dir: Path, *, resume: bool, 
     mesh = mesh or make_mesh()
     loop = cfg.loop
     stop_at = loop.max_steps
-
-    model = RelationalTransformer(cfg.model, key=jax.random.key(cfg.seed))
-    trainer = get_trainer(cfg.model, cfg.optim.for_run(loop.max_steps), cfg.loss)
-    params, opt_state = trainer.init_state(model)
-    step = 0
-    if resume:
-        ck = read_checkpoint(out_dir)
-        saved = RunConfig.from_dict(ck.meta.get("config", {}))
-        if saved.model != cfg.model:
-            raise ConfluenceError(f"--resume: the checkpoint {ck.path} was trained with another model config")
-        params, opt_state = load_state(ck.path, params, opt_state)
-        step = ck.step
-        stream.restore(saved_position(ck.meta))
-    elif init_from is not None:
-        params = _init_params(cfg, init_from, params)
     main = jax.process_index() == 0  # only process 0 writes the run directory (logs, config, checkpoints)
+    console = Console(file=sys.stdout)  # the phases' lines and the step bar share it (on a terminal, above the bar)
+
+    def phase(what: str, detail: str = "") -> Phase:
+        """A line when a long wait before or between steps starts and ends (compiling, validating), whatever
+        `progress`; with `progress`, a line every 10 s while it lasts."""
+        return Phase(what, detail, console=console, enabled=main, tick=progress)
+
+    source = ("" if not (resume or init_from) else
+              f", then the parameters of {'the checkpoint to resume' if resume else init_from}")
+    layers = f"{cfg.model.n_layers} layer" + ("s" if cfg.model.n_layers != 1 else "")
+    with phase("initialising the model", f"{layers}, d_model {cfg.model.d_model}{source}"):
+        model = RelationalTransformer(cfg.model, key=jax.random.key(cfg.seed))
+        trainer = get_trainer(cfg.model, cfg.optim.for_run(loop.max_steps), cfg.loss)
+        params, opt_state = trainer.init_state(model)
+        step = 0
+        if resume:
+            ck = read_checkpoint(out_dir)
+            saved = RunConfig.from_dict(ck.meta.get("config", {}))
+            if saved.model != cfg.model:
+                raise ConfluenceError(f"--resume: the checkpoint {ck.path} was trained with another model config")
+            params, opt_state = load_state(ck.path, params, opt_state)
+            step = ck.step
+            stream.restore(saved_position(ck.meta))
+        elif init_from is not None:
+            params = _init_params(cfg, init_from, params)
     if main:
         (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
 
@@ -285,27 +297,28 @@ def _train(cfg: RunConfig, stream: BatchStream, out_dir: Path, *, resume: bool, 
         save_checkpoint(out_dir, at, params, opt_state, meta, keep=loop.keep_checkpoints)
         saved_at = at
 
-    def val_losses(s: BatchStream, tabs: list[Any], prefix: str, databases: set[int] | None = None) -> dict[str, float]:
-        res = {}
-        for e in s.tasks:
-            if databases is not None and e.db_idx not in databases:
-                continue
-            tot, n = 0.0, 0.0
-            for b in s.split("val", e.task.name, e.db_idx, max_batches=loop.val_batches):
-                loss, w = trainer.eval_loss(params, shard_inputs(batch_to_inputs(b), mesh), *tabs[e.db_idx])
-                tot += _scalar(loss) * _scalar(w)
-                n += _scalar(w)
-            if n:
-                res[f"{prefix}/{e.key}/loss"] = tot / n
-        return res
+    train_val = val_subset(len(stream.stores), loop.val_databases)
+    val_tasks = [(stream, dev_tables, "val", e) for e in stream.tasks if train_val is None or e.db_idx in train_val]
+    val_tasks += [(heldout, held_tables, "heldout", e) for e in (heldout.tasks if heldout is not None else [])]
 
-    def validate() -> dict[str, float]:
-        res = val_losses(stream, dev_tables, "val", val_subset(len(stream.stores), loop.val_databases))
-        if heldout is not None:
-            held = val_losses(heldout, held_tables, "heldout")
-            if held:
-                held["heldout/loss"] = float(np.mean(list(held.values())))
-            res |= held
+    def validate(what: str) -> dict[str, float]:
+        """The validation losses of every validated task (`val/...`, `heldout/...` and their mean), said as a
+        phase (`what`): the first validation compiles the loss for each batch shape it meets."""
+        res: dict[str, float] = {}
+        batches = f"{loop.val_batches} batch" + ("es" if loop.val_batches != 1 else "")
+        with phase(what, f"{len(val_tasks)} tasks, {batches} each") as ph:
+            for i, (s, tabs, prefix, e) in enumerate(val_tasks):
+                ph.status = f"{i}/{len(val_tasks)} tasks done, now {e.key}"
+                tot, n = 0.0, 0.0
+                for b in s.split("val", e.task.name, e.db_idx, max_batches=loop.val_batches):
+                    loss, w = trainer.eval_loss(params, shard_inputs(batch_to_inputs(b), mesh), *tabs[e.db_idx])
+                    tot += _scalar(loss) * _scalar(w)
+                    n += _scalar(w)
+                if n:
+                    res[f"{prefix}/{e.key}/loss"] = tot / n
+        held = [v for k, v in res.items() if k.startswith("heldout/")]
+        if held:
+            res["heldout/loss"] = float(np.mean(held))
         return res
 
     def draw() -> tuple[list[tuple[dict, Any, Any]], list[str], float, int]:
@@ -325,26 +338,34 @@ def _train(cfg: RunConfig, stream: BatchStream, out_dir: Path, *, resume: bool, 
     window_losses: list[tuple[str, jax.Array]] = []  # device scalars, read at log time (no per-step sync)
     # The first update's batches come before the baseline validation (which reads its own seeds: no batch changes),
     # so that a step that cannot fit the device stops here, with the settings to change, before any step runs.
+    compiled: set[tuple] = set()  # the batch shapes whose step is compiled (each row / text bucket compiles once)
     try:
         first = draw() if step < stop_at else None
         if first is not None:
-            trainer.check_memory(params, opt_state, first[0])
+            with phase("compiling the training step", _shape_words(first[0]) + "; once per batch shape"):
+                trainer.check_memory(params, opt_state, first[0])
+            compiled.add(_shape_key(first[0]))
     except BaseException:
         log.close()
         if main and not resume:  # a new run that never stepped leaves nothing: the same --out can be used again
             remove_run_files(out_dir)
             (out_dir / outputs.MARKER_FILE).unlink(missing_ok=True)
         raise
-    bar = StepBar(stop_at, step) if progress and main else None
-    if step == 0 and stop_at > 0:
-        log.write(0, validate())  # the untrained model's validation loss, as a baseline
+    bar = StepBar(stop_at, step, console=console) if progress and main else None
+    if step == 0 and stop_at > 0:  # the untrained model's validation loss, as a baseline
+        log.write(0, validate("validating the untrained model"))
     try:
         with StepBoundaryInterrupt() as stop:  # Ctrl-C stops after the step in flight (toolkit/interrupt.py)
             while step < stop_at:
                 micro, stypes, wait, cells = first if first is not None else draw()
                 first = None
                 window_wait, window_cells = window_wait + wait, window_cells + cells
-                params, opt_state, m = trainer.step(params, opt_state, micro, step)
+                if _shape_key(micro) in compiled:
+                    params, opt_state, m = trainer.step(params, opt_state, micro, step)
+                else:  # a batch of a row / text bucket not met before: its step compiles now
+                    with phase("compiling the training step for another batch shape", _shape_words(micro)):
+                        params, opt_state, m = trainer.step(params, opt_state, micro, step)
+                    compiled.add(_shape_key(micro))
                 step += 1
                 window_losses.append((stypes[0] if len(set(stypes)) == 1 else "mixed", m.loss))
                 scalars: dict[str, float] = {}
@@ -368,7 +389,7 @@ def _train(cfg: RunConfig, stream: BatchStream, out_dir: Path, *, resume: bool, 
                     window_cells, window_wait, window_t0 = 0, 0.0, time.perf_counter()
                     window_losses = []
                 if step % loop.val_every == 0 or step == stop_at:
-                    val = validate()
+                    val = validate(f"validating at step {step}")
                     log.write(step, val)
                     result.val_losses = val
                     scalars.update(val)
@@ -400,6 +421,21 @@ def _train(cfg: RunConfig, stream: BatchStream, out_dir: Path, *, resume: bool, 
             warnings.warn(f"{out_dir / 'scalars.png'}: not drawn ({exc})", stacklevel=2)
     result.step, result.params = step, params
     return result
+
+
+def _shape_key(micro: list[tuple[dict, Any, Any]]) -> tuple:
+    """What decides whether a step compiles again: the shapes of its micro-batches' inputs and tables."""
+    return tuple((k, tuple(v.shape)) for inputs, *tabs in micro for k, v in [*sorted(inputs.items()),
+                                                                            *enumerate(tabs)])
+
+
+def _shape_words(micro: list[tuple[dict, Any, Any]]) -> str:
+    """A step's batch shape in words: "16 sequences of 1024 cells, up to 32 rows each, 64 texts per batch"."""
+    inputs = micro[0][0]
+    b, s = inputs["is_padding"].shape[:2]
+    rows, texts = inputs["fk_adj"].shape[-1], inputs["text_batch_embeddings"].shape[0]
+    return f"{b} sequences of {s} cells, up to {rows} rows each, {texts} texts per batch" + (
+        f", {len(micro)} micro-batches" if len(micro) > 1 else "")
 
 
 def open_heldout_stream(paths: list[Path], cfg: RunConfig) -> BatchStream:
