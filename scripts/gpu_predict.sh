@@ -27,12 +27,12 @@ preprocess(build_nycflights13("/tmp/gpu_demo/raw"), demo_metadata_path(), "/tmp/
 print("store built")
 PYEOF
 fi
-log "small (pretrained:small), flights.dep_delay, 4000 anchors x 4 draws, $THREADS sampler threads"
+log "small (pretrained:small), flights.dep_delay, ${ANCHORS_SMALL:-4000} anchors x 4 draws, $THREADS sampler threads"
 timeout -s INT "${T_SMALL:-150}" $CLI bench predict --db "$STORE" --task flights.dep_delay --checkpoint pretrained:small \
-  --anchors 4000 --draws 4 --threads "$THREADS" --batch-size 16 --batch-size 128 --batch-size 512 \
+  --anchors "${ANCHORS_SMALL:-4000}" --draws 4 --threads "$THREADS" --batch-size 16 --batch-size 128 --batch-size 512 \
   --json "$OUT/predict_small.json" 2>&1 | grep -v Warning | tail -6 | tee -a "$OUT/summary.txt"
-log "base (random init), flights.dep_delay, 1000 anchors x 1 draw, $THREADS sampler threads"
+log "base (random init), flights.dep_delay, ${ANCHORS_BASE:-1000} anchors x 1 draw, $THREADS sampler threads"
 timeout -s INT "${T_BASE:-180}" $CLI bench predict --db "$STORE" --task flights.dep_delay --config base \
-  --anchors 1000 --draws 1 --threads "$THREADS" --batch-size 32 --batch-size 128 \
+  --anchors "${ANCHORS_BASE:-1000}" --draws 1 --threads "$THREADS" --batch-size 32 --batch-size 128 \
   --json "$OUT/predict_base.json" 2>&1 | grep -v Warning | tail -6 | tee -a "$OUT/summary.txt"
 log "done"
