@@ -51,7 +51,7 @@ def _timed(fn: Any) -> tuple[Any, float]:
 
 
 def profile_inference(checkpoint: str | Path, store: str | Path, task: str, *, anchors: int = 2000,
-                      draws: int = 4, batch_size: int | None = None, threads: int = 1,
+                      draws: int = 4, batch_size: int | None = None, threads: int | None = None,
                       split: str = "test") -> dict[str, Any]:
     """The phases of predicting `anchors` seeds of `split` of `task` (module doc), in seconds and contexts/s."""
     import jax

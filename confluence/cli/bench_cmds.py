@@ -468,7 +468,8 @@ def bench_predict_cmd(
     draws: int = typer.Option(4, "--draws", min=1, help="Contexts per anchor."),
     batch_size: list[int] = typer.Option([], "--batch-size", metavar="N", help="Sequences per model call (repeatable: one "
                                          "profile each; default: the run's)."),
-    threads: int = typer.Option(1, "--threads", min=1, help="Sampler threads building contexts beside the model."),
+    threads: int = typer.Option(None, "--threads", min=1, help="Sampler threads building contexts beside the model "
+                                "(default: 1 on a CPU, the CPUs less 2 on a GPU)."),
     repo: list[Path] = typer.Option([], "--repo", metavar="DIR", help="Also time `confluence predict` end to end from this "
                                     "checkout (repeatable; '.' is this one), cold and warm compilation cache."),
     repeats: int = typer.Option(1, "--repeats", min=1, help="Alternations of the --repo checkouts."),

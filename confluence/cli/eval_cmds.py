@@ -94,8 +94,10 @@ def evaluate_cmd(
                                            "--no-clip-numbers: the plain de-normalized number."),
     draws: int = typer.Option(DEFAULT_DRAWS, "--draws", min=1, help="Contexts drawn per seed, their answers combined "
                               "(probabilities averaged, numbers by median); 1: one context, the fastest."),
-    batch_size: int = typer.Option(None, "--batch-size", help="Sequences per forward pass (default: the run's)."),
-    threads: int = typer.Option(1, "--threads", help="Sampler threads."),
+    batch_size: int = typer.Option(None, "--batch-size", help="Sequences per forward pass (default: the run's on a "
+                                   "CPU, 65,536 cells' worth on a GPU)."),
+    threads: int = typer.Option(None, "--threads", min=1, help="Sampler threads (default: 1 on a CPU, the CPUs "
+                                "less 2 on a GPU)."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar / progress lines."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output file that confluence did not "
                                "write (a Parquet file of an earlier predict is replaced without it)."),
@@ -178,8 +180,9 @@ def predict_cmd(
     draws: int = typer.Option(DEFAULT_DRAWS, "--draws", min=1, help="Contexts drawn per seed, their answers combined "
                               "(probabilities averaged, numbers by median); 1: one context, the fastest."),
     batch_size: int = typer.Option(None, "--batch-size", help="Sequences per forward pass (default: the run's "
-                                   "training batch size)."),
-    threads: int = typer.Option(1, "--threads", help="Sampler threads building the input sequences."),
+                                   "training batch size on a CPU, 65,536 cells' worth on a GPU)."),
+    threads: int = typer.Option(None, "--threads", min=1, help="Sampler threads building the input sequences "
+                                "(default: 1 on a CPU, the CPUs less 2 on a GPU)."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar / progress lines on stderr."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output file that confluence did not "
                                "write (a Parquet file of an earlier predict is replaced without it)."),

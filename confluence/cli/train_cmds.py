@@ -106,10 +106,12 @@ def _run(cfg, out: Path, db: list[Path], heldout_db: list[Path], *, resume: bool
     import jax
 
     from confluence.toolkit.checkpoint import latest_checkpoint, read_checkpoint
+    from confluence.toolkit.compile_cache import use_compile_cache
     from confluence.toolkit.progress import Phase
     from confluence.training.config import RunConfig, describe_changes
     from confluence.training.loop import fit_max_k, open_heldout_stream, open_stream, prepare_run_dir, train
 
+    use_compile_cache()  # a resumed or repeated run loads its compiled step (20-45 s of compiling) from disk
     main = jax.process_index() == 0
     if resume or not force:  # refuse before the stores are opened; --force deletes only in train()
         prepare_run_dir(out, resume=resume, force=False)

@@ -83,7 +83,7 @@ def evaluate(
     tasks: Sequence[str] | None = None,
     max_seeds: int | None = 5000,
     batch_size: int | None = None,
-    threads: int = 1,
+    threads: int | None = None,
     gbdt: bool = False,
     gbdt_max_train: int = 50_000,
     progress: Reporter | None = None,

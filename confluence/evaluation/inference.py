@@ -89,7 +89,7 @@ class Predictor:
     is the one context of `draws` = 1."""
 
     def __init__(self, loaded: LoadedModel, store: Store | str | Path, *, batch_size: int | None = None,
-                 threads: int = 1, draws: int = 1):
+                 threads: int | None = None, draws: int = 1):
         if draws < 1:
             raise ConfluenceError(f"draws (--draws) must be 1 or more, not {draws}")
         self.draws = int(draws)
@@ -101,7 +101,8 @@ class Predictor:
                 f"store {self.store.name!r} has text embeddings of size {self.store.d_t} but the checkpoint expects "
                 f"d_t={cfg.model.d_t}; preprocess it with the same text encoder"
             )
-        sconf = replace(cfg.sampler, batch_size=batch_size or cfg.sampler.batch_size, threads=threads, tasks=None)
+        sconf = replace(cfg.sampler, batch_size=batch_size or inference_batch_size(cfg), tasks=None,
+                        threads=threads or inference_threads())
         self.stream = BatchStream(Sampler([self.store], sconf, seed=cfg.seed))
         # a store's categorical target may have more categories than any the checkpoint saw: widen the block
         self.max_k = fitted_max_k(cfg.loss.max_k, [self.store])
@@ -170,6 +171,32 @@ class Predictor:
         same `context` (`Sampler.anchor_task`): the same answer."""
         custom = self.stream.sampler.anchor_task(task, anchor_rows, obs_times)
         return self._run(custom, np.arange(len(anchor_rows), dtype=np.int64), progress, context=context)
+
+
+# Cells per model call on an accelerator: 512 contexts of 128 cells (`small`), 64 of 1,024 (`base`). On an H100 the
+# `small` model ran 5,843 contexts/s at its training batch of 16, 35,200 at 128 and 67,335 at 512; `base` 98 -> 1,727
+# from 32 to 128 (docs/evaluation.md, "Speed"). On a CPU the training batch is best: 2-core box, 16: 653, 128: 198.
+ACCELERATOR_CELLS_PER_CALL = 65_536
+
+
+def inference_batch_size(cfg: RunConfig) -> int:
+    """Sequences per model call when none is asked for: the run's training batch on a CPU (larger batches ran slower
+    per context there: the attention scores leave the caches), enough for `ACCELERATOR_CELLS_PER_CALL` cells on a
+    GPU or TPU (small batches leave it idle)."""
+    if jax.default_backend() == "cpu":
+        return int(cfg.sampler.batch_size)
+    return max(int(cfg.sampler.batch_size), ACCELERATOR_CELLS_PER_CALL // int(cfg.sampler.seq_len))
+
+
+def inference_threads() -> int:
+    """Sampler threads building contexts beside the model when none are asked for: 1 on a CPU (the model needs the
+    cores; the sampler builds 10,000+ contexts/s on one), the CPUs less two on an accelerator (the model answers
+    tens of thousands a second there)."""
+    if jax.default_backend() == "cpu":
+        return 1
+    from confluence.toolkit.threads import usable_cpus
+
+    return max(1, usable_cpus() - 2)
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:

@@ -363,7 +363,7 @@ def predict(
     anchors: str | Path | None = None,
     out: str | Path | None = None,
     batch_size: int | None = None,
-    threads: int = 1,
+    threads: int | None = None,
     max_seeds: int | None = None,
     top_k: int = 3,
     progress: Any = None,

@@ -347,7 +347,7 @@ class Guard:
 
 
 def create_app(checkpoint: str | Path, db: str | Path, *, batch_size: int | None = None, max_wait_ms: float = 5.0,
-               max_anchors: int = 1000, top_k: int = 3, clip_numbers: bool = True, threads: int = 1,
+               max_anchors: int = 1000, top_k: int = 3, clip_numbers: bool = True, threads: int | None = None,
                warm_up: bool = True, draws: int = DEFAULT_DRAWS, max_body_bytes: int | None = None,
                token: str | None = None, docs: bool = False, model_details: bool = False) -> FastAPI:
     """The ASGI app serving `checkpoint` on the store `db`. Both load here (a ConfluenceError for a bad path, so a

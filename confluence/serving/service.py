@@ -63,7 +63,7 @@ class ServeSettings:
     max_anchors: int = 1000
     top_k: int = 3
     clip_numbers: bool = True
-    threads: int = 1
+    threads: int | None = None  # sampler threads (None: `inference.inference_threads`)
     warm_up: bool = True
     draws: int = DEFAULT_DRAWS
     max_body_bytes: int | None = None
