@@ -221,8 +221,8 @@ def test_open_source_tells_urls_from_paths(tmp_path):
     _assert_no_password(str(info.value))
     with pytest.raises(DataError, match="a postgresql source is a URL"):
         open_source(tmp_path, kind="postgresql")
-    with pytest.raises(DataError, match="no such file"):
-        open_source("Postgresql://h/db")  # libpq's prefixes are lower case: this is a (missing) path
+    with pytest.raises(DataError, match="not a PostgreSQL URL libpq reads; write it as postgresql://"):
+        open_source("Postgresql://h/db")  # libpq's prefixes are lower case: a misspelt URL, never read as a path
 
 
 # -- reading ----------------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import datetime as dt
 import hashlib
 import logging
 import math
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -228,13 +229,29 @@ class PredictionService:
         batch = list(self.predictor.stream.ordered(custom, np.zeros(1, np.int64)))[0]
         shapes = batch_shapes(self.predictor) if self.settings.warm_up else [batch_shape(batch)]
         self.compiled = (0, len(shapes))
-        log.info("compiling the model for %d batch shape(s) (rows, texts): %s", len(shapes), shapes)
+        log.info("compiling the model for %d batch shape(s) (rows, texts): %s (from the compilation cache when "
+                 "an earlier start compiled them)", len(shapes), shapes)
         t0 = time.perf_counter()
-        for i, (r, u) in enumerate(shapes):
-            if self.batcher.stopping.is_set():  # shut down while compiling: stop soon, not after every shape
-                return
-            self.predictor.forward(reshaped(batch, r, u))
-            self.compiled = (i + 1, len(shapes))
+        done = threading.Event()
+
+        def tick() -> None:  # never silent for more than 10 s while a shape compiles
+            while not done.wait(10.0):
+                log.info("still compiling: %d of %d shape(s) done, %.0f s so far", self.compiled[0], len(shapes),
+                         time.perf_counter() - t0)
+
+        ticker = threading.Thread(target=tick, name="warm-up-ticker", daemon=True)
+        ticker.start()
+        try:
+            for i, (r, u) in enumerate(shapes):
+                if self.batcher.stopping.is_set():  # shut down while compiling: stop soon, not after every shape
+                    return
+                t1 = time.perf_counter()
+                self.predictor.forward(reshaped(batch, r, u))
+                self.compiled = (i + 1, len(shapes))
+                log.info("shape %d of %d (rows %d, texts %d) ready in %.1f s", i + 1, len(shapes), r, u,
+                         time.perf_counter() - t1)
+        finally:
+            done.set()
         log.info("compiled in %.1f s", time.perf_counter() - t0)
 
     # ---- requests
