@@ -509,6 +509,31 @@ def bench_predict_cmd(
     _write_json(json_out, res)
 
 
+def bench_quality_cmd(
+    suite: Path = typer.Option(..., "--suite", help="Folder of built suite databases (<name>/raw, from "
+                               "`confluence devsuite build NAME --out SUITE/NAME/raw`)."),
+    name: list[str] = typer.Option([], "--db", metavar="NAME", help="Only these databases (repeatable; default: "
+                                   "every one built in --suite)."),
+    steps: int = typer.Option(3000, "--steps", min=1, help="Training steps per database (the budget)."),
+    config: str = typer.Option("small", "--config", help="The recipe measured (default: what `train` uses)."),
+    max_seeds: int = typer.Option(2000, "--max-seeds", min=1, help="Test seeds scored per task."),
+    label: str = typer.Option(None, "--label", help="Name of this measurement's runs (default: RECIPE-STEPS)."),
+    force: bool = typer.Option(False, "--force", help="Redo databases already measured under this label."),
+) -> None:
+    """The recipe on every suite database at a fixed budget, scored on the test split beside the trivial baselines
+    and LightGBM: per database, tasks beating trivial, not worse than LightGBM and better (docs/devsuite.md)."""
+    from confluence.bench.quality import HEADER, run_quality
+
+    try:
+        tallies = run_quality(suite, names=name or None, steps=steps, config=config, label=label,
+                              max_seeds=max_seeds, log=typer.echo, force=force)
+    except ConfluenceError as exc:
+        fail(exc)
+    typer.echo(HEADER)
+    for t in tallies:
+        typer.echo(t.line())
+
+
 def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) -> None:
     """Add every `confluence bench ...` command."""
     del app, text_app
@@ -516,5 +541,5 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
                      ("text-encoder", bench_text_encoder_cmd), ("sampler", bench_sampler_cmd),
                      ("train", bench_train_cmd), ("attention", bench_attention_cmd),
                      ("learnability", bench_learnability_cmd), ("serve", bench_serve_cmd),
-                     ("predict", bench_predict_cmd)):
+                     ("predict", bench_predict_cmd), ("quality", bench_quality_cmd)):
         bench_app.command(name)(fn)

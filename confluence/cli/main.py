@@ -14,6 +14,7 @@ from confluence.cli import (
     corpus_cmds,
     data_cmds,
     demo_cmds,
+    devsuite_cmds,
     eval_cmds,
     pretrained_cmds,
     sampler_cmds,
@@ -39,7 +40,7 @@ app.add_typer(bench_app, name="bench")
 app.add_typer(text_app, name="text")
 
 for _area in (schema_cmds, data_cmds, sampler_cmds, train_cmds, eval_cmds, textenc_cmds, text_cmds, bench_cmds,
-              demo_cmds, synth_cmds, serve_cmds, corpus_cmds, pretrained_cmds):
+              demo_cmds, synth_cmds, serve_cmds, corpus_cmds, pretrained_cmds, devsuite_cmds):
     _area.register(app, bench_app, text_app)
 
 

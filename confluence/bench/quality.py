@@ -1,0 +1,102 @@
+"""`confluence bench quality`: the default recipe on every database of the development suite at a fixed budget, each
+database's test split scored beside the trivial baselines and LightGBM on the same rows, and per database the tally
+a user switching from LightGBM asks for: on how many tasks the model beats the trivial baseline, is not worse than
+LightGBM (the paired 95 % interval reaches zero) and is better than it.
+
+A suite folder holds `<name>/raw` (built by `confluence devsuite build`); this preprocesses each into
+`<name>/store` (once), trains into `<name>/runs/<label>` and writes `<name>/runs/<label>/test.json`, then the tallies.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from confluence.devsuite import MEMBERS, member, metadata_path
+from confluence.errors import ConfluenceError
+from confluence.evaluation.report import verdict
+from confluence.stypes import SemanticType
+
+
+@dataclass
+class Tally:
+    """One database's counts over its tasks (what `bench quality` prints per row)."""
+
+    database: str
+    role: str
+    tasks: int
+    beats_trivial: int
+    not_worse_than_gbdt: int
+    better_than_gbdt: int
+
+    def line(self) -> str:
+        return (f"{self.database:<16} {self.role:<6} {self.tasks:>5} {self.beats_trivial:>6}/{self.tasks:<3} "
+                f"{self.not_worse_than_gbdt:>6}/{self.tasks:<3} {self.better_than_gbdt:>6}/{self.tasks:<3}")
+
+
+HEADER = f"{'database':<16} {'role':<6} {'tasks':>5} {'> trivial':>10} {'>= LightGBM':>11} {'> LightGBM':>10}"
+
+
+def tally(database: str, role: str, results: dict[str, Any]) -> Tally:
+    """Count a database's `evaluate --gbdt` results (`confluence.evaluation.evaluate` JSON layout) by verdict."""
+    beats = not_worse = better = 0
+    n = 0
+    for r in results.values():
+        if "model" not in r:
+            continue
+        n += 1
+        said = {text for text, _ in verdict(r, SemanticType.parse(r["info"]["stype"]))}
+        beats += "beats trivial" in said
+        better += "better than GBDT" in said
+        not_worse += bool(said & {"better than GBDT", "not worse than GBDT"})
+    return Tally(database, role, n, beats, not_worse, better)
+
+
+def run_quality(suite: Path, *, names: list[str] | None = None, steps: int = 3000, config: str = "small",
+                label: str | None = None, max_seeds: int = 2000, log: Callable[[str], None] = print,
+                force: bool = False) -> list[Tally]:
+    """Preprocess (once), train `config` for `steps` steps and evaluate `--gbdt` on the test split every suite
+    member built under `suite`; returns the tallies (also written to `suite/quality-<label>.json`). A run already
+    evaluated under the same label is read back, not redone, unless `force`."""
+    from confluence.evaluation.evaluate import evaluate, write_json
+    from confluence.preprocess import preprocess
+    from confluence.training.config import load_config
+    from confluence.training.loop import open_stream, train
+
+    label = label or f"{config}-{steps}"
+    chosen = list(names) if names else [n for n in MEMBERS if (suite / n / "raw").is_dir()]
+    if not chosen:
+        raise ConfluenceError(f"{suite}: no suite database built there (confluence devsuite build NAME ... --out "
+                              f"{suite}/NAME/raw); the suite has {', '.join(MEMBERS)}")
+    out: list[Tally] = []
+    for name in chosen:
+        mod = member(name)
+        raw, store = suite / name / "raw", suite / name / "store"
+        if not raw.is_dir():
+            raise ConfluenceError(f"{raw}: not built; run confluence devsuite build {name} --source ... --out {raw}")
+        if not (store / "metadata.json").is_file():
+            log(f"{name}: preprocessing")
+            preprocess(raw, metadata_path(name), store, progress=False)
+        run = suite / name / "runs" / label
+        result_file = run / "test.json"
+        if force or not result_file.is_file():
+            log(f"{name}: training {config} for {steps} steps")
+            cfg = load_config(config, {"loop": {"max_steps": steps, "ckpt_every": steps,
+                                                "val_every": max(steps // 4, 1)}})
+            stream = open_stream([store], cfg)
+            try:
+                train(cfg, stream, run, progress=False, force=True)
+            finally:
+                stream.close()
+            log(f"{name}: evaluating on the test split beside the trivial baselines and LightGBM")
+            results = evaluate(run, store, split="test", max_seeds=max_seeds, gbdt=True)
+            write_json(results, result_file)
+        results = json.loads(result_file.read_text())
+        t = tally(name, mod.ROLE, results)
+        log(t.line())
+        out.append(t)
+    (suite / f"quality-{label}.json").write_text(json.dumps([t.__dict__ for t in out], indent=2) + "\n")
+    return out
