@@ -92,8 +92,8 @@ def _attention_fn(
 ) -> tuple[Any, Callable[..., jax.Array]]:
     """(what the implementation builds once per batch and kind, the sublayer's attention given it). The prepared
     part is computed before timing and passed to the jitted attention as an argument, as training shares it across
-    layers: closed over as a constant, XLA folded it at compile time (the "constant folding of a sort" of the GPU
-    log, 2026-11-24)."""
+    layers: closed over as a constant, XLA folded its sorts at compile time ("constant folding of a sort", seen on
+    a GPU)."""
     if name == "kernel":
         st = jax.jit(lambda *a: block_structure(kind, *a, block))(*struct)
         heads, warps = launch

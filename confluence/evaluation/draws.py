@@ -14,7 +14,7 @@ import numpy as np
 H = TypeVar("H")  # `confluence.evaluation.inference.HeadOutputs`
 
 # context draws per prediction (`Predictor(draws=...)`, `--draws`): chosen on validation splits (docs/decisions.md,
-# "Context draws"); 1 is one context per seed, as before 2026-11-24
+# "Context draws"); 1 is a single context per seed, exactly the answer of one draw
 DEFAULT_DRAWS = 4
 
 

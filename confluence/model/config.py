@@ -57,7 +57,7 @@ class ModelConfig:
     # True: the blocks run as one `lax.scan` over their stacked parameters, so XLA compiles one block instead of
     # n_layers (the `base` step compiles 24 % faster on the CPU) but runs them without fusion across blocks (the
     # `small` step 30 % slower on the CPU); False unrolls them as a Python loop. Same model, same parameters and
-    # checkpoints either way (docs/training_speed.md, "Compilation")
+    # checkpoints either way (docs/decisions.md, "Training speed": blocks scanned)
     scan_layers: bool = False
     # > 0: add this multiple of a fixed per-category identity code to each category's text embedding (model.inputs.
     # identity_codes); 0 is seed 002's text embedding alone, the default (docs/decisions.md says why).

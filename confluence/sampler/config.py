@@ -57,7 +57,8 @@ class SamplerConfig:
     # labels; k reserves room for k rows of 1-2 cells each at the end of the sequence
     labels: int = 0
     # "task" or "db/task" -> labelled rows for that task's contexts instead of `labels` (0..labels): 0 gives a task
-    # whose rows say more than its labels the whole context (measured: docs/RESULTS.md)
+    # whose rows say more than its labels the whole context (measured: docs/decisions.md, "The `demo` recipe shows
+    # labelled context")
     task_labels: dict[str, int] | None = None
     # of those labelled rows, up to this many are rows that share a value with the anchor row (a flight of the same
     # flight number, a plane of the same seat count): the most telling labels of a static table, whose others are
@@ -67,7 +68,8 @@ class SamplerConfig:
     # (siblings) say more than rows of the same value (measured: docs/decisions.md, "Label matches")
     task_label_match: dict[str, int] | None = None
     # the share of *training* contexts shown no labels (drawn per sequence and epoch): a model that always sees its
-    # task's labels may learn to copy them instead of reading the rows (measured: docs/RESULTS.md); 0 = always shown
+    # task's labels may learn to copy them instead of reading the rows (docs/decisions.md, "`labels_off` stays 0");
+    # 0 = always shown
     labels_off: float = 0.0
     # the share of *training* contexts whose task answers are re-coded consistently in every cell of the context (a
     # permutation of the classes, swapped booleans, an affine map of z-scored numbers: `confluence.sampler.relabel`),

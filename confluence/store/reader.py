@@ -276,8 +276,8 @@ class Store:
 
 # Arrays smaller than this are read into memory (read-only) rather than memory-mapped: a memory map holds an open
 # file descriptor for as long as it lives, a store has ~100-200 small files, and a corpus of a few hundred stores
-# opened by one pretraining run passed the usual 1,024-20,000 descriptors a process may hold (measured on the GPU
-# machine, 2026-11-24: `Too many open files` at 200 databases). Large arrays stay mapped (pages loaded on demand).
+# opened by one pretraining run passed the usual 1,024-20,000 descriptors a process may hold (`Too many open files`
+# at 200 databases; docs/decisions.md, "Store arrays"). Large arrays stay mapped (pages loaded on demand).
 MMAP_MIN_BYTES = 1 << 20
 
 

@@ -3,7 +3,7 @@ in flight with its state whole and checkpoints it.
 
 Why: a jitted step donates its parameters and optimizer state (`donate_argnums`); a KeyboardInterrupt raised while
 the step runs leaves them deleted, and the checkpoint written on the way out fails ("Array has been deleted"). Seen
-on the GPU machine on 2026-11-24 (`timeout -s INT` ending `scripts/gpu_pretrain.sh`); on the CPU the window is
+on the GPU machine (`timeout -s INT` ending `scripts/gpu_pretrain.sh`); on the CPU the window is
 rarely hit. A second SIGINT raises KeyboardInterrupt at once (a user who presses Ctrl-C twice wants out now).
 """
 
