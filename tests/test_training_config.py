@@ -15,11 +15,12 @@ from confluence.training.config import RunConfig, describe_changes, load_config,
 def test_recipes_are_files_and_load_by_name():
     assert {"small", "base", "demo"} <= set(recipes())
     small, base, demo = load_config("small"), load_config("base"), load_config("demo")
-    assert (small.model.d_model, small.sampler.seq_len, small.loop.max_steps) == (64, 128, 400)
+    assert (small.model.d_model, small.sampler.seq_len, small.loop.max_steps) == (64, 128, "auto")
+    assert (small.loop.patience, demo.loop.patience) == (5, 0)  # the demo trains its fixed steps to the end
     assert (base.model.n_layers, base.sampler.batch_size, base.model.attention_impl) == (12, 32, "auto")
     # the demo's recipe: `small` plus the settings the demo measured better
     # (its model, except the column codes pretrained:small was made without, which it pins off)
-    assert demo.model == replace(small.model, column_codes=0.0) and demo.loop == small.loop
+    assert demo.model == replace(small.model, column_codes=0.0) and demo.loop == replace(small.loop, patience=0)
     assert (demo.loss.numeric_loss, demo.sampler.recent, demo.sampler.width_per_fk, demo.sampler.child_counts,
             demo.sampler.task_recent) == ("median", 16, True, "anchor", {"flights.dep_at": 0})
     # `small`, the recipe of `confluence train` without --config: column codes and the anchor's windowed counts
@@ -84,7 +85,7 @@ def test_set_values_are_read_as_json_and_fit_the_declared_types():
 
 def test_the_schedule_follows_the_run_length():
     small = load_config("small")
-    o = small.optim.for_run(small.loop.max_steps)
+    o = small.optim.for_run(400)
     assert (o.warmup_steps, o.total_steps) == (20, 400)
     short = small.with_max_steps(50).optim.for_run(50)
     assert (short.warmup_steps, short.total_steps) == (2, 50)  # a 50-step run does not stop at peak learning rate
@@ -124,4 +125,4 @@ def test_runs_saved_before_perm_tile_keep_their_row_orders():
 def test_describe_changes_lists_what_differs():
     a = load_config("small")
     b = load_config("small", {"loop": {"max_steps": 800}, "sampler": {"task_weights": {"x": 2}}})
-    assert describe_changes(a, b) == ["loop.max_steps: 400 -> 800", "sampler.task_weights: None -> {'x': 2.0}"]
+    assert describe_changes(a, b) == ["loop.max_steps: 'auto' -> 800", "sampler.task_weights: None -> {'x': 2.0}"]

@@ -39,7 +39,7 @@ def recipe_checkpoint(config: str, out: Path) -> Path:
 
     cfg = load_config(config)
     model = RelationalTransformer(cfg.model, key=jax.random.key(cfg.seed))
-    params, opt_state = get_trainer(cfg.model, cfg.optim.for_run(cfg.loop.max_steps), cfg.loss).init_state(model)
+    params, opt_state = get_trainer(cfg.model, cfg.optim.for_run(cfg.steps_or(1000)), cfg.loss).init_state(model)
     save_checkpoint(out, 0, params, opt_state, {"config": cfg.to_dict()})
     return out
 

@@ -55,7 +55,7 @@ def tally(database: str, role: str, results: dict[str, Any]) -> Tally:
     return Tally(database, role, n, beats, not_worse, better)
 
 
-def run_quality(suite: Path, *, names: list[str] | None = None, steps: int = 3000, config: str = "small",
+def run_quality(suite: Path, *, names: list[str] | None = None, steps: int | str = 3000, config: str = "small",
                 label: str | None = None, max_seeds: int = 2000, log: Callable[[str], None] = print,
                 force: bool = False) -> list[Tally]:
     """Preprocess (once), train `config` for `steps` steps and evaluate `--gbdt` on the test split every suite
@@ -83,9 +83,13 @@ def run_quality(suite: Path, *, names: list[str] | None = None, steps: int = 300
         run = suite / name / "runs" / label
         result_file = run / "test.json"
         if force or not result_file.is_file():
-            log(f"{name}: training {config} for {steps} steps")
-            cfg = load_config(config, {"loop": {"max_steps": steps, "ckpt_every": steps,
-                                                "val_every": max(steps // 4, 1)}})
+            log(f"{name}: training {config} for " + (f"{steps} steps" if isinstance(steps, int) else
+                                                      f"the recipe's run length ({steps})"))
+            # a fixed budget validates four times and evaluates its last step; "auto" / a duration is the recipe's
+            # own default: its run length, validation, early stopping and best checkpoint
+            cfg = load_config(config, {"loop": {"max_steps": steps, "ckpt_every": steps, "val_every": max(steps // 4, 1),
+                                                "patience": 0}} if isinstance(steps, int) else
+                              {"loop": {"max_steps": steps}})
             stream = open_stream([store], cfg)
             try:
                 train(cfg, stream, run, progress=False, force=True)

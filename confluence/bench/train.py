@@ -81,7 +81,7 @@ class StepBench:
         self.model = RelationalTransformer(cfg.model, key=jax.random.key(cfg.seed))
         # the process's trainer for this configuration (training.step.get_trainer): a second bench of the same
         # recipe in one process (the breakdown, --profile) reuses its compiled steps instead of compiling again
-        self.trainer = get_trainer(cfg.model, cfg.optim.for_run(cfg.loop.max_steps), cfg.loss)
+        self.trainer = get_trainer(cfg.model, cfg.optim.for_run(cfg.steps_or(1000)), cfg.loss)
         params, opt_state = self.trainer.init_state(self.model)
         self.state = [replicate(params, mesh), replicate(opt_state, mesh)]
         tb = DbTables.build(db.name, db.column_embeddings, db.categorical_embeddings, db.max_k, cfg.loss.max_k)

@@ -514,7 +514,8 @@ def bench_quality_cmd(
                                "`confluence devsuite build NAME --out SUITE/NAME/raw`)."),
     name: list[str] = typer.Option([], "--db", metavar="NAME", help="Only these databases (repeatable; default: "
                                    "every one built in --suite)."),
-    steps: int = typer.Option(3000, "--steps", min=1, help="Training steps per database (the budget)."),
+    steps: str = typer.Option("3000", "--steps", help="Training steps per database (the budget), or \"auto\" / "
+                                                      "a duration: the recipe's own run length and early stopping."),
     config: str = typer.Option("small", "--config", help="The recipe measured (default: what `train` uses)."),
     max_seeds: int = typer.Option(2000, "--max-seeds", min=1, help="Test seeds scored per task."),
     label: str = typer.Option(None, "--label", help="Name of this measurement's runs (default: RECIPE-STEPS)."),
@@ -525,7 +526,13 @@ def bench_quality_cmd(
     from confluence.bench.quality import HEADER, run_quality
 
     try:
-        tallies = run_quality(suite, names=name or None, steps=steps, config=config, label=label,
+        from confluence.training.budget import check_run_length
+
+        length: int | str = int(steps) if steps.strip().isdigit() else steps.strip()
+        check_run_length(length, "--steps")
+        if length == 0:
+            raise ConfluenceError("--steps: must be at least 1")
+        tallies = run_quality(suite, names=name or None, steps=length, config=config, label=label,
                               max_seeds=max_seeds, log=typer.echo, force=force)
     except ConfluenceError as exc:
         fail(exc)

@@ -11,21 +11,38 @@ from confluence.cli.common import fail
 from confluence.errors import ConfluenceError
 
 
-def run_config(config: str, sets: list[str], max_steps: int | None = None):
-    """The RunConfig of `--config` (a recipe or a file), `--set` overrides and `--max-steps`, in that order."""
+def run_config(config: str, sets: list[str], max_steps: int | None = None, budget: str | None = None):
+    """The RunConfig of `--config` (a recipe or a file), `--set` overrides and `--max-steps` / `--budget` (one of
+    them), in that order."""
     from confluence.toolkit.config import parse_sets
     from confluence.training.config import load_config
 
+    if max_steps is not None and budget is not None:
+        raise ConfluenceError("--max-steps and --budget both set the run's length: give one of them")
     cfg = load_config(config, parse_sets(sets))
-    return cfg if max_steps is None else cfg.with_max_steps(max_steps)
+    length = max_steps if max_steps is not None else budget
+    return cfg if length is None else cfg.with_max_steps(length)
 
 
 def describe_schedule(cfg) -> str:
     """One line saying how long the run is and what its learning-rate schedule does."""
+    from confluence.training.budget import describe_length, is_resolved
+
+    stop = (f"; stops after {cfg.loop.patience} validations without improvement, keeping the best checkpoint"
+            if cfg.loop.patience else "")
+    if not is_resolved(cfg.loop.max_steps):
+        return (f"run length {describe_length(cfg.loop.max_steps)}; learning rate: linear warmup, then cosine "
+                f"decay over the run{stop}")
     o = cfg.optim.for_run(cfg.loop.max_steps)
     return (f"{cfg.loop.max_steps} steps; learning rate: linear warmup over {o.warmup_steps} steps, then cosine "
             f"decay to {o.final_lr_fraction:g} x peak at step {o.total_steps}"
-            + ("" if cfg.optim.total_steps is None else " (optim.total_steps is set: it does not follow the run)"))
+            + ("" if cfg.optim.total_steps is None else " (optim.total_steps is set: it does not follow the run)")
+            + stop)
+
+
+BUDGET_HELP = ("Run length as a time budget (\"10m\", \"1h30m\": the steps that fit, measured on this machine; the "
+               "run also stops at the deadline) or \"auto\" (from the databases' tasks and training rows: the "
+               "default of the small recipe). Instead of --max-steps.")
 
 
 def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) -> None:
@@ -35,7 +52,10 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
         config: str = typer.Option("small", "--config", help="Recipe (small, base, demo, ...) or a .toml / .json file."),
         db: list[Path] = typer.Option(..., "--db", metavar="STORE", help="Processed store directory; repeat for several databases."),
         max_steps: int | None = typer.Option(None, "--max-steps", min=1,
-                                             help="Run length (sets loop.max_steps; the schedule follows)."),
+                                             help="Run length in steps (sets loop.max_steps; the schedule "
+                                                  "follows). Default: the recipe's (small: auto, from the "
+                                                  "databases, with early stopping)."),
+        budget: str | None = typer.Option(None, "--budget", metavar="DURATION|auto", help=BUDGET_HELP),
         resume: bool = typer.Option(False, "--resume", help="Continue from the run directory's last checkpoint."),
         force: bool = typer.Option(False, "--force", help="Replace a run already in --out (deleted first)."),
         init_from: Path | None = typer.Option(None, "--init-from", help="Initialise parameters from a checkpoint."),
@@ -59,7 +79,7 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
             jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
                                        process_id=process_id)
         try:
-            res = _run(run_config(config, set_, max_steps), out, db, heldout_db, resume=resume, force=force,
+            res = _run(run_config(config, set_, max_steps, budget), out, db, heldout_db, resume=resume, force=force,
                        init_from=init_from, no_progress=no_progress)
         except ConfluenceError as exc:
             fail(str(exc))
@@ -107,7 +127,9 @@ def _run(cfg, out: Path, db: list[Path], heldout_db: list[Path], *, resume: bool
 
     from confluence.toolkit.checkpoint import latest_checkpoint, read_checkpoint
     from confluence.toolkit.compile_cache import use_compile_cache
+    from confluence.toolkit.config import overlay
     from confluence.toolkit.progress import Phase
+    from confluence.training.budget import is_resolved
     from confluence.training.config import RunConfig, describe_changes
     from confluence.training.loop import fit_max_k, open_heldout_stream, open_stream, prepare_run_dir, train
 
@@ -132,8 +154,11 @@ def _run(cfg, out: Path, db: list[Path], heldout_db: list[Path], *, resume: bool
                        "than the recipe pads to)")
         cfg = fitted
         if resume and main and latest_checkpoint(out) is not None:
-            saved = RunConfig.from_dict(read_checkpoint(out).meta.get("config", {}))
-            for line in describe_changes(saved, cfg):
+            saved = RunConfig.from_dict(read_checkpoint(out, latest=True).meta.get("config", {}))
+            now = cfg
+            if not is_resolved(cfg.loop.max_steps):  # "auto" / a duration resumes with the length it was given
+                now = overlay(cfg, {"loop": {"max_steps": saved.loop.max_steps, "val_every": saved.loop.val_every}})
+            for line in describe_changes(saved, now):
                 typer.echo(f"resume: setting changed since the checkpoint: {line}")
         return train(cfg, stream, out, resume=resume, init_from=init_from, progress=not no_progress, force=force,
                      heldout=held)
@@ -148,7 +173,7 @@ def _interrupted(out: Path) -> NoReturn:
     from confluence.toolkit.checkpoint import CheckpointError, latest_checkpoint, read_checkpoint
 
     try:
-        step = read_checkpoint(out).step if latest_checkpoint(out) is not None else None
+        step = read_checkpoint(out, latest=True).step if latest_checkpoint(out) is not None else None
     except CheckpointError:
         step = None
     if step is None:
@@ -160,10 +185,21 @@ def _interrupted(out: Path) -> NoReturn:
 
 
 def _report(res, out: Path) -> None:
+    if res.last_loss is None and res.stopped_early:  # an early-stopped run resumed
+        typer.echo(f"the run in {out} stopped early at step {res.step} (validation had stopped improving); its best "
+                   f"checkpoint is step {res.best_step}. Nothing to train; to train on, start a new run with "
+                   "--init-from or --set loop.patience=0")
+        return
     if res.last_loss is None:  # no step ran: a finished run resumed
         typer.echo(f"the run in {out} is already at step {res.step}, its last step; nothing to train. To train "
                    "longer, resume it with a larger --max-steps (the schedule is stretched to it)")
         return
     typer.echo(f"trained to step {res.step}; last train loss {res.last_loss:.4f}; run directory {out}")
+    if res.stopped_early or res.stopped_at_deadline:
+        typer.echo("  stopped " + ("early: validation had stopped improving" if res.stopped_early else
+                                   "at the time budget's deadline"))
+    if res.best_step is not None:
+        typer.echo(f"  best validation at step {res.best_step}: checkpoints/BEST, what evaluate / predict / serve "
+                   "load from this run directory")
     for k, v in sorted(res.val_losses.items()):
         typer.echo(f"  {k}: {v:.4f}")

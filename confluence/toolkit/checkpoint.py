@@ -1,10 +1,12 @@
 """Atomic checkpoints of both models: parameters, optimizer state, step and a JSON `meta` (configuration, stream
 position, RNG state, ...), plus any files a checkpoint must carry to be self-contained (the text model's tokenizer).
 
-Layout: `RUN/checkpoints/step_00000123/{state.eqx, meta.json, ...}` and `RUN/checkpoints/LATEST` (name of the
-newest). A checkpoint is written into a temporary sibling directory, every file fsync'ed, then renamed into place
-and the directory fsync'ed; `LATEST` is replaced atomically last. A crash at any point leaves the previous
-checkpoint intact.
+Layout: `RUN/checkpoints/step_00000123/{state.eqx, meta.json, ...}`, `RUN/checkpoints/LATEST` (name of the
+newest) and, in a run that stops early on validation, `RUN/checkpoints/BEST` (name of the best-validated one, never
+pruned). A checkpoint is written into a temporary sibling directory, every file fsync'ed, then renamed into place
+and the directory fsync'ed; `LATEST` (and `BEST`) are replaced atomically last. A crash at any point leaves the
+previous checkpoint intact. A run directory resolves to its BEST checkpoint where it has one (what evaluate,
+predict and serve load) and to LATEST for resuming.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from confluence.errors import ConfluenceError
 from confluence.fsutil import fsync_path
 from confluence.outputs import pid_alive, writing
 
-STATE_FILE, META_FILE, LATEST = "state.eqx", "meta.json", "LATEST"
+STATE_FILE, META_FILE, LATEST, BEST = "state.eqx", "meta.json", "LATEST", "BEST"
 
 
 class CheckpointError(ConfluenceError):
@@ -45,15 +47,29 @@ def _to_host(x):
     return x
 
 
+def _point(ckpt_root: Path, name: str, final: Path) -> None:
+    """Replace the pointer file `name` (LATEST / BEST) atomically with the checkpoint `final`'s name."""
+    tmp = ckpt_root / f".{name}.tmp"
+    tmp.write_text(final.name + "\n")
+    fsync_path(tmp)
+    os.replace(tmp, ckpt_root / name)
+    fsync_path(ckpt_root)
+
+
 def save_checkpoint(run_dir: Path, step: int, params, opt_state, meta: dict[str, Any], keep: int = 3,
-                    files: dict[str, Path] | None = None) -> Path:
+                    files: dict[str, Path] | None = None, best: bool = False) -> Path:
     """Write checkpoint `step` atomically, with copies of `files` (name in the checkpoint -> source path); prune
-    to the newest `keep` (0: keep all). Only process 0 writes."""
+    to the newest `keep` (0: keep all), never the one `BEST` names. `best`: this checkpoint is the run's best so
+    far on validation (`BEST` names it). Only process 0 writes."""
     ckpt_root = Path(run_dir) / "checkpoints"
     final = ckpt_root / f"step_{step:08d}"
     host_state = jax.tree.map(_to_host, (params, opt_state))
-    if jax.process_index() != 0 or (final / STATE_FILE).is_file():
-        return final  # not the writer, or this step is already saved (same step, same state): never rewrite it
+    if jax.process_index() != 0:
+        return final
+    if (final / STATE_FILE).is_file():  # this step is already saved (same step, same state): never rewrite it
+        if best:
+            _point(ckpt_root, BEST, final)
+        return final
     with writing(final, f"checkpoint step {step}", "the previous checkpoint stands"):
         ckpt_root.mkdir(parents=True, exist_ok=True)
         for stale in ckpt_root.glob(".tmp-step_*-*"):  # a killed writer's temporaries
@@ -78,14 +94,23 @@ def save_checkpoint(run_dir: Path, step: int, params, opt_state, meta: dict[str,
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         fsync_path(ckpt_root)
-        latest_tmp = ckpt_root / f".{LATEST}.tmp"
-        latest_tmp.write_text(final.name + "\n")
-        fsync_path(latest_tmp)
-        os.replace(latest_tmp, ckpt_root / LATEST)
-        fsync_path(ckpt_root)
+        if best:
+            _point(ckpt_root, BEST, final)
+        _point(ckpt_root, LATEST, final)
+    kept_best = _named(ckpt_root, BEST)
     for old in sorted(p for p in ckpt_root.glob("step_*") if p.is_dir())[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+        if old != kept_best:
+            shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _named(root: Path, pointer: str) -> Path | None:
+    """The complete checkpoint a pointer file (LATEST / BEST) in `root` names, or None."""
+    f = root / pointer
+    if not f.is_file():
+        return None
+    cand = root / f.read_text().strip()
+    return cand if (cand / STATE_FILE).is_file() else None
 
 
 def _json_default(obj):
@@ -100,35 +125,37 @@ def _json_default(obj):
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The checkpoint `LATEST` names in a run directory, or None when the run has none yet."""
-    latest = Path(run_dir) / "checkpoints" / LATEST
-    if not latest.is_file():
-        return None
-    cand = latest.parent / latest.read_text().strip()
-    return cand if (cand / STATE_FILE).is_file() else None
+    return _named(Path(run_dir) / "checkpoints", LATEST)
 
 
-def resolve_checkpoint(path: Path) -> Path:
-    """A run directory (its LATEST checkpoint), a `checkpoints/` directory, a checkpoint directory, or the name of a
-    shipped model, `pretrained:NAME` (`confluence.pretrained`; its files checked against its card's sha256)."""
+def best_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint `BEST` names in a run directory (a run with early stopping), or None."""
+    return _named(Path(run_dir) / "checkpoints", BEST)
+
+
+def resolve_checkpoint(path: Path, latest: bool = False) -> Path:
+    """A run directory (its BEST checkpoint where early stopping kept one, else its LATEST; `latest`: always
+    LATEST, as resuming needs), a `checkpoints/` directory, a checkpoint directory, or the name of a shipped model,
+    `pretrained:NAME` (`confluence.pretrained`; its files checked against its card's sha256)."""
     from confluence.pretrained import checkpoint_path, is_pretrained
 
     if is_pretrained(path):
         return checkpoint_path(path)
     path = Path(path)
     for root in (path / "checkpoints", path):
-        latest = root / LATEST
-        if latest.is_file():
-            cand = root / latest.read_text().strip()
-            if (cand / STATE_FILE).is_file():
+        for pointer in ((LATEST,) if latest else (BEST, LATEST)):
+            cand = _named(root, pointer)
+            if cand is not None:
                 return cand
     if (path / STATE_FILE).is_file() and (path / META_FILE).is_file():
         return path
     raise CheckpointError(f"no checkpoint found at {path} (expected a run dir, its checkpoints/ or a step_* dir)")
 
 
-def read_checkpoint(path: Path) -> Checkpoint:
-    """The checkpoint `path` resolves to, with its meta.json; a damaged meta.json is a CheckpointError."""
-    ckpt = resolve_checkpoint(path)
+def read_checkpoint(path: Path, latest: bool = False) -> Checkpoint:
+    """The checkpoint `path` resolves to (`resolve_checkpoint`), with its meta.json; a damaged meta.json is a
+    CheckpointError."""
+    ckpt = resolve_checkpoint(path, latest)
     try:
         meta = json.loads((ckpt / META_FILE).read_text())
         return Checkpoint(ckpt, int(meta["step"]), meta)
@@ -146,9 +173,9 @@ def _earlier(ckpt: Path) -> str:
             f"{ckpt.parent / LATEST}")
 
 
-def load_state(path: Path, like_params, like_opt_state=None):
+def load_state(path: Path, like_params, like_opt_state=None, latest: bool = False):
     """Load (params, opt_state) shaped like the given trees; `like_opt_state=None` loads parameters only."""
-    ckpt = resolve_checkpoint(path)
+    ckpt = resolve_checkpoint(path, latest)
     try:
         if like_opt_state is None:
             params, _ = _load_params_only(ckpt, like_params)

@@ -21,13 +21,17 @@ from confluence.model.config import LossConfig, ModelConfig
 from confluence.sampler.config import PER_TASK_SETTINGS, SamplerConfig
 from confluence.toolkit.config import overlay, read_recipe, recipe_dir, to_dict
 from confluence.toolkit.optim import OptimConfig
+from confluence.training.budget import check_run_length
 
 
 @dataclass(frozen=True)
 class LoopConfig:
     """How long a run trains and how often it validates, checkpoints and logs (section `loop`)."""
 
-    max_steps: int = 100_000  # 0: no step (e.g. only initialise from --init-from and save nothing)
+    # run length: a number of steps (0: no step, e.g. only initialise from --init-from and save nothing), "auto"
+    # (from the databases' tasks and training rows) or a duration ("10m", "1h30m": the steps that fit on this
+    # machine); `train` resolves it to a step count before the first step (training/budget.py)
+    max_steps: int | str = 100_000
     grad_accum: int = 1  # micro-batches per optimizer step (each its own task draw)
     val_every: int = 1000
     val_batches: int = 4  # validation batches per task, their seeds drawn once across the val split
@@ -38,14 +42,21 @@ class LoopConfig:
     ckpt_every: int = 1000
     keep_checkpoints: int = 3  # the newest this many are kept (0: all)
     log_every: int = 10
+    # early stopping: stop after this many validations in a row without a better validation score (0: never);
+    # the best validation's checkpoint is kept (`checkpoints/BEST`) and is what evaluate / predict / serve load
+    patience: int = 0
+    min_delta: float = 0.001  # relative improvement of the validation score that resets the patience
 
     def __post_init__(self) -> None:
         for name in ("grad_accum", "val_every", "val_batches", "ckpt_every", "log_every"):
             if not getattr(self, name) >= 1:
                 raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
-        for name in ("max_steps", "keep_checkpoints", "val_databases"):
+        for name in ("keep_checkpoints", "val_databases", "patience"):
             if getattr(self, name) < 0:
                 raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.min_delta < 1.0:
+            raise ConfigError("min_delta", f"must be in [0, 1), got {self.min_delta}")
+        check_run_length(self.max_steps)
 
 
 @dataclass(frozen=True)
@@ -78,8 +89,14 @@ class RunConfig:
             d["sampler"] = {**d["sampler"], "perm_tile": 0}
         return overlay(cls(), d)
 
-    def with_max_steps(self, steps: int) -> RunConfig:
-        """The run made `steps` long (the learning-rate schedule follows when `optim.total_steps` is unset)."""
+    def steps_or(self, default: int) -> int:
+        """The run length in steps, or `default` while it is still "auto" / a duration (benches and tools that
+        build a trainer without running the loop, which resolves it)."""
+        return self.loop.max_steps if isinstance(self.loop.max_steps, int) else default
+
+    def with_max_steps(self, steps: int | str) -> RunConfig:
+        """The run made `steps` long (a step count, "auto" or a duration: `LoopConfig.max_steps`; the
+        learning-rate schedule follows when `optim.total_steps` is unset)."""
         return overlay(self, {"loop": {"max_steps": steps}})
 
 

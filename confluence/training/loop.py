@@ -24,11 +24,22 @@ from confluence.model.transformer import RelationalTransformer
 from confluence.sampler.stream import BatchStream
 from confluence.stypes import SemanticType
 from confluence.toolkit.checkpoint import latest_checkpoint, load_state, read_checkpoint, save_checkpoint
+from confluence.toolkit.config import overlay
 from confluence.toolkit.interrupt import StepBoundaryInterrupt
 from confluence.toolkit.logs import ScalarLog, plot_scalars
 from confluence.toolkit.mesh import make_mesh, replicate
 from confluence.toolkit.progress import Phase, StepBar
 from confluence.toolkit.provenance import code_provenance
+from confluence.training.budget import (
+    AUTO,
+    EarlyStop,
+    auto_steps,
+    is_resolved,
+    parse_duration,
+    steps_for_duration,
+    task_anchor_counts,
+    validation_interval,
+)
 from confluence.training.config import RunConfig
 from confluence.training.step import get_trainer, shard_inputs
 
@@ -39,6 +50,9 @@ class TrainResult:
     params: Any
     last_loss: float | None
     val_losses: dict[str, float] = field(default_factory=dict)
+    best_step: int | None = None  # early stopping: the best-validated step (its checkpoint is `checkpoints/BEST`)
+    stopped_early: bool = False  # validation stopped improving before the last step
+    stopped_at_deadline: bool = False  # a time budget ran out before the estimated steps were done
     history: list[tuple[int, float]] = field(default_factory=list)
 
 
@@ -164,7 +178,7 @@ def describe_run(out_dir: Path) -> str | None:
     """What training run `out_dir` holds ("checkpoint at step N", "a training log"), or None when it holds none."""
     ck = latest_checkpoint(out_dir)
     if ck is not None:
-        return f"checkpoint at step {read_checkpoint(out_dir).step}"
+        return f"checkpoint at step {read_checkpoint(out_dir, latest=True).step}"
     present = [n for n in RUN_FILES if (out_dir / n).exists()]
     return f"{', '.join(present)} without a checkpoint" if present else None
 
@@ -245,12 +259,19 @@ def _train(cfg: RunConfig, stream: BatchStream, out_dir: Path, *, resume: bool, 
             raise ConfluenceError(f"held-out database(s) {clash} are also training databases: a held-out loss "
                                   "would not measure transfer")
     cfg = fit_max_k(cfg, list(stream.stores) + (list(heldout.stores) if heldout is not None else []))
+    t_start = time.monotonic()
     prepare_run_dir(out_dir, resume=resume, force=force)
     mesh = mesh or make_mesh()
-    loop = cfg.loop
-    stop_at = loop.max_steps
     main = jax.process_index() == 0  # only process 0 writes the run directory (logs, config, checkpoints)
     console = Console(file=sys.stdout)  # the phases' lines and the step bar share it (on a terminal, above the bar)
+    saved_meta = read_checkpoint(out_dir, latest=True).meta if resume else {}
+    cfg, duration, said = resolve_length(cfg, stream, saved_meta.get("config"))
+    if main and said:
+        console.print(said)
+    loop = cfg.loop
+    stop_at = loop.max_steps
+    deadline = None if duration is None else t_start + duration
+    early = EarlyStop.from_meta(loop.patience, saved_meta.get("early_stop"), loop.min_delta)
 
     def phase(what: str, detail: str = "") -> Phase:
         """A line when a long wait before or between steps starts and ends (compiling, validating), whatever
@@ -266,7 +287,7 @@ def _train(cfg: RunConfig, stream: BatchStream, out_dir: Path, *, resume: bool, 
         params, opt_state = trainer.init_state(model)
         step = 0
         if resume:
-            ck = read_checkpoint(out_dir)
+            ck = read_checkpoint(out_dir, latest=True)
             saved = RunConfig.from_dict(ck.meta.get("config", {}))
             if saved.model != cfg.model:
                 raise ConfluenceError(f"--resume: the checkpoint {ck.path} was trained with another model config")
@@ -290,12 +311,20 @@ def _train(cfg: RunConfig, stream: BatchStream, out_dir: Path, *, resume: bool, 
     code = code_provenance()  # read once: the code this process imported at its start
 
 
-    def checkpoint(at: int) -> None:
+    def checkpoint(at: int, best: bool = False) -> None:
         nonlocal saved_at
         meta = {"config": cfg.to_dict(), "stream": stream.position(), "databases": [s.name for s in stream.stores],
                 "heldout_databases": [s.name for s in heldout.stores] if heldout is not None else [], "code": code}
-        save_checkpoint(out_dir, at, params, opt_state, meta, keep=loop.keep_checkpoints)
+        if loop.patience:
+            meta["early_stop"] = early.to_meta()
+        save_checkpoint(out_dir, at, params, opt_state, meta, keep=loop.keep_checkpoints, best=best)
         saved_at = at
+
+    def validated(at: int, val: dict[str, float]) -> None:
+        """Early stopping's bookkeeping after a validation: the best one's checkpoint is kept (the untrained
+        model's, at step 0, is only the reference the later ones are measured against)."""
+        if loop.patience and early.update(at, val) and at > 0:
+            checkpoint(at, best=True)
 
     train_val = val_subset(len(stream.stores), loop.val_databases)
     val_tasks = [(stream, dev_tables, "val", e) for e in stream.tasks if train_val is None or e.db_idx in train_val]
@@ -351,9 +380,32 @@ def _train(cfg: RunConfig, stream: BatchStream, out_dir: Path, *, resume: bool, 
             remove_run_files(out_dir)
             (out_dir / outputs.MARKER_FILE).unlink(missing_ok=True)
         raise
-    bar = StepBar(stop_at, step, console=console) if progress and main else None
     if step == 0 and stop_at > 0:  # the untrained model's validation loss, as a baseline
-        log.write(0, validate("validating the untrained model"))
+        t_val = time.perf_counter()
+        val0 = validate("validating the untrained model")
+        t_val = time.perf_counter() - t_val
+        log.write(0, val0)
+        if duration is not None and first is not None:  # a time budget: the steps that fit, measured here
+            with phase("measuring the training step", "for the time budget"):
+                step_s = trainer.time_steps(params, opt_state, first[0])
+            steps = steps_for_duration(duration - (time.monotonic() - t_start), step_s, t_val, loop.val_every)
+            steps = max(1, steps)
+            cfg = cfg.with_max_steps(steps)
+            cfg = overlay(cfg, {"loop": {"val_every": validation_interval(steps, loop.val_every)}})
+            loop, stop_at = cfg.loop, steps
+            if main:
+                console.print(f"run length: {steps} steps fit the time budget ({step_s * 1e3:.0f} ms a step, "
+                              f"{t_val:.1f} s a validation); validating every {loop.val_every} steps")
+                (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+            trainer = get_trainer(cfg.model, cfg.optim.for_run(steps), cfg.loss)
+            with phase("compiling the training step for the run's schedule", _shape_words(first[0])):
+                trainer.check_memory(params, opt_state, first[0])
+            compiled = {_shape_key(first[0])}
+        validated(0, val0)
+    bar = StepBar(stop_at, step, console=console) if progress and main else None
+    if early.should_stop:  # a run that stopped early, resumed: nothing left to train
+        stop_at = step
+        result.stopped_early, result.best_step = True, early.best_step
     try:
         with StepBoundaryInterrupt() as stop:  # Ctrl-C stops after the step in flight (toolkit/interrupt.py)
             while step < stop_at:
@@ -367,6 +419,9 @@ def _train(cfg: RunConfig, stream: BatchStream, out_dir: Path, *, resume: bool, 
                         params, opt_state, m = trainer.step(params, opt_state, micro, step)
                     compiled.add(_shape_key(micro))
                 step += 1
+                if deadline is not None and step < stop_at and time.monotonic() >= deadline:
+                    stop_at = step  # the time budget is spent: validate and checkpoint this step, then stop
+                    result.stopped_at_deadline = True
                 window_losses.append((stypes[0] if len(set(stypes)) == 1 else "mixed", m.loss))
                 scalars: dict[str, float] = {}
                 if step % loop.log_every == 0 or step == stop_at:
@@ -393,6 +448,14 @@ def _train(cfg: RunConfig, stream: BatchStream, out_dir: Path, *, resume: bool, 
                     log.write(step, val)
                     result.val_losses = val
                     scalars.update(val)
+                    validated(step, val)
+                    if early.should_stop and step < stop_at:
+                        stop_at = step  # validation stopped improving: checkpoint this step and stop
+                        result.stopped_early = True
+                        if main:
+                            console.print(f"early stop at step {step}: validation has not improved for "
+                                          f"{early.since_best} validations; the best was at step "
+                                          f"{early.best_step} (checkpoints/BEST)")
                 if step % loop.ckpt_every == 0 or step == stop_at:
                     checkpoint(step)
                 if bar is not None:
@@ -420,7 +483,32 @@ def _train(cfg: RunConfig, stream: BatchStream, out_dir: Path, *, resume: bool, 
         except (OSError, ValueError) as exc:  # a picture of the log must not fail a finished run
             warnings.warn(f"{out_dir / 'scalars.png'}: not drawn ({exc})", stacklevel=2)
     result.step, result.params = step, params
+    if loop.patience and early.best_step >= 0:
+        result.best_step = early.best_step
     return result
+
+
+def resolve_length(cfg: RunConfig, stream: BatchStream,
+                   saved: dict[str, Any] | None) -> tuple[RunConfig, float | None, str | None]:
+    """`cfg` with its run length as a step count, the time budget in seconds when the length is a duration (the
+    steps are then measured after the first validation; until then the `"auto"` count stands in), and a line
+    saying what was chosen (None: nothing to say). A resumed run (`saved`: its checkpoint's config) keeps the
+    length it was given when it started, whatever `"auto"` or a duration would say now."""
+    length = cfg.loop.max_steps
+    if is_resolved(length):
+        return cfg, None, None
+    if saved is not None:
+        old = RunConfig.from_dict(saved).loop
+        return overlay(cfg, {"loop": {"max_steps": old.max_steps, "val_every": old.val_every}}), None, None
+    counts = task_anchor_counts(stream)
+    steps = auto_steps(counts, cfg.sampler.batch_size)
+    cfg = overlay(cfg, {"loop": {"max_steps": steps, "val_every": validation_interval(steps, cfg.loop.val_every)}})
+    if length != AUTO:
+        return cfg, parse_duration(str(length)), None
+    return cfg, None, (f"run length: {steps} steps, from the databases ({len(counts)} tasks, "
+                       f"{sum(counts.values()):,} training anchors); validating every {cfg.loop.val_every} steps"
+                       + (f", stopping after {cfg.loop.patience} validations without improvement"
+                          if cfg.loop.patience else ""))
 
 
 def _shape_key(micro: list[tuple[dict, Any, Any]]) -> tuple:

@@ -9,6 +9,7 @@ every database and task whose padded shapes agree.
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -190,6 +191,18 @@ class Trainer:
                           "lower sampler.batch_size and raise loop.grad_accum by the same factor (--set "
                           "sampler.batch_size=... --set loop.grad_accum=...: the same sequences per update), or "
                           "lower sampler.seq_len")
+
+    def time_steps(self, params, opt_state, micro: list[tuple[dict, jax.Array, jax.Array]], n: int = 5) -> float:
+        """Seconds one optimizer update takes on these micro-batches (after one warm-up update), measured on copies
+        of the state: the run's own state is not touched (a time budget's step count comes from this)."""
+        p, o = jax.tree.map(jnp.copy, (params, opt_state))
+        p, o, m = self.step(p, o, micro, 0)
+        jax.block_until_ready(m.loss)
+        t0 = time.perf_counter()
+        for i in range(n):
+            p, o, m = self.step(p, o, micro, i + 1)
+        jax.block_until_ready(m.loss)
+        return (time.perf_counter() - t0) / n
 
     def eval_loss(self, params, inputs, col_tab, cat_tab) -> tuple[jax.Array, jax.Array]:
         """(mean loss, number of counted sequences) of one batch, no update."""
