@@ -16,19 +16,27 @@ from confluence.evaluation.draws import DEFAULT_DRAWS
 def results_lines(results: dict, title: str) -> list[str]:
     """The results as lines of at most ~76 characters (rich markup): per task a header (name, type, rows scored,
     verdict), then its headline metric (↑ / ↓) and the other metrics, model beside the best trivial baseline and
-    LightGBM, and the model's gain over LightGBM oriented so that positive = the model is better."""
+    LightGBM, and the model's gain over LightGBM oriented so that positive = the model is better. With a blend
+    (`evaluate --blend gbdt`) a blend column, the model's and the blend's gains on lines of their own, and what to
+    ship with the validation scores it rests on."""
     from confluence.evaluation.metrics import HEADLINE
-    from confluence.evaluation.report import n_scored, oriented_vs_gbdt, verdict
+    from confluence.evaluation.report import n_scored, verdict
     from confluence.stypes import SemanticType
 
     def num(v) -> str:
         return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4g}"
 
     paired = any("model_vs_gbdt" in r for r in results.values())
+    blended = any("blend" in r for r in results.values())  # --blend gbdt: a blend column, gains on their own lines
+    scorers = ("model", "baseline", "gbdt", "blend") if blended else ("model", "baseline", "gbdt")
     lines = [f"[bold]{title}[/]", ""]
-    head = f"    {'metric':<17}{'model':>11}{'trivial':>11}{'GBDT':>11}"
-    lines.append(head + ("  gain vs GBDT [95% CI]" if paired else ""))
-    if paired:
+    head = f"    {'metric':<17}{'model':>11}{'trivial':>11}{'GBDT':>11}" + (f"{'blend':>11}" if blended else "")
+    lines.append(head + ("  gain vs GBDT [95% CI]" if paired and not blended else ""))
+    if blended:
+        lines += textwrap.wrap("(gain: how much better than LightGBM, negative = worse; blend: w x model + (1 - w) "
+                               "x LightGBM, w chosen on validation; ship: what validation says to use)", 76,
+                               initial_indent="    ", subsequent_indent="    ")
+    elif paired:
         lines.append("    (gain: how much better the model is than LightGBM; negative = worse)")
     for task, r in results.items():
         info = r.get("info", {})
@@ -50,8 +58,9 @@ def results_lines(results: dict, title: str) -> list[str]:
             lines.append(f"    verdict: {words}")
         metrics = [m for m in (r.get("model") or r["baseline"]) if m not in ("n", "name")]
         metrics.sort(key=lambda m: m != head_metric)
+        metrics = [m for m in metrics if m not in ("weight", "n_val")]
         for i, m in enumerate(metrics):
-            vals = [(r.get(k) or {}).get(m) for k in ("model", "baseline", "gbdt")]
+            vals = [(r.get(k) or {}).get(m) for k in scorers]
             cells = [f"{num(v):>11}" for v in vals]
             if i == 0:
                 finite = [(v, j) for j, v in enumerate(vals) if v is not None and not math.isnan(v)]
@@ -60,12 +69,39 @@ def results_lines(results: dict, title: str) -> list[str]:
                     cells[best] = f"[bold green]{cells[best]}[/]"
             label = m + (" ↑" if higher else " ↓") if i == 0 else m
             line = f"    {label:<17.17}{''.join(cells)}"
-            if i == 0 and paired:
-                o = oriented_vs_gbdt(r.get("model_vs_gbdt"), higher)
-                if o is not None:
-                    line += f"  {o[0]:+.3g}" + (f" [{o[1]:+.3g}, {o[2]:+.3g}]" if math.isfinite(o[1]) else "")
+            if i == 0 and paired and not blended:
+                line += gain_text(r.get("model_vs_gbdt"), higher)
             lines.append(line)
+        if blended:
+            for who in ("model", "blend"):
+                if f"{who}_vs_gbdt" in r:
+                    lines.append(f"    gain vs GBDT, {who}:{gain_text(r[f'{who}_vs_gbdt'], higher)}")
+            if "ship" in r:
+                lines += textwrap.wrap(ship_text(r), 76, initial_indent="    ", subsequent_indent="      ")
     return lines
+
+
+def gain_text(c: dict | None, higher: bool) -> str:
+    """`  +gain [low, high]` of a paired comparison with LightGBM, oriented so that positive = better than it."""
+    from confluence.evaluation.report import oriented_vs_gbdt
+
+    o = oriented_vs_gbdt(c, higher)
+    if o is None:
+        return "  –"
+    return f"  {o[0]:+.3g}" + (f" [{o[1]:+.3g}, {o[2]:+.3g}]" if math.isfinite(o[1]) else "")
+
+
+def ship_text(r: dict) -> str:
+    """One task's ship choice in words: what to ship, the weight, and the validation scores it rests on."""
+    v = r.get("validation") or {}
+
+    def num(x) -> str:
+        return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4g}"
+
+    text = (f"ship: {r['ship']} (w = {num(v.get('weight'))} model share; validation {v.get('metric', '?')} on "
+            f"{v.get('n_val', 0):,} rows: model {num(v.get('model'))}, LightGBM {num(v.get('LightGBM'))}, blend "
+            f"{num(v.get('blend'))})")
+    return text + (f"; {v['note']}" if v.get("note") else "")
 
 
 def print_results(results: dict, title: str) -> None:
@@ -89,6 +125,9 @@ def evaluate_cmd(
     max_seeds: int = typer.Option(None, "--max-seeds", help="Evaluate at most this many seeds per task (0: all; "
                                   "default 5000, all with --relbench-json)."),
     gbdt: bool = typer.Option(False, "--gbdt/--no-gbdt", help="Also train and score the LightGBM baseline."),
+    blend: str = typer.Option(None, "--blend", metavar="gbdt", help="Also blend the model with LightGBM (implies "
+                              "--gbdt): per task a weight chosen on the validation split, the blend scored beside "
+                              "both, and which to ship."),
     clip_numbers: bool = typer.Option(True, "--clip-numbers/--no-clip-numbers",
                                       help="Score numbers as predict reports them (train range, rounded when whole); "
                                            "--no-clip-numbers: the plain de-normalized number."),
@@ -104,6 +143,7 @@ def evaluate_cmd(
 ) -> None:
     """Per-task metrics of a checkpoint beside the trivial baselines (majority / mean / median) on the same rows."""
     from confluence.errors import ConfluenceError
+    from confluence.evaluation.blend import check_blend
     from confluence.evaluation.evaluate import evaluate, write_json
     from confluence.evaluation.inference import load_model
     from confluence.toolkit.progress import Reporter
@@ -112,6 +152,7 @@ def evaluate_cmd(
     if max_seeds is None:
         max_seeds = 0 if relbench_json else 5000
     try:
+        check_blend(blend)  # before anything loads
         from confluence.toolkit.compile_cache import use_compile_cache
 
         use_compile_cache()  # a second evaluate loads the compiled model instead of compiling it (~6 s on 2 cores)
@@ -137,7 +178,8 @@ def evaluate_cmd(
             for s in splits:
                 by_split[s] = evaluate(model, db, split=s, tasks=task or None, max_seeds=max_seeds or None,
                                        gbdt=gbdt, batch_size=batch_size, threads=threads, progress=rep,
-                                       clip_numbers=clip_numbers, keep_rows=bool(relbench_json), draws=draws)
+                                       clip_numbers=clip_numbers, keep_rows=bool(relbench_json), draws=draws,
+                                       blend=blend)
     except ConfluenceError as exc:
         fail(exc)
     for s in splits:
@@ -183,6 +225,9 @@ def predict_cmd(
                                    "training batch size on a CPU, 65,536 cells' worth on a GPU)."),
     threads: int = typer.Option(None, "--threads", min=1, help="Sampler threads building the input sequences "
                                 "(default: 1 on a CPU, the CPUs less 2 on a GPU)."),
+    blend: str = typer.Option(None, "--blend", metavar="gbdt", help="Also LightGBM's and the blend's columns "
+                              "(gbdt_prediction, blend_prediction, ...): LightGBM fitted on the train seeds, the "
+                              "blend weight chosen on at most --max-seeds (0: 5,000) validation seeds."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar / progress lines on stderr."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output file that confluence did not "
                                "write (a Parquet file of an earlier predict is replaced without it)."),
@@ -190,11 +235,13 @@ def predict_cmd(
     """Write a table of anchor key, observation time, prediction, p_null and the target type's extra columns
     (docs/evaluation.md)."""
     from confluence.errors import ConfluenceError
-    from confluence.evaluation.predict import predict, table_format
+    from confluence.evaluation.blend import check_blend
+    from confluence.evaluation.predict import blend_summary, predict, table_format
     from confluence.preprocess.progress import Reporter
 
     try:
         table_format(out)  # refuse an unknown output suffix before anything is loaded
+        check_blend(blend)
         outputs.claim_file(out, force=force)
         from confluence.toolkit.compile_cache import use_compile_cache
 
@@ -203,10 +250,15 @@ def predict_cmd(
             table = predict(checkpoint, db, task, split=split, anchors=anchors, out=out, batch_size=batch_size,
                             threads=threads, max_seeds=max_seeds or None, top_k=top_k, progress=rep,
                             clip_numbers=clip_numbers, draws=draws, context_labels=context_labels,
-                            observation_time=observation_time)
+                            observation_time=observation_time, blend=blend,
+                            blend_max_val=max_seeds or 5000)
     except (ConfluenceError, OSError) as exc:
         fail(exc)
     typer.echo(f"wrote {table.num_rows} predictions to {out}")
+    summary = blend_summary(table)
+    if summary is not None:
+        typer.echo(textwrap.fill(ship_text({"ship": summary["ship"], "validation": summary}), 78,
+                                 subsequent_indent="  "))
 
 
 def baseline_cmd(

@@ -92,6 +92,9 @@ def serve_cmd(
                                       help="Keep the compiled model here, so a restart skips compiling; 'off': "
                                            "do not (default: $CONFLUENCE_COMPILE_CACHE, else "
                                            "~/.cache/confluence/jax, shared with predict and evaluate)."),
+    blend: str = typer.Option(None, "--blend", metavar="gbdt", help="At start-up, fit LightGBM and a blend "
+                              "weight per task (chosen on the validation split; a log line per task); answers "
+                              "gain LightGBM's and the blend's columns, as predict --blend gbdt."),
     log_level: str = typer.Option("info", "--log-level", help="critical | error | warning | info | debug"),
 ) -> None:
     """Serve predictions over HTTP: POST /predict, GET /health, /tasks, /model, /openapi.json (and with --docs, the
@@ -121,7 +124,8 @@ def serve_cmd(
         use_compile_cache(compile_cache)
         app = create_app(checkpoint, db, batch_size=batch_size, max_wait_ms=max_wait_ms, max_anchors=max_anchors,
                          top_k=top_k, clip_numbers=clip_numbers, warm_up=warm_up, draws=draws,
-                         max_body_bytes=max_body_bytes, token=token, docs=docs, model_details=model_details)
+                         max_body_bytes=max_body_bytes, token=token, docs=docs, model_details=model_details,
+                         blend=blend)
     except (ConfluenceError, OSError, UnicodeDecodeError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None

@@ -32,12 +32,14 @@ from confluence.toolkit.progress import Reporter, per_row
 class EvalRows:
     """The scored rows of one task (`evaluate(keep_rows=True)`), for plots: `truth` the non-null targets and `pred`
     the model's predictions on them, in the units of `model_point_predictions`; `gbdt` LightGBM's on the same rows
-    (None without it); `categories` the class names of a categorical target; `trivial` the trivial baselines'
-    predictions (for RelBench's metrics, `confluence.evaluation.relbench`). Never written to JSON."""
+    (None without it); `blend` the blend's (`--blend gbdt`; None without it); `categories` the class names of a
+    categorical target; `trivial` the trivial baselines' predictions (for RelBench's metrics,
+    `confluence.evaluation.relbench`). Never written to JSON."""
 
     truth: np.ndarray
     pred: np.ndarray
     gbdt: np.ndarray | None = None
+    blend: np.ndarray | None = None
     categories: list[str] | None = None
     trivial: dict[str, np.ndarray] | None = None  # the trivial baselines' predictions on the same rows, by name
     train_std: float | None = None  # numerical targets: std of the train targets (normalized MAE)
@@ -91,6 +93,7 @@ def evaluate(
     keep_rows: bool = False,
     clip_numbers: bool = True,
     draws: int = DEFAULT_DRAWS,
+    blend: str | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Evaluate a checkpoint on `split` of the store at `db`.
 
@@ -103,7 +106,17 @@ def evaluate(
     `clip_numbers=False` scores numbers plainly de-normalized (seed 004) instead of as `predict` reports them.
     `draws`: contexts per seed whose answers are combined (`inference.combine_draws`; 1: one context, as before).
     `progress` (a `confluence.toolkit.progress.Reporter`) shows each task's model inference and LightGBM stages.
+    `blend="gbdt"` (implies `gbdt`) also blends the model with LightGBM, one weight per task chosen on the
+    validation split (`confluence.evaluation.blend`): both predict up to `max_seeds` validation seeds (LightGBM
+    fitted on train seeds only, the model with validation contexts, which show train labels only), and each task
+    gains `"blend"` (its metrics on the evaluated rows, `weight`, `n_val`), `"blend_vs_gbdt"` (as
+    `model_vs_gbdt`), `"validation"` (the headline metric of model, LightGBM and blend on validation, the weight,
+    where it came from and a `note` when the weight is a default or the evaluated split is "val" itself) and
+    `"ship"` ("model", "LightGBM" or "blend": what validation says to ship).
     """
+    from confluence.evaluation.blend import check_blend
+
+    gbdt = gbdt or check_blend(blend) is not None
     loaded = checkpoint if isinstance(checkpoint, LoadedModel) else load_model(checkpoint)
     predictor = Predictor(loaded, db, batch_size=batch_size, threads=threads, draws=draws)
     store = predictor.store
@@ -142,15 +155,21 @@ def evaluate(
             best_name, best = M.best_baseline(stype, trivial)
             entry: dict[str, Any] = {"model": model, "baseline": {**best, "name": best_name}}
             entry.update(trivial)
+            blended = None
             if gbdt:
                 from confluence.evaluation.gbdt import FeatureBuilder, fit_gbdt
 
                 builder = builder or FeatureBuilder(store, progress=progress)
+                val_ids = subsample(predictor.seed_ids("val", task), max_seeds) if blend else None
                 g = fit_gbdt(store, task, train_ids, eval_ids, builder=builder, max_train=gbdt_max_train,
-                             progress=progress)
+                             progress=progress, val_ids=val_ids)
                 entry["gbdt"] = g.metrics
                 # paired bootstrap of model minus GBDT on the same rows: is a gap more than row-sampling noise?
                 entry["model_vs_gbdt"] = M.paired_bootstrap(stype, truth.values[keep], pred, g.predictions)
+                if blend:
+                    blended = _blend_entry(entry, predictor, task, split, val_ids, g.val_predictions,
+                                           (eval_ids, out), truth.values[keep], pred, g.predictions, train_ids,
+                                           train_std, clip_numbers, progress)
             if reference is not None:
                 entry.update(reference(task, eval_ids, store))
             entry["info"] = {"stype": stype.label, "split": split, "n_eval": int(len(eval_ids)),
@@ -164,12 +183,54 @@ def evaluate(
                 trivial_preds = M.trivial_predictions(stype, train_vals, int(keep.sum()),
                                                       num_classes=truth.num_classes or None)
                 entry["rows"] = EvalRows(truth=truth.values[keep], pred=pred, gbdt=g.predictions if gbdt else None,
-                                         categories=truth.categories, trivial=trivial_preds, train_std=train_std,
-                                         seed_ids=eval_ids, head=out, clip_ids=train_ids if clip_numbers else None)
+                                         blend=blended, categories=truth.categories, trivial=trivial_preds,
+                                         train_std=train_std, seed_ids=eval_ids, head=out,
+                                         clip_ids=train_ids if clip_numbers else None)
             results[task] = entry
     finally:
         predictor.close()
     return results
+
+
+def _blend_entry(entry: dict[str, Any], predictor: Predictor, task: str, split: str, val_ids: np.ndarray,
+                 gbdt_val: np.ndarray, evaluated: tuple[np.ndarray, HeadOutputs], truth: np.ndarray, pred: np.ndarray,
+                 gbdt_pred: np.ndarray, train_ids: np.ndarray, train_std: float | None, clip_numbers: bool,
+                 progress: Reporter | None) -> np.ndarray:
+    """Add a task's blend to its results (`evaluate(blend="gbdt")`): the model's predictions on the validation
+    seeds (the evaluated ones reused when the split is "val"), the weight chosen there, the blend's metrics on the
+    evaluated rows and its paired bootstrap against LightGBM. Returns the blend's predictions on those rows."""
+    from confluence.evaluation.blend import blend_predictions, fit_blend
+    from confluence.evaluation.targets import train_target_range
+
+    store = predictor.store
+    stype = SemanticType(int(store.task(task).target_stype))
+    val = decode_targets(store, task, val_ids)
+    keep_val = ~val.is_null
+    if split == "val" and np.array_equal(evaluated[0], val_ids):
+        out_val = evaluated[1]  # the same seeds with the same contexts: no second inference
+    elif keep_val.any():
+        if progress is not None:
+            progress.step(f"{task}: model on validation seeds (blend weight)", len(val_ids))
+        out_val = predictor.task_outputs(task, val_ids, None if progress is None else
+                                         per_row(progress.advance, predictor.draws), context="val")
+    else:
+        out_val = None
+    pred_val = (model_point_predictions(predictor, task, out_val, keep_val, clip_numbers) if out_val is not None
+                else np.zeros((0,) + np.shape(gbdt_val)[1:]))
+    rng = train_target_range(store, task, train_ids) if clip_numbers else None
+    fit = fit_blend(stype, val.values[keep_val], pred_val, gbdt_val, target_range=rng)
+    blended = blend_predictions(stype, pred, gbdt_pred, fit.weight, target_range=rng)
+    entry["blend"] = {**M.metrics_for(stype, truth, blended, target_std=train_std), "weight": fit.weight,
+                      "n_val": fit.n_val}
+    entry["blend_vs_gbdt"] = M.paired_bootstrap(stype, truth, blended, gbdt_pred)
+    entry["validation"] = fit.summary()
+    if split == "val":
+        entry["validation"]["note"] = "; ".join(
+            ([fit.note] if fit.note else []) + ["the evaluated rows are the validation rows the weight and the ship "
+                                                "choice were chosen on: the blend's scores here are optimistic; "
+                                                "judge it on --split test"])
+    entry["ship"] = fit.ship
+    return blended
 
 
 def no_labels_note(split: str) -> str:

@@ -185,15 +185,25 @@ class FeatureBuilder:
         """Feature matrix for the given seeds of a task (rows in the order of `seed_ids`). `progress` (a
         `Reporter`) sees one step, `description` (default "<task>: features"), of one unit per query, and a note
         naming each query's feature family (parents, siblings, children through which key) while it runs."""
+        arrays = self.store.task_arrays(task_name)
+        ids = np.asarray(seed_ids, dtype=np.int64)
+        return self.build_anchors(task_name, np.asarray(arrays.anchor_row, dtype=np.int64)[ids],
+                                  np.asarray(arrays.obs_time, dtype=np.int64)[ids], progress, description)
+
+    def build_anchors(self, task_name: str, anchor_rows: np.ndarray, obs_times: np.ndarray, progress: Any = None,
+                      description: str = "") -> FeatureTable:
+        """`build` for arbitrary anchors of a task: global anchor rows and their observation times (epoch µs;
+        `NO_CUTOFF` sees every row), such as `predict --anchors` resolves them. A seed of the task given as its
+        (anchor row, observation time) gets the features `build` gives it."""
         s = self.store
         task = s.task(task_name)
-        arrays = s.task_arrays(task_name)
-        ids = np.asarray(seed_ids, dtype=np.int64)
+        anchor_rows = np.asarray(anchor_rows, dtype=np.int64)
+        obs_times = np.asarray(obs_times, dtype=np.int64)
         seeds = pa.table(
             {
-                "seed_id": np.arange(len(ids), dtype=np.int64),
-                "anchor": np.asarray(arrays.anchor_row, dtype=np.int64)[ids],
-                "obs": np.asarray(arrays.obs_time, dtype=np.int64)[ids],
+                "seed_id": np.arange(len(anchor_rows), dtype=np.int64),
+                "anchor": anchor_rows,
+                "obs": obs_times,
             }
         )
         con = self.con
@@ -263,7 +273,7 @@ class FeatureBuilder:
             blocks.append(self._child_aggregates("s.anchor", "", cc, ct, pre, strict=False,
                                                  what=f"{ct} children through {self._column_name(f'c{cc}')}"))
 
-        n = len(ids)
+        n = len(anchor_rows)
         all_names: list[str] = []
         all_cats: list[int] = []
         columns: list[np.ndarray] = []
@@ -294,7 +304,7 @@ class FeatureBuilder:
                 progress.advance(1)
         if int(getattr(task, "obs_column_idx", -1)) >= 0:
             # the model sees the observation time as a cell (see preprocess/pipeline.py); so does LightGBM
-            for name, col in observation_time_features(np.asarray(arrays.obs_time, dtype=np.int64)[ids]).items():
+            for name, col in observation_time_features(obs_times).items():
                 all_names.append(name)
                 columns.append(col)
         x = np.stack(columns, axis=1) if columns else np.zeros((n, 0))
@@ -352,6 +362,39 @@ class FeatureBuilder:
 
 
 @dataclass
+class GBDTModel:
+    """A fitted LightGBM of one task, able to predict any feature table of its store's `FeatureBuilder` (the
+    seeds of a split, or arbitrary anchors): predictions in the units of `GBDTResult.predictions`.
+
+    `codes`: per categorical feature column (`categorical`), the raw values coded 0..k-1 when it was fitted; a
+    value outside them gets code k, one no train row had (LightGBM sends it where unseen categories go)."""
+
+    task: str
+    booster: Any
+    stype: SemanticType
+    num_classes: int
+    scale: tuple[float, float]  # (mean, std) of a standardized numerical or timestamp target
+    categorical: list[int]
+    codes: list[np.ndarray]
+    feature_names: list[str]
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def predict(self, features: FeatureTable) -> np.ndarray:
+        """P(true) (boolean), [n, K] probabilities (categorical), values or epoch µs (numerical, timestamp)."""
+        n = features.x.shape[0]
+        if n == 0:
+            return np.zeros((0, self.num_classes)) if self.stype == SemanticType.CATEGORICAL else np.zeros(0)
+        x = np.array(features.x, dtype=np.float64, copy=True)
+        encode_categories(x, self.categorical, self.codes)
+        raw = self.booster.predict(x)
+        if self.stype == SemanticType.CATEGORICAL:
+            return raw.reshape(n, -1)[:, : self.num_classes]
+        if self.stype != SemanticType.BOOLEAN:
+            return raw * self.scale[1] + self.scale[0]
+        return raw
+
+
+@dataclass
 class GBDTResult:
     task: str
     metrics: dict[str, float]
@@ -359,20 +402,41 @@ class GBDTResult:
     feature_names: list[str]
     num_train: int
     params: dict[str, Any] = field(default_factory=dict)  # LightGBM's parameters (threads included)
+    # with `fit_gbdt(val_ids=...)`: predictions on the validation seeds' non-null targets (the same units)
+    val_predictions: np.ndarray | None = None
+    model: GBDTModel | None = None  # the fitted model, to predict other rows
+
+
+def category_codes(tables: Sequence[np.ndarray], columns: Sequence[int]) -> list[np.ndarray]:
+    """Per categorical feature column, the sorted raw values (finite, >= 0) seen in any of `tables`: the values
+    coded 0..k-1 (`encode_categories`)."""
+    codes = []
+    for j in columns:
+        values = np.concatenate([t[:, j] for t in tables]) if tables else np.zeros(0)
+        codes.append(np.unique(values[np.isfinite(values) & (values >= 0)]))
+    return codes
+
+
+def encode_categories(x: np.ndarray, columns: Sequence[int], codes: Sequence[np.ndarray]) -> None:
+    """Renumber each categorical column of `x` in place to its value's position in `codes` (0..k-1); a value not
+    in `codes` gets k; NaN and negatives stay missing."""
+    for j, seen in zip(columns, codes, strict=True):
+        col = x[:, j]
+        ok = np.isfinite(col) & (col >= 0)
+        pos = np.searchsorted(seen, col[ok])
+        hit = pos < len(seen)
+        hit[hit] = seen[pos[hit]] == col[ok][hit]
+        col[ok] = np.where(hit, pos, len(seen))
+        col[~ok] = np.nan
 
 
 def dense_categories(x_train: np.ndarray, x_eval: np.ndarray, columns: Sequence[int]) -> None:
     """Renumber each categorical feature column, in place, to 0..k-1 over the values seen in either table (NaN and
     negatives stay missing). LightGBM wants consecutive codes: category ids of a big table are sparse, and it warns
     ("Met categorical feature which contains sparse values") and bins them worse otherwise."""
-    for j in columns:
-        col_tr, col_ev = x_train[:, j], x_eval[:, j]
-        both = np.concatenate([col_tr, col_ev])
-        seen = np.unique(both[np.isfinite(both) & (both >= 0)])
-        for col in (col_tr, col_ev):
-            ok = np.isfinite(col) & (col >= 0)
-            col[ok] = np.searchsorted(seen, col[ok])
-            col[~ok] = np.nan
+    codes = category_codes([x_train, x_eval], columns)
+    for x in (x_train, x_eval):
+        encode_categories(x, columns, codes)
 
 
 def fit_gbdt(
@@ -386,14 +450,16 @@ def fit_gbdt(
     num_boost_round: int = 100,
     seed: int = 0,
     progress: Any = None,
+    val_ids: np.ndarray | None = None,
 ) -> GBDTResult:
     """Train LightGBM on the train seeds of a task and report `evaluate`'s metrics on the eval seeds.
 
+    `val_ids`: also predict these seeds (their non-null targets; `GBDTResult.val_predictions`) with the same fit,
+    e.g. the validation seeds a blend weight is chosen on: they are never trained on.
     `progress` (a `confluence.toolkit.progress.Reporter`) sees three steps: the train seeds' feature table and the
-    eval seeds' (a unit per query, each named while it runs), then LightGBM's rounds. LightGBM runs on the CPUs
-    the CPUs other work leaves free (`toolkit.threads.free_cpus`); its answers are the same on any thread count."""
-    import lightgbm as lgb
-
+    eval seeds' (a unit per query, each named while it runs), then LightGBM's rounds (and with `val_ids` the
+    validation seeds' features). LightGBM runs on the CPUs other work leaves free (`toolkit.threads.free_cpus`);
+    its answers are the same on any thread count."""
     builder = builder or FeatureBuilder(store)
     train_ids = subsample(np.asarray(train_ids, dtype=np.int64), max_train, seed)
     eval_ids = np.asarray(eval_ids, dtype=np.int64)
@@ -405,7 +471,66 @@ def fit_gbdt(
                          f"{task_name}: LightGBM features of {int(keep_tr.sum())} train seeds")
     f_ev = builder.build(task_name, eval_ids[keep_ev], progress,
                          f"{task_name}: LightGBM features of {int(keep_ev.sum())} eval seeds")
-    dense_categories(f_tr.x, f_ev.x, f_tr.categorical)
+    # categories coded over the train and eval tables (as before validation rows were predicted too): the eval
+    # predictions do not depend on whether `val_ids` is given
+    model = train_booster(task_name, y_tr, f_tr, code_tables=[f_ev], num_boost_round=num_boost_round, seed=seed,
+                          progress=progress)
+    raw = model.predict(f_ev)
+    truth = y_ev.values[keep_ev]
+    stype = y_tr.stype
+    train_std = (float(np.std(y_tr.values[keep_tr])) or None) if stype == SemanticType.NUMERICAL else None
+    metrics = M.metrics_for(stype, truth, raw, target_std=train_std)
+    metrics = {k: (float(v) if not (isinstance(v, float) and math.isnan(v)) else math.nan) for k, v in metrics.items()}
+    val_pred = None
+    if val_ids is not None:
+        val_pred = predict_seeds(model, builder, val_ids, progress, "validation")
+    return GBDTResult(task=task_name, metrics=metrics, predictions=raw, feature_names=f_tr.names,
+                      num_train=int(keep_tr.sum()), params=model.params, val_predictions=val_pred, model=model)
+
+
+def predict_seeds(model: GBDTModel, builder: FeatureBuilder, seed_ids: np.ndarray, progress: Any = None,
+                  what: str = "") -> np.ndarray:
+    """A fitted model's predictions on the seeds of its task whose target is not null (in their order)."""
+    ids = np.asarray(seed_ids, dtype=np.int64)
+    keep = ~decode_targets(builder.store, model.task, ids).is_null
+    f = builder.build(model.task, ids[keep], progress,
+                      f"{model.task}: LightGBM features of {int(keep.sum())} {what + ' ' if what else ''}seeds")
+    return model.predict(f)
+
+
+def train_gbdt(
+    store: Any,
+    task_name: str,
+    train_ids: np.ndarray,
+    *,
+    builder: FeatureBuilder | None = None,
+    max_train: int = 50_000,
+    num_boost_round: int = 100,
+    seed: int = 0,
+    progress: Any = None,
+) -> GBDTModel:
+    """`fit_gbdt`'s LightGBM, trained on the train seeds of a task (at most `max_train`, chosen as there), to
+    predict any rows later (`GBDTModel.predict` of a `FeatureBuilder.build` / `build_anchors` table)."""
+    builder = builder or FeatureBuilder(store)
+    train_ids = subsample(np.asarray(train_ids, dtype=np.int64), max_train, seed)
+    y_tr = decode_targets(store, task_name, train_ids)
+    keep_tr = ~y_tr.is_null
+    f_tr = builder.build(task_name, train_ids[keep_tr], progress,
+                         f"{task_name}: LightGBM features of {int(keep_tr.sum())} train seeds")
+    return train_booster(task_name, y_tr, f_tr, num_boost_round=num_boost_round, seed=seed, progress=progress)
+
+
+def train_booster(task_name: str, y_tr: DecodedTargets, f_tr: FeatureTable, *,
+                  code_tables: Sequence[FeatureTable] = (), num_boost_round: int = 100, seed: int = 0,
+                  progress: Any = None) -> GBDTModel:
+    """LightGBM on a train feature table (`y_tr`: the targets of its seeds, nulls included; `f_tr` the non-null
+    rows' features). Categorical features are coded over `f_tr` and `code_tables` (`category_codes`)."""
+    import lightgbm as lgb
+
+    keep_tr = ~y_tr.is_null
+    x_tr = np.array(f_tr.x, dtype=np.float64, copy=True)
+    codes = category_codes([f_tr.x, *(t.x for t in code_tables)], f_tr.categorical)
+    encode_categories(x_tr, f_tr.categorical, codes)
     stype = y_tr.stype
     params: dict[str, Any] = {
         "learning_rate": 0.05, "num_leaves": 63, "min_data_in_leaf": 20, "feature_fraction": 0.9,
@@ -432,24 +557,15 @@ def fit_gbdt(
         scale = (float(np.mean(target)) if target.size else 0.0, float(np.std(target)) or 1.0)
         target = (target - scale[0]) / scale[1]
         params["objective"] = "regression_l1"
-    ds = lgb.Dataset(f_tr.x, label=target, feature_name=[f"f{i}" for i in range(len(f_tr.names))],
+    ds = lgb.Dataset(x_tr, label=target, feature_name=[f"f{i}" for i in range(len(f_tr.names))],
                      categorical_feature=f_tr.categorical or "auto", free_raw_data=False, params={"verbose": -1})
     callbacks = [] if progress is None else [lambda env: progress.advance(1)]
     if progress is not None:
         progress.step(f"{task_name}: LightGBM rounds ({len(target)} rows x {len(f_tr.names)} features, "
                       f"{params['num_threads']} threads)", num_boost_round)
     booster = lgb.train(params, ds, num_boost_round=num_boost_round, callbacks=callbacks)
-    raw = booster.predict(f_ev.x)
-    truth = y_ev.values[keep_ev]
-    if stype == SemanticType.CATEGORICAL:
-        raw = raw.reshape(len(truth), -1)[:, : y_ev.num_classes]
-    elif stype != SemanticType.BOOLEAN:
-        raw = raw * scale[1] + scale[0]
-    train_std = (float(np.std(y_tr.values[keep_tr])) or None) if stype == SemanticType.NUMERICAL else None
-    metrics = M.metrics_for(stype, truth, raw, target_std=train_std)
-    metrics = {k: (float(v) if not (isinstance(v, float) and math.isnan(v)) else math.nan) for k, v in metrics.items()}
-    return GBDTResult(task=task_name, metrics=metrics, predictions=raw, feature_names=f_tr.names,
-                      num_train=int(keep_tr.sum()), params=params)
+    return GBDTModel(task=task_name, booster=booster, stype=stype, num_classes=int(y_tr.num_classes), scale=scale,
+                     categorical=list(f_tr.categorical), codes=codes, feature_names=list(f_tr.names), params=params)
 
 
-__all__ = ["FeatureBuilder", "FeatureTable", "GBDTResult", "fit_gbdt", "DecodedTargets"]
+__all__ = ["FeatureBuilder", "FeatureTable", "GBDTModel", "GBDTResult", "fit_gbdt", "train_gbdt", "DecodedTargets"]

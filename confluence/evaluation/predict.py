@@ -16,9 +16,11 @@ null head's `p_null` (the prediction is NULL when p_null > 0.5), plus per target
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -371,6 +373,8 @@ def predict(
     draws: int = DEFAULT_DRAWS,
     context_labels: str | None = None,
     observation_time: str | None = None,
+    blend: str | None = None,
+    blend_max_val: int = 5000,
 ) -> pa.Table:
     """Predictions for a split of a task's seeds, or for the anchors in a file. Writes `out` (.parquet / .csv)
     atomically when given; returns the table. `progress`: a `Reporter`-like object (`step(desc, total)`,
@@ -381,6 +385,9 @@ def predict(
     observation time); default: the split's for `split`, "all" for `anchors` (as the service). The same anchor,
     observation time and `context_labels` give the same prediction by either path (docs/evaluation.md, "One
     answer per question"). `observation_time`: what an anchors file's missing times mean (`read_anchor_file`).
+    `blend="gbdt"`: also LightGBM's and the blend's columns (`blend_columns`), LightGBM fitted on the train
+    seeds and the weight chosen on at most `blend_max_val` validation seeds (`confluence.evaluation.blend`); the
+    table's schema metadata `confluence.blend` holds the fit (weight, validation scores, what to ship).
     Bad arguments (output suffix, task, split, anchors file, label scope) are refused before the model loads."""
     out_path = None if out is None else Path(out)
     if out_path is not None:
@@ -389,6 +396,9 @@ def predict(
                                ("threads", threads, 1), ("draws", draws, 1)):
         if value is not None and value < least:
             raise ConfluenceError(f"{name} (--{name.replace('_', '-')}) must be {least} or more, not {value}")
+    from confluence.evaluation.blend import check_blend
+
+    check_blend(blend)
     store = db if isinstance(db, Store) else Store.open(db)
     require_task(store, task)
     if anchors is None:
@@ -412,15 +422,161 @@ def predict(
         else:
             head = predictor.task_outputs(task, ids, advance, context=context)
         train_ids = predictor.seed_ids("train", task) if clip_numbers else None
+        if blend:
+            targets = (ids, None) if anchors is None else (rows, obs)
+            blend_cols, fit = blend_for_rows(predictor, task, targets, head, max_val=blend_max_val,
+                                             clip_numbers=clip_numbers, progress=progress)
     finally:
         predictor.close()
     if anchors is None:
         table = seed_prediction_table(store, task, ids, head, train_ids=train_ids, top_k=top_k)
     else:
         table = prediction_table(store, task, keys, obs, head, train_ids=train_ids, top_k=top_k)
+    if blend:
+        for name, col in blend_cols.items():
+            table = table.append_column(name, col)
+        summary = fit.summary() | {"ship": fit.ship}
+        if anchors is None and (split or "test") == "val":
+            summary["note"] = "the predicted rows are the validation rows the weight was chosen on"
+        from confluence.evaluation.evaluate import clean_json
+
+        meta = dict(table.schema.metadata or {}) | {BLEND_METADATA_KEY: json.dumps(clean_json(summary)).encode()}
+        table = table.replace_schema_metadata(meta)
     if out_path is not None:
         write_table_atomic(table, out_path)
     return table
+
+
+BLEND_METADATA_KEY = b"confluence.blend"  # schema metadata of a `predict(blend=...)` table: the blend's fit, JSON
+
+
+@dataclass
+class TaskBlend:
+    """The blend of one task, fitted once (`fit_task_blend`) and applied to any rows the model answers: LightGBM
+    (`gbdt`, fitted on the train seeds), the weight and ship choice (`fit`, chosen on validation seeds), and the
+    train targets' range that bounds blended numbers (None: not clipped)."""
+
+    task: str
+    gbdt: Any  # gbdt.GBDTModel
+    fit: Any  # blend.BlendFit
+    target_range: Any  # targets.TargetRange | None
+    clip_numbers: bool = True
+
+    def gbdt_predictions(self, builder: Any, targets: tuple[np.ndarray, np.ndarray | None],
+                         progress: Any = None) -> np.ndarray:
+        """LightGBM's predictions for `targets`: (seed ids, None) for seeds of the task, or (global anchor rows,
+        observation times) for anchors (`FeatureBuilder.build_anchors`)."""
+        ids, obs = targets
+        what = f"{self.task}: LightGBM features of {len(ids)} {'seeds' if obs is None else 'anchors'} to predict"
+        features = builder.build(self.task, ids, progress, what) if obs is None else \
+            builder.build_anchors(self.task, ids, obs, progress, what)
+        return self.gbdt.predict(features)
+
+    def columns(self, predictor: Predictor, head: HeadOutputs, gbdt_pred: np.ndarray) -> dict[str, pa.Array]:
+        """`blend_columns` for the rows `head` (the model's outputs) and `gbdt_pred` (LightGBM's) answer."""
+        from confluence.evaluation.blend import blend_predictions
+        from confluence.evaluation.evaluate import model_point_predictions
+
+        store = predictor.store
+        stype = SemanticType(int(store.task(self.task).target_stype))
+        model_pred = model_point_predictions(predictor, self.task, head, np.ones(len(head.null_logit), bool),
+                                             self.clip_numbers)
+        blended = blend_predictions(stype, model_pred, gbdt_pred, self.fit.weight, target_range=self.target_range)
+        return blend_columns(store, self.task, head, gbdt_pred, blended, self.fit.weight)
+
+
+def fit_task_blend(predictor: Predictor, task: str, builder: Any, *, max_val: int = 5000,
+                   clip_numbers: bool = True, progress: Any = None) -> TaskBlend:
+    """Fit one task's blend: LightGBM on its train seeds, then the weight on at most `max_val` validation seeds,
+    which the model answers with validation contexts (train labels only) and LightGBM never trains on
+    (`confluence.evaluation.blend.fit_blend`). `builder`: the store's `gbdt.FeatureBuilder`."""
+    from confluence.evaluation.blend import fit_blend
+    from confluence.evaluation.evaluate import model_point_predictions
+    from confluence.evaluation.gbdt import predict_seeds, train_gbdt
+    from confluence.evaluation.targets import decode_targets, train_target_range
+
+    store = predictor.store
+    stype = SemanticType(int(store.task(task).target_stype))
+    train_ids = predictor.seed_ids("train", task)
+    model = train_gbdt(store, task, train_ids, builder=builder, progress=progress)
+    val_ids = subsample(predictor.seed_ids("val", task), max_val)
+    val = decode_targets(store, task, val_ids)
+    keep_val = ~val.is_null
+    gbdt_val = predict_seeds(model, builder, val_ids, progress, "validation")
+    if keep_val.any():
+        if progress is not None:
+            progress.step(f"{task}: model on validation seeds (blend weight)", len(val_ids))
+        out_val = predictor.task_outputs(task, val_ids, None if progress is None else
+                                         per_row(progress.advance, predictor.draws), context="val")
+        model_val = model_point_predictions(predictor, task, out_val, keep_val, clip_numbers)
+    else:
+        model_val = np.zeros((0,) + np.shape(gbdt_val)[1:])
+    rng = train_target_range(store, task, train_ids) if clip_numbers else None
+    fit = fit_blend(stype, val.values[keep_val], model_val, gbdt_val, target_range=rng)
+    return TaskBlend(task=task, gbdt=model, fit=fit, target_range=rng, clip_numbers=clip_numbers)
+
+
+def blend_for_rows(predictor: Predictor, task: str, targets: tuple[np.ndarray, np.ndarray | None],
+                   head: HeadOutputs, *, max_val: int = 5000, clip_numbers: bool = True,
+                   progress: Any = None) -> tuple[dict[str, pa.Array], Any]:
+    """LightGBM's and the blend's prediction columns (`blend_columns`) for the rows `head` answers, and the blend's
+    `BlendFit` (`fit_task_blend`). `targets`: (seed ids, None) for seeds of the task, or (global anchor rows,
+    observation times) for anchors."""
+    from confluence.evaluation.gbdt import FeatureBuilder
+
+    builder = FeatureBuilder(predictor.store, progress=progress)
+    tb = fit_task_blend(predictor, task, builder, max_val=max_val, clip_numbers=clip_numbers, progress=progress)
+    return tb.columns(predictor, head, tb.gbdt_predictions(builder, targets, progress)), tb.fit
+
+
+def _ts(us: np.ndarray, mask: np.ndarray | None = None) -> pa.Array:
+    us = np.clip(np.round(np.asarray(us, np.float64)), MIN_EPOCH_US, MAX_EPOCH_US).astype(np.int64)
+    return pa.array(us, pa.timestamp("us"), mask=mask)
+
+
+def blend_columns(store: Any, task: str, head: HeadOutputs, gbdt: np.ndarray, blended: np.ndarray,
+                  weight: float) -> dict[str, pa.Array]:
+    """The columns `predict --blend gbdt` adds beside the model's: `gbdt_prediction` (LightGBM's value, class or
+    time; it never predicts NULL) and `blend_prediction` (NULL where the model's `prediction` is: the model's null
+    head decides NULL, LightGBM only predicts values), with `gbdt_p_true` / `blend_p_true` (boolean) or
+    `gbdt_confidence` / `blend_confidence` (categorical: the top class's probability, the blend's times
+    1 - p_null as the model's), then `blend_weight` (the model's share, the same on every row)."""
+    stype = SemanticType(int(store.task(task).target_stype))
+    p_null = sigmoid(head.null_logit)
+    is_null = p_null > 0.5
+    n = len(p_null)
+    cols: dict[str, pa.Array] = {}
+    if stype == SemanticType.NUMERICAL:
+        cols["gbdt_prediction"] = pa.array(np.asarray(gbdt, np.float64))
+        cols["blend_prediction"] = pa.array(np.asarray(blended, np.float64), mask=is_null)
+    elif stype == SemanticType.BOOLEAN:
+        g, b = np.asarray(gbdt, np.float64), np.asarray(blended, np.float64)
+        cols["gbdt_prediction"] = pa.array(g > 0.5)
+        cols["gbdt_p_true"] = pa.array(g)
+        cols["blend_prediction"] = pa.array(b > 0.5, mask=is_null)
+        cols["blend_p_true"] = pa.array(b)
+    elif stype == SemanticType.CATEGORICAL:
+        cats = np.asarray(task_categories(store, store.task(task)), dtype=object)
+        for name, probs, mask, scale in (("gbdt", gbdt, None, np.ones(n)), ("blend", blended, is_null, 1 - p_null)):
+            probs = np.asarray(probs, np.float64)
+            if probs.shape[1] == 0 or len(cats) == 0:
+                cols[f"{name}_prediction"] = pa.nulls(n, pa.string())
+                cols[f"{name}_confidence"] = pa.array(np.zeros(n))
+                continue
+            top = probs.argmax(axis=1)
+            cols[f"{name}_prediction"] = pa.array(cats[np.minimum(top, len(cats) - 1)], pa.string(), mask=mask)
+            cols[f"{name}_confidence"] = pa.array(probs[np.arange(n), top] * scale)
+    else:
+        cols["gbdt_prediction"] = _ts(gbdt)
+        cols["blend_prediction"] = _ts(blended, is_null)
+    cols["blend_weight"] = pa.array(np.full(n, float(weight)))
+    return cols
+
+
+def blend_summary(table: pa.Table) -> dict[str, Any] | None:
+    """The blend's fit a `predict(blend=...)` table records (weight, validation scores, `ship`), or None."""
+    raw = (table.schema.metadata or {}).get(BLEND_METADATA_KEY)
+    return None if raw is None else json.loads(raw)
 
 
 def write_table_atomic(table: pa.Table, path: Path) -> None:

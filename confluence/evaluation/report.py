@@ -27,11 +27,13 @@ if TYPE_CHECKING:
     from confluence.evaluation.evaluate import EvalRows
     from confluence.store import Store
 
-_META_KEYS = ("info", "model_vs_gbdt", "rows")  # entries of a task's results that are not a predictor's metrics
+# entries of a task's results that are not a predictor's metrics (`--blend gbdt` adds the last three)
+_META_KEYS = ("info", "model_vs_gbdt", "rows", "blend_vs_gbdt", "validation", "ship")
 _TRIVIAL = ("majority", "mean", "median")  # the constant predictors of metrics.trivial_baselines
 _NOT_PREDICTORS = ("model", "baseline", *_META_KEYS)
 _MAX_CLASSES = 10  # confusion matrix: the most frequent true classes, the rest pooled as "other"
 _SCORER_LABELS = {"gbdt": "GBDT"}
+_SHIP_LABELS = {"model": "the model", "LightGBM": "LightGBM", "blend": "the blend"}
 _METRIC_LABELS = {"auroc": "AUROC", "accuracy": "accuracy", "mae": "MAE", "mae_days": "MAE (days)"}
 
 
@@ -106,6 +108,7 @@ def oriented_vs_gbdt(c: Mapping[str, Any] | None, higher: bool) -> tuple[float, 
 
 def verdict(r: Mapping[str, Any], stype: SemanticType) -> list[tuple[str, str]]:
     """(text, css class) parts: does the model beat the best trivial baseline, and is it worse than the GBDT?
+    With a blend (`--blend gbdt`), is the blend worse than the GBDT?
 
     Against the GBDT the paired bootstrap interval decides where present: "better" when the whole interval favours
     the model, "not worse" when it reaches zero (`a_not_worse`), "worse" otherwise; without an interval the point
@@ -119,20 +122,27 @@ def verdict(r: Mapping[str, Any], stype: SemanticType) -> list[tuple[str, str]]:
         parts.append(("beats trivial", "good") if better else ("not better than trivial", "bad"))
     if "gbdt" not in r:
         return parts
-    o = oriented_vs_gbdt(r.get("model_vs_gbdt"), higher)
+    g = _num((r.get("gbdt") or {}).get(metric))
+    parts += _vs_gbdt(r.get("model_vs_gbdt"), higher, model, g, "")
+    if "blend" in r:
+        parts += _vs_gbdt(r.get("blend_vs_gbdt"), higher, _num((r.get("blend") or {}).get(metric)), g, "blend ")
+    return parts
+
+
+def _vs_gbdt(c: Mapping[str, Any] | None, higher: bool, value: float, g: float, prefix: str) -> list[tuple[str, str]]:
+    """`verdict`'s part for one scorer against the GBDT: `c` its paired comparison (`model_vs_gbdt`,
+    `blend_vs_gbdt`), `value` and `g` its and the GBDT's headline metric (compared when there is no interval)."""
+    o = oriented_vs_gbdt(c, higher)
     if o is not None and math.isfinite(o[1]):
         if o[1] > 0:
-            parts.append(("better than GBDT", "good"))
-        elif _num((r.get("model_vs_gbdt") or {}).get("a_not_worse")) == 1.0:
-            parts.append(("not worse than GBDT", "good"))
-        else:
-            parts.append(("worse than GBDT", "bad"))
-        return parts
-    g = _num((r.get("gbdt") or {}).get(metric))
-    if math.isfinite(model) and math.isfinite(g):
-        ok = model >= g if higher else model <= g
-        parts.append(("≥ GBDT (no interval)" if ok else "< GBDT (no interval)", "meh"))
-    return parts
+            return [(f"{prefix}better than GBDT", "good")]
+        if _num((c or {}).get("a_not_worse")) == 1.0:
+            return [(f"{prefix}not worse than GBDT", "good")]
+        return [(f"{prefix}worse than GBDT", "bad")]
+    if math.isfinite(value) and math.isfinite(g):
+        ok = value >= g if higher else value <= g
+        return [(f"{prefix}≥ GBDT (no interval)" if ok else f"{prefix}< GBDT (no interval)", "meh")]
+    return []
 
 
 def n_scored(r: Mapping[str, Any]) -> int | None:
@@ -147,10 +157,10 @@ def n_scored(r: Mapping[str, Any]) -> int | None:
 # ----------------------------------------------------------------------------------------------------- tables
 
 
-def _gain_cell(r: Mapping[str, Any], higher: bool) -> str:
-    """`gain [low, high]` oriented so positive = model better; green when the whole interval is positive, red when
-    it is wholly negative."""
-    o = oriented_vs_gbdt(r.get("model_vs_gbdt"), higher)
+def _gain_cell(r: Mapping[str, Any], higher: bool, key: str = "model_vs_gbdt") -> str:
+    """`gain [low, high]` oriented so positive = model (or blend: `key` "blend_vs_gbdt") better; green when the
+    whole interval is positive, red when it is wholly negative."""
+    o = oriented_vs_gbdt(r.get(key), higher)
     if o is None:
         return "–"
     gain, lo, hi = o
@@ -162,12 +172,17 @@ def _gain_cell(r: Mapping[str, Any], higher: bool) -> str:
 def metrics_table_html(results: Mapping[str, Mapping[str, Any]], stypes: Mapping[str, int] | None = None,
                        descriptions: Mapping[str, str] | None = None) -> str:
     """Per task: what it asks, n, the headline metric of the model, the best trivial baseline, the GBDT (and any
-    other non-trivial scorer, e.g. a planted database's ceiling), the oriented model-vs-GBDT gain and a verdict."""
-    others = sorted({k for r in results.values() for k in r if k not in _NOT_PREDICTORS and k not in _TRIVIAL})
+    other non-trivial scorer, e.g. a planted database's ceiling; the blend last), the oriented model-vs-GBDT gain
+    (and the blend's), a verdict and, with a blend, what to ship (chosen on validation)."""
+    others = sorted({k for r in results.values() for k in r if k not in _NOT_PREDICTORS and k not in _TRIVIAL},
+                    key=lambda k: (k == "blend", k))
     paired = any("model_vs_gbdt" in r for r in results.values())
+    blended = any("blend_vs_gbdt" in r for r in results.values())
+    shipped = any("ship" in r for r in results.values())
     head = ["task", "n", "metric", "model", "best trivial", *(_SCORER_LABELS.get(o, o) for o in others)]
     head += ["model better by (+) vs GBDT, 95% CI"] if paired else []
-    head += ["verdict"]
+    head += ["blend better by (+) vs GBDT, 95% CI"] if blended else []
+    head += ["verdict"] + (["ship (chosen on validation)"] if shipped else [])
     out = ['<table class="headline"><tr>' + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
     for task, r in results.items():
         desc = (descriptions or {}).get(task)
@@ -194,10 +209,28 @@ def metrics_table_html(results: Mapping[str, Mapping[str, Any]], stypes: Mapping
             cells.append(f'<span class="best">{text}</span>' if k == best else text)
         if paired:
             cells.append(_gain_cell(r, higher))
+        if blended:
+            cells.append(_gain_cell(r, higher, "blend_vs_gbdt"))
         cells.append("<br>".join(f'<span class="{c}">{html.escape(t)}</span>' for t, c in verdict(r, stype)) or "–")
+        if shipped:
+            cells.append(_ship_cell(r))
         out.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     out.append("</table>")
     return "\n".join(out)
+
+
+def _ship_cell(r: Mapping[str, Any]) -> str:
+    """What to ship for one task, with the blend's weight and the validation scores the choice rests on."""
+    ship = r.get("ship")
+    if not ship:
+        return "–"
+    v = r.get("validation") or {}
+    scores = ", ".join(f"{k} {_fmt(v.get(k))}" for k in ("model", "LightGBM", "blend"))
+    detail = (f"w = {_fmt(v.get('weight'))} (model share); validation {html.escape(str(v.get('metric', '')))} on "
+              f"{_fmt(v.get('n_val'))} rows: {scores}")
+    note = f'<div class="dim">{html.escape(str(v["note"]))}</div>' if v.get("note") else ""
+    return (f"<b>{html.escape(_SHIP_LABELS.get(ship, ship))}</b>"
+            f'<div class="dim">{detail}</div>{note}')
 
 
 def task_metrics_html(r: Mapping[str, Any], stype: SemanticType | None) -> str:
@@ -346,7 +379,8 @@ def task_plot(stype: SemanticType, rows: EvalRows) -> tuple[bytes, str] | None:
     calibration (booleans), confusion matrix (categories). None when there are no rows."""
     if rows is None or len(rows.truth) == 0:
         return None
-    preds = {"model": rows.pred, **({"GBDT": rows.gbdt} if rows.gbdt is not None else {})}
+    preds = {"model": rows.pred, **({"GBDT": rows.gbdt} if rows.gbdt is not None else {}),
+             **({"blend": rows.blend} if getattr(rows, "blend", None) is not None else {})}
     if stype == SemanticType.NUMERICAL:
         return plot_predicted_vs_actual(rows.truth, preds), "predicted vs actual"
     if stype == SemanticType.TIMESTAMP:
@@ -453,6 +487,11 @@ model's headline metric is better than the best trivial baseline's; against the 
 interval is positive, “not worse” when it reaches zero (the rows cannot tell the model worse), “worse” when it is
 wholly negative."""
 
+_BLEND_HELP = """ <b>blend</b>: w × model + (1 − w) × GBDT, one weight w (the model's share, 0 to 1 by 0.05) per task
+chosen on the validation split, where LightGBM was not trained; its gain over the GBDT is shown as the model's.
+<b>ship</b>: what the validation split says to use: the blend when it beat both there, else the better of the
+model and LightGBM (decided on validation only, never on the rows scored here)."""
+
 
 def _task_section(task: str, r: Mapping[str, Any], stype: SemanticType | None, desc: str | None) -> str:
     """One task's card: what it asks, n, its plot (when rows were kept) and every metric."""
@@ -480,13 +519,14 @@ def render_report(
     """The report page as one HTML string with every image embedded (see `write_report`)."""
     curves = training_curves_png(train_log) if train_log else None
     note_html = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in (notes or {}).items())
+    help_html = _HELP + (_BLEND_HELP if any("blend" in r for r in results.values()) else "")
     cards = "\n".join(_task_section(t, r, _stype(t, r, stypes), (descriptions or {}).get(t))
                       for t, r in results.items())
     curves_html = f"<h2>Training curves</h2>{_img(curves, 'training curves')}" if curves else ""
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>{_CSS}</style></head><body>
 <h1>{html.escape(title)}</h1><ul class="notes">{note_html}</ul>
-<h2>Headline metric per task</h2><p class="help">{_HELP}</p>
+<h2>Headline metric per task</h2><p class="help">{help_html}</p>
 {metrics_table_html(results, stypes, descriptions)}
 <h2>Per task: plots and all metrics (headline first)</h2>
 <p class="help">Numbers and timestamps: predicted against actual value per row (on the red line the prediction is

@@ -134,6 +134,9 @@ class TaskInfo(BaseModel):
     target_type: str
     observation_time: str = Field(description="How a task's observation times were defined at preprocessing.")
     description: str
+    blend: dict[str, Any] | None = Field(None, description="With the server's --blend gbdt: the task's blend "
+                                         "(weight: the model's share; the validation scores it was chosen on; "
+                                         "ship: model, LightGBM or blend); null without one.")
 
 
 class StoreInfo(BaseModel):
@@ -349,14 +352,16 @@ class Guard:
 def create_app(checkpoint: str | Path, db: str | Path, *, batch_size: int | None = None, max_wait_ms: float = 5.0,
                max_anchors: int = 1000, top_k: int = 3, clip_numbers: bool = True, threads: int | None = None,
                warm_up: bool = True, draws: int = DEFAULT_DRAWS, max_body_bytes: int | None = None,
-               token: str | None = None, docs: bool = False, model_details: bool = False) -> FastAPI:
+               token: str | None = None, docs: bool = False, model_details: bool = False,
+               blend: str | None = None) -> FastAPI:
     """The ASGI app serving `checkpoint` on the store `db`. Both load here (a ConfluenceError for a bad path, so a
     server can refuse to start before it binds); the batching worker starts with the app (its lifespan) and
     compiles the model (for every batch shape, unless `warm_up` is off) before `/health` says ready. The other
     settings are ServeSettings'."""
     settings = ServeSettings(batch_size=batch_size, max_wait_ms=max_wait_ms, max_anchors=max_anchors, top_k=top_k,
                              clip_numbers=clip_numbers, threads=threads, warm_up=warm_up, draws=draws,
-                             max_body_bytes=max_body_bytes, token=token, docs=docs, model_details=model_details)
+                             max_body_bytes=max_body_bytes, token=token, docs=docs, model_details=model_details,
+                             blend=blend)
     service = PredictionService(checkpoint, db, settings)
     return build_app(service)
 

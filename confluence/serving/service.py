@@ -23,7 +23,13 @@ import pyarrow as pa
 from confluence.errors import ConfluenceError
 from confluence.evaluation.draws import DEFAULT_DRAWS
 from confluence.evaluation.inference import HeadOutputs, LoadedModel, Predictor, load_model
-from confluence.evaluation.predict import KeyIndex, prediction_table, resolve_anchors
+from confluence.evaluation.predict import (
+    KeyIndex,
+    TaskBlend,
+    fit_task_blend,
+    prediction_table,
+    resolve_anchors,
+)
 from confluence.evaluation.report import describe_task
 from confluence.serving.batching import Batcher, Job, Stats, batch_shape, batch_shapes, reshaped
 from confluence.store import Store
@@ -57,7 +63,9 @@ class ServeSettings:
     use); `draws`: contexts per anchor whose answers are combined, as in predict (`confluence.evaluation.draws`);
     `token`: the bearer token every endpoint but /health requires (None: none); `docs`: serve the Swagger page at
     /docs (its assets come from a CDN); `model_details`: /model shows absolute paths and the training machine's
-    environment (else basenames only)."""
+    environment (else basenames only); `blend`: "gbdt" fits LightGBM and a blend weight per task at start-up
+    (on at most `blend_max_val` validation seeds) and answers with LightGBM's and the blend's columns too, as
+    `predict --blend gbdt --anchors`."""
 
     batch_size: int | None = None
     max_wait_ms: float = 5.0
@@ -71,6 +79,8 @@ class ServeSettings:
     token: str | None = field(default=None, repr=False)  # never in a log line
     docs: bool = False
     model_details: bool = False
+    blend: str | None = None
+    blend_max_val: int = 5000
 
     @property
     def body_limit(self) -> int:
@@ -83,11 +93,15 @@ class ServeSettings:
         for name, value, least in (("batch_size", self.batch_size, 1), ("max_wait_ms", self.max_wait_ms, 0),
                                    ("max_anchors", self.max_anchors, 1), ("top_k", self.top_k, 0),
                                    ("threads", self.threads, 1), ("draws", self.draws, 1),
-                                   ("max_body_bytes", self.max_body_bytes, 1024)):
+                                   ("max_body_bytes", self.max_body_bytes, 1024),
+                                   ("blend_max_val", self.blend_max_val, 1)):
             if value is not None and value < least:
                 raise ConfluenceError(f"{name} (--{name.replace('_', '-')}) must be {least} or more, not {value}")
         if self.token is not None and (not self.token or any(c.isspace() for c in self.token)):
             raise ConfluenceError("the bearer token is empty or holds whitespace")
+        from confluence.evaluation.blend import check_blend
+
+        check_blend(self.blend)
 
 
 def checkpoint_sha256(path: Path) -> str:
@@ -192,9 +206,43 @@ class PredictionService:
         # the train seeds that bound each task's numerical predictions, as predict uses them (None: no clipping)
         self._train_ids = {t.name: self.predictor.seed_ids("train", t.name) if self.settings.clip_numbers else None
                            for t in self.store.tasks}
+        # `--blend gbdt`: LightGBM and a blend weight per task, fitted now; one DuckDB connection builds the
+        # features of every request's anchors, one request at a time
+        self.blends: dict[str, TaskBlend] = {}
+        self._builder: Any = None
+        self._builder_lock = threading.Lock()
+        if self.settings.blend:
+            self._fit_blends()
         self.compiled = (0, 0)  # batch shapes compiled, of those to compile before ready
         self.batcher = Batcher(self.predictor, max_wait_s=self.settings.max_wait_ms / 1000.0,
                                warm_up=self._warm_up)
+
+    def _fit_blends(self) -> None:
+        """Fit each task's blend (`predict.fit_task_blend`), a log line per task; a task without labelled train
+        seeds is served without one (its line says so)."""
+        from confluence.evaluation.gbdt import FeatureBuilder
+        from confluence.evaluation.targets import decode_targets
+
+        tasks = self.store.tasks
+        log.info("blend: fitting LightGBM on the train seeds and a blend weight on up to %d validation seeds, "
+                 "for each of %d task(s)", self.settings.blend_max_val, len(tasks))
+        t0 = time.perf_counter()
+        self._builder = FeatureBuilder(self.store)
+        for i, t in enumerate(tasks):
+            t1 = time.perf_counter()
+            train = self.predictor.seed_ids("train", t.name)
+            if not (~decode_targets(self.store, t.name, train).is_null).any():
+                log.info("blend %d/%d %s: no labelled train seeds, served without a blend", i + 1, len(tasks), t.name)
+                continue
+            tb = fit_task_blend(self.predictor, t.name, self._builder, max_val=self.settings.blend_max_val,
+                                clip_numbers=self.settings.clip_numbers)
+            self.blends[t.name] = tb
+            log.info("blend %d/%d %s: weight %.2f (model share) on %d validation rows, ship %s (%.1f s)", i + 1,
+                     len(tasks), t.name, tb.fit.weight, tb.fit.n_val, tb.fit.ship, time.perf_counter() - t1)
+        log.info("blend: %d of %d task(s) fitted in %.1f s", len(self.blends), len(tasks), time.perf_counter() - t0)
+        for info in self.tasks:
+            tb = self.blends.get(info["name"])
+            info["blend"] = None if tb is None else tb.fit.summary() | {"ship": tb.fit.ship}
 
     # ---- lifecycle
     def start(self) -> None:
@@ -280,9 +328,18 @@ class PredictionService:
         except ConfluenceError as exc:
             raise RequestError(str(exc)) from None
         train_ids = self._train_ids[task]
+        blend = self.blends.get(task)
+        gbdt_pred = None
+        if blend is not None:  # LightGBM's features here, on the request's thread, not on the model's worker
+            with self._builder_lock:
+                gbdt_pred = blend.gbdt_predictions(self._builder, (rows, obs))
 
         def finish(head: HeadOutputs) -> pa.Table:
-            return prediction_table(self.store, task, cast_keys, obs, head, train_ids=train_ids, top_k=k)
+            table = prediction_table(self.store, task, cast_keys, obs, head, train_ids=train_ids, top_k=k)
+            if blend is not None:
+                for name, col in blend.columns(self.predictor, head, gbdt_pred).items():
+                    table = table.append_column(name, col)
+            return table
 
         return Job(task, rows, obs, finish, context=context_labels)
 

@@ -1,0 +1,267 @@
+"""The blend of the model and LightGBM (`--blend gbdt`): the weight chosen on validation where the right answer is
+known, the ship rule, and `evaluate` / `predict` with a blend on a store and a checkpoint trained in the test."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pytest
+
+from confluence.errors import ConfluenceError
+from confluence.evaluation import metrics as M
+from confluence.evaluation.blend import (
+    DEFAULT_WEIGHT,
+    GRID,
+    blend_predictions,
+    check_blend,
+    choose_weight,
+    fit_blend,
+)
+from confluence.evaluation.targets import TargetRange
+from confluence.stypes import US_PER_DAY, SemanticType
+from tests.test_eval_end_to_end import shop  # noqa: F401  (the store and 12-step checkpoint fixture)
+
+NUM, BOOL, CAT, TS = SemanticType.NUMERICAL, SemanticType.BOOLEAN, SemanticType.CATEGORICAL, SemanticType.TIMESTAMP
+
+
+def test_grid_is_0_to_1_by_0_05():
+    assert len(GRID) == 21 and GRID[0] == 0.0 and GRID[-1] == 1.0 and GRID[10] == 0.5
+
+
+def test_opposite_biases_blend_to_the_middle_and_beat_both():
+    rng = np.random.default_rng(0)
+    y = rng.normal(100, 20, 500)
+    model, gbdt = y + 5 + rng.normal(0, 0.5, 500), y - 5 + rng.normal(0, 0.5, 500)
+    fit = fit_blend(NUM, y, model, gbdt)
+    assert fit.weight == 0.5 and fit.ship == "blend" and fit.source == "validation" and fit.n_val == 500
+    assert fit.scores["blend"] < min(fit.scores["model"], fit.scores["LightGBM"])
+    assert fit.scores["model"] == pytest.approx(M.headline_value(NUM, y, model))
+
+
+def test_each_good_on_half_the_rows_blend_beats_both_on_accuracy():
+    """The model is right and sure on half the rows and wrong but unsure on the other half; LightGBM the reverse.
+    Every weight in [0.1, 0.9] gets every row right (accuracy 1 against 0.5 for each alone): the middle, 0.5."""
+    n = 200
+    y = np.arange(n) % 3
+    sure, unsure = np.full((n, 3), 0.05), np.full((n, 3), 0.25)
+    sure[np.arange(n), y] = 0.9
+    unsure[np.arange(n), y] = 0.35
+    unsure[np.arange(n), (y + 1) % 3] = 0.4
+    half = (np.arange(n) < n // 2)[:, None]
+    model, gbdt = np.where(half, sure, unsure), np.where(half, unsure, sure)
+    fit = fit_blend(CAT, y, model, gbdt)
+    assert fit.scores == {"model": 0.5, "LightGBM": 0.5, "blend": 1.0}
+    assert fit.weight == 0.5 and fit.ship == "blend"
+    assert M.headline_value(CAT, y, blend_predictions(CAT, model, gbdt, fit.weight)) == 1.0
+
+
+def test_two_half_signals_blend_beats_both_on_auroc():
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(size=2000), rng.normal(size=2000)
+    y = a + b > 0
+    sig = lambda x: 1 / (1 + np.exp(-x))  # noqa: E731
+    fit = fit_blend(BOOL, y, sig(2 * a), sig(2 * b))
+    assert 0.3 <= fit.weight <= 0.7 and fit.ship == "blend"
+    assert fit.scores["blend"] > max(fit.scores["model"], fit.scores["LightGBM"]) + 0.05
+
+
+def test_noise_partner_gets_no_share():
+    rng = np.random.default_rng(2)
+    y = rng.normal(0, 1, 400)
+    good, noise = y + rng.normal(0, 0.1, 400), rng.normal(0, 3, 400)
+    assert fit_blend(NUM, y, good, noise).weight == 1.0
+    assert fit_blend(NUM, y, good, noise).ship == "model"
+    assert fit_blend(NUM, y, noise, good).weight == 0.0
+    assert fit_blend(NUM, y, noise, good).ship == "LightGBM"
+    t = 1.7e15 + y * US_PER_DAY  # timestamps: the same in epoch µs
+    assert fit_blend(TS, t, 1.7e15 + good * US_PER_DAY, 1.7e15 + noise * US_PER_DAY).weight == 1.0
+
+
+def test_ties_go_to_the_model_then_lightgbm_then_the_middle():
+    assert choose_weight(np.zeros(21)) == 1.0  # identical predictors: the model alone
+    s = np.full(21, -1.0)
+    s[[0, 4, 5, 6]] = 0.0
+    assert choose_weight(s) == 0.0
+    s[0] = -1.0
+    assert choose_weight(s) == GRID[5]
+    s[7] = 0.0  # an even count of tied weights: the lower middle
+    assert choose_weight(s) == GRID[5]
+    assert choose_weight(np.full(21, np.nan)) is None
+    s = np.zeros(21)
+    s[10] = 1e-14  # floating-point noise does not make a blend
+    assert choose_weight(s) == 1.0
+
+
+def test_identical_predictors_ship_the_model():
+    y = np.array([1.0, 2.0, 3.0])
+    fit = fit_blend(NUM, y, y + 1, y + 1)
+    assert fit.weight == 1.0 and fit.ship == "model"
+
+
+def test_no_validation_rows_fall_back_to_the_equal_average():
+    fit = fit_blend(NUM, np.zeros(0), np.zeros(0), np.zeros(0))
+    assert fit.weight == DEFAULT_WEIGHT and fit.source == "default" and fit.n_val == 0 and "no labelled" in fit.note
+    one_class = fit_blend(BOOL, np.ones(10, bool), np.full(10, 0.7), np.full(10, 0.6))  # AUROC undefined
+    assert one_class.weight == DEFAULT_WEIGHT and "undefined" in one_class.note
+    assert math.isnan(one_class.summary()["model"]) and one_class.summary()["weight_source"] == "default"
+
+
+def test_blend_rounds_and_clips_numbers_as_predict_does():
+    rng = TargetRange(lo=0.0, hi=10.0, integer=True)
+    out = blend_predictions(NUM, np.array([1.0, 9.0, 2.0]), np.array([2.0, 12.0, 2.0]), 0.5, rng)
+    assert out.tolist() == [2.0, 10.0, 2.0]  # 1.5 rounds to even, 10.5 clipped, 2 stays
+
+
+def test_categorical_blend_of_different_widths_and_determinism():
+    out = blend_predictions(CAT, np.array([[0.2, 0.8]]), np.array([[0.1, 0.3, 0.6]]), 0.5)
+    np.testing.assert_allclose(out, [[0.15, 0.55, 0.3]])
+    rng = np.random.default_rng(3)
+    y, m, g = rng.normal(size=300), rng.normal(size=300), rng.normal(size=300)
+    assert fit_blend(NUM, y, m, g) == fit_blend(NUM, y, m, g)
+
+
+def test_only_gbdt_is_a_blend_partner():
+    assert check_blend(None) is None and check_blend("gbdt") == "gbdt"
+    with pytest.raises(ConfluenceError, match="gbdt"):
+        check_blend("xgboost")
+
+
+@pytest.mark.slow
+def test_evaluate_with_a_blend(shop):  # noqa: F811
+    from confluence.evaluation.evaluate import evaluate
+    from confluence.evaluation.inference import load_model
+    from confluence.evaluation.targets import train_target_range
+    from confluence.store import Store
+
+    store, run, _ = shop
+    with pytest.raises(ConfluenceError, match="blended with gbdt"):
+        evaluate(run, store, tasks=["amount"], blend="lgbm")
+    model = load_model(run)
+    res = evaluate(model, store, split="test", tasks=["amount", "status"], max_seeds=64, blend="gbdt",
+                   keep_rows=True)
+    for task, metric in (("amount", "mae"), ("status", "accuracy")):
+        r = res[task]
+        b, v = r["blend"], r["validation"]
+        assert b["weight"] in GRID and b["n_val"] > 0 and v["weight"] == b["weight"] and v["metric"] == metric
+        assert v["weight_source"] == "validation"
+        assert r["ship"] == ("model" if b["weight"] == 1 else "LightGBM" if b["weight"] == 0 else "blend")
+        # the ship choice is the best validation score (ties to the model, then LightGBM)
+        sign = 1 if metric == "accuracy" else -1
+        best = max(sign * v["model"], sign * v["LightGBM"], sign * v["blend"])
+        assert sign * v[r["ship"]] == best
+        c = r["blend_vs_gbdt"]
+        assert c["diff"] == pytest.approx(b[metric] - r["gbdt"][metric], rel=1e-9, abs=1e-12)
+        rows = r["rows"]
+        assert rows.blend is not None and len(rows.blend) == len(rows.truth)
+    # the blended rows are w * model + (1 - w) * LightGBM, clipped to the train targets' range
+    rows, w = res["amount"]["rows"], res["amount"]["blend"]["weight"]
+    s = Store.open(store)
+    rng = train_target_range(s, "amount", rows.clip_ids)  # clip_ids: the train seeds
+    np.testing.assert_allclose(rows.blend, rng.apply(w * rows.pred + (1 - w) * rows.gbdt))
+    assert "note" not in res["amount"]["validation"]
+    # evaluating the validation split itself says the weight was chosen on the same rows
+    on_val = evaluate(model, store, split="val", tasks=["amount"], max_seeds=64, blend="gbdt")
+    assert "optimistic" in on_val["amount"]["validation"]["note"]
+
+
+@pytest.mark.slow
+def test_predict_with_a_blend(shop):  # noqa: F811
+    from confluence.evaluation.inference import load_model
+    from confluence.evaluation.predict import blend_summary, predict
+
+    store, run, tmp = shop
+    model = load_model(run)
+    t = predict(model, store, "buys_next_30d", split="test", max_seeds=20, blend="gbdt", out=tmp / "b.parquet")
+    for col in ("gbdt_prediction", "gbdt_p_true", "blend_prediction", "blend_p_true", "blend_weight"):
+        assert col in t.column_names
+    s = blend_summary(t)
+    assert s["ship"] in ("model", "LightGBM", "blend") and s["weight"] in GRID
+    w = s["weight"]
+    np.testing.assert_allclose(t.column("blend_p_true").to_numpy(),
+                               w * t.column("p_true").to_numpy() + (1 - w) * t.column("gbdt_p_true").to_numpy())
+    # ad-hoc anchors with observation times: LightGBM's features are built for them too
+    pacsv.write_csv(pa.table({"customer_id": [1, 2, 3],
+                              "observation_time": pa.array([dt.datetime(2020, 6, 1)] * 3, pa.timestamp("us"))}),
+                    tmp / "blend_anchors.csv")
+    a = predict(model, store, "buys_next_30d", anchors=tmp / "blend_anchors.csv", blend="gbdt")
+    assert a.num_rows == 3 and a.column("gbdt_p_true").null_count == 0
+    assert blend_summary(a)["weight"] == w  # the same fit: train seeds, validation seeds
+
+
+@pytest.mark.slow
+def test_the_service_blends_as_predict_does(shop, caplog):  # noqa: F811
+    """`serve --blend gbdt`: the blend is fitted per task at start-up (a log line each), and a request's rows carry
+    the columns `predict --blend gbdt --anchors` writes, with the same values."""
+    import logging
+
+    from confluence.evaluation.predict import predict
+    from confluence.serving.service import PredictionService, ServeSettings, json_rows
+
+    store, run, tmp = shop
+    with pytest.raises(ConfluenceError, match="blended with gbdt"):
+        PredictionService(run, store, ServeSettings(blend="xgb"))
+    with caplog.at_level(logging.INFO, logger="confluence.serving"):
+        service = PredictionService(run, store, ServeSettings(blend="gbdt", warm_up=False, batch_size=8))
+    try:
+        assert sum("blend " in m and "ship" in m for m in caplog.messages) == 3  # a line per task
+        info = next(t for t in service.tasks if t["name"] == "buys_next_30d")
+        assert info["blend"]["ship"] in ("model", "LightGBM", "blend")
+        job = service.job("buys_next_30d", [1, 2, 3], ["2020-06-01T00:00:00"] * 3, None)
+        got = json_rows(job.finish(service.predictor.anchor_outputs(job.task, job.rows, job.obs, context="all")))
+    finally:
+        service.stop()
+    pacsv.write_csv(pa.table({"customer_id": [1, 2, 3], "observation_time": ["2020-06-01T00:00:00"] * 3}),
+                    tmp / "serve_anchors.csv")
+    want = json_rows(predict(run, store, "buys_next_30d", anchors=tmp / "serve_anchors.csv", blend="gbdt",
+                             batch_size=8))
+    assert [list(r) for r in got] == [list(r) for r in want]
+    for g, w in zip(got, want, strict=True):
+        for k in w:
+            assert g[k] == pytest.approx(w[k], rel=1e-5, abs=1e-6) if isinstance(w[k], float) else g[k] == w[k], k
+
+
+BLENDED = {
+    "flights.dep_delay": {
+        "info": {"stype": "numerical", "n_eval": 2000},
+        "model": {"mae": 17.16, "r2": -2.3e-05, "n": 2000.0},
+        "baseline": {"mae": 17.41, "r2": -0.13, "name": "median"},
+        "gbdt": {"mae": 15.73, "r2": 0.12},
+        "model_vs_gbdt": {"diff": 1.43, "ci_low": 1.05, "ci_high": 1.83, "n_boot": 1000.0, "a_not_worse": 0.0},
+        "blend": {"mae": 15.21, "r2": 0.14, "n": 2000.0, "weight": 0.35, "n_val": 1800},
+        "blend_vs_gbdt": {"diff": -0.52, "ci_low": -0.8, "ci_high": -0.25, "n_boot": 1000.0, "a_not_worse": 1.0},
+        "validation": {"metric": "mae", "model": 17.5, "LightGBM": 16.0, "blend": 15.5, "weight": 0.35,
+                       "n_val": 1800, "weight_source": "validation"},
+        "ship": "blend"},
+}
+
+
+def test_console_results_show_the_blend_and_what_to_ship_at_80_columns():
+    import contextlib
+    import io
+
+    from confluence.cli.eval_cmds import print_results
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        print_results(BLENDED, "db — split test")
+    text = buf.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= 80, text
+    assert "blend" in text.splitlines()[2]  # the header's columns
+    assert "verdict: beats trivial, worse than GBDT, blend better than GBDT" in text
+    assert "gain vs GBDT, blend:  +0.52 [+0.25, +0.8]" in text
+    assert "ship: blend (w = 0.35 model share; validation mae on 1,800 rows" in text
+
+
+def test_report_shows_the_blend_column_and_the_ship_choice():
+    from confluence.evaluation.report import metrics_table_html, render_report
+
+    table = metrics_table_html(BLENDED)
+    assert "<th>blend</th>" in table and "ship (chosen on validation)" in table and "<b>the blend</b>" in table
+    assert table.index("<th>GBDT</th>") < table.index("<th>blend</th>")
+    assert "blend better by (+) vs GBDT" in table and "+0.52 [+0.25, +0.8]" in table
+    assert "<th>ship</th>" not in table and "<th>validation</th>" not in table  # not scorers
+    assert "w × model + (1 − w) × GBDT" in render_report(BLENDED)
