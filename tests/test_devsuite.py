@@ -71,3 +71,10 @@ def test_quality_tally_counts_verdicts():
                "c": task(2.5, 2.0, 1.5, 0.8, 1.2, 0.0)}  # worse than LightGBM and than trivial
     t = tally("db", "check", results)
     assert (t.tasks, t.beats_trivial, t.not_worse_than_gbdt, t.better_than_gbdt) == (3, 2, 2, 1)
+    assert t.blend_not_worse is None and t.line().count("/") == 3  # measured without a blend: no blend column
+    results["c"] |= {"blend": {"mae": 1.45}, "blend_vs_gbdt": {"diff": -0.05, "ci_low": -0.1, "ci_high": 0.01,
+                                                               "a_not_worse": 1.0}}
+    results["b"] |= {"blend": {"mae": 1.7}, "blend_vs_gbdt": {"diff": 0.2, "ci_low": 0.1, "ci_high": 0.3,
+                                                              "a_not_worse": 0.0}}
+    t = tally("db", "check", results)
+    assert t.blend_not_worse == 1 and t.line().count("/") == 4

@@ -31,19 +31,23 @@ class Tally:
     beats_trivial: int
     not_worse_than_gbdt: int
     better_than_gbdt: int
+    blend_not_worse: int | None = None  # the blend (`--blend gbdt`) not worse than LightGBM; None: not measured
 
     def line(self) -> str:
+        blend = "" if self.blend_not_worse is None else f" {self.blend_not_worse:>6}/{self.tasks:<3}"
         return (f"{self.database:<16} {self.role:<6} {self.tasks:>5} {self.beats_trivial:>6}/{self.tasks:<3} "
-                f"{self.not_worse_than_gbdt:>6}/{self.tasks:<3} {self.better_than_gbdt:>6}/{self.tasks:<3}")
+                f"{self.not_worse_than_gbdt:>6}/{self.tasks:<3} {self.better_than_gbdt:>6}/{self.tasks:<3}" + blend)
 
 
-HEADER = f"{'database':<16} {'role':<6} {'tasks':>5} {'> trivial':>10} {'>= LightGBM':>11} {'> LightGBM':>10}"
+HEADER = (f"{'database':<16} {'role':<6} {'tasks':>5} {'> trivial':>10} {'>= LightGBM':>11} {'> LightGBM':>10} "
+          f"{'blend >= LightGBM':>10}")
 
 
 def tally(database: str, role: str, results: dict[str, Any]) -> Tally:
     """Count a database's `evaluate --gbdt` results (`confluence.evaluation.evaluate` JSON layout) by verdict."""
-    beats = not_worse = better = 0
+    beats = not_worse = better = blend = 0
     n = 0
+    blended = any("blend" in r for r in results.values())
     for r in results.values():
         if "model" not in r:
             continue
@@ -52,7 +56,8 @@ def tally(database: str, role: str, results: dict[str, Any]) -> Tally:
         beats += "beats trivial" in said
         better += "better than GBDT" in said
         not_worse += bool(said & {"better than GBDT", "not worse than GBDT"})
-    return Tally(database, role, n, beats, not_worse, better)
+        blend += bool(said & {"blend better than GBDT", "blend not worse than GBDT"})
+    return Tally(database, role, n, beats, not_worse, better, blend if blended else None)
 
 
 def run_quality(suite: Path, *, names: list[str] | None = None, steps: int | str = 3000, config: str = "small",
@@ -82,7 +87,7 @@ def run_quality(suite: Path, *, names: list[str] | None = None, steps: int | str
             preprocess(raw, metadata_path(name), store, progress=False)
         run = suite / name / "runs" / label
         result_file = run / "test.json"
-        if force or not result_file.is_file():
+        if force or not (run / "checkpoints").is_dir() or not result_file.is_file():
             log(f"{name}: training {config} for " + (f"{steps} steps" if isinstance(steps, int) else
                                                       f"the recipe's run length ({steps})"))
             # a fixed budget validates four times and evaluates its last step; "auto" / a duration is the recipe's
@@ -95,8 +100,9 @@ def run_quality(suite: Path, *, names: list[str] | None = None, steps: int | str
                 train(cfg, stream, run, progress=False, force=True)
             finally:
                 stream.close()
-            log(f"{name}: evaluating on the test split beside the trivial baselines and LightGBM")
-            results = evaluate(run, store, split="test", max_seeds=max_seeds, gbdt=True)
+        if force or not result_file.is_file() or not _has_blend(result_file):  # a run measured before the blend
+            log(f"{name}: evaluating on the test split beside the trivial baselines, LightGBM and the blend")
+            results = evaluate(run, store, split="test", max_seeds=max_seeds, gbdt=True, blend="gbdt")
             write_json(results, result_file)
         results = json.loads(result_file.read_text())
         t = tally(name, mod.ROLE, results)
@@ -104,3 +110,11 @@ def run_quality(suite: Path, *, names: list[str] | None = None, steps: int | str
         out.append(t)
     (suite / f"quality-{label}.json").write_text(json.dumps([t.__dict__ for t in out], indent=2) + "\n")
     return out
+
+
+def _has_blend(result_file: Path) -> bool:
+    """Whether a database's `test.json` holds the blend's scores (runs measured before it are evaluated again)."""
+    try:
+        return any("blend" in r for r in json.loads(result_file.read_text()).values())
+    except (OSError, ValueError):
+        return False
