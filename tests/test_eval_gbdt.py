@@ -230,3 +230,30 @@ def test_duckdb_prints_no_progress_bar_of_its_own(stores):
     """`--no-progress` is silent: the feature builder's DuckDB never draws its own bar (our Reporter shows progress)."""
     con = FeatureBuilder(stores[0]).con
     assert con.execute("SELECT current_setting('enable_progress_bar')").fetchone() == (False,)
+
+
+def test_a_timestamp_target_is_regressed_from_the_observation_time():
+    """Trees cannot predict past the times they were trained on; a time regressed as its offset from the row's
+    observation time can (the test split's times are later than the train split's)."""
+    from confluence.evaluation.gbdt import FeatureTable, train_booster
+    from confluence.evaluation.targets import DecodedTargets
+    from confluence.stypes import SemanticType
+
+    rng = np.random.default_rng(0)
+    n, day = 2000, 86_400_000_000
+    obs = (np.arange(n) * day // 2 + 1_600_000_000_000_000).astype(np.int64)  # one row every 12 hours
+    x = rng.uniform(0, 5, n)
+    target = obs + (3 + x) * day  # due 3-8 days after the observation, by x
+    cut = int(n * 0.8)
+
+    def table(rows, with_obs=True):
+        return FeatureTable(x=x[rows, None].copy(), names=["x"], obs=obs[rows] if with_obs else None)
+
+    train, test = np.arange(cut), np.arange(cut, n)
+    y = DecodedTargets(SemanticType.TIMESTAMP, target[train].astype(np.float64), np.zeros(cut, bool), 0, None)
+    rel = train_booster("due_at", y, table(train))
+    mae_days = np.abs(rel.predict(table(test)) - target[test]).mean() / day
+    assert rel.relative and mae_days < 0.5, mae_days
+    absolute = train_booster("due_at", y, table(train, with_obs=False))
+    assert not absolute.relative
+    assert np.abs(absolute.predict(table(test, False)) - target[test]).mean() / day > 50  # stuck at 2021's end

@@ -72,6 +72,7 @@ class FeatureTable:
     x: np.ndarray
     names: list[str]
     categorical: list[int] = field(default_factory=list)
+    obs: np.ndarray | None = None  # each row's observation time (epoch µs; NO_CUTOFF: none), for timestamp targets
 
 
 @dataclass
@@ -308,7 +309,7 @@ class FeatureBuilder:
                 all_names.append(name)
                 columns.append(col)
         x = np.stack(columns, axis=1) if columns else np.zeros((n, 0))
-        return FeatureTable(x=x, names=all_names, categorical=all_cats)
+        return FeatureTable(x=x, names=all_names, categorical=all_cats, obs=obs_times)
 
     def _build_running(self, fk_col: int, child_table: str) -> None:
         """The table `cum_<fk_col>`: per parent and child time, the running count, means and last values of the
@@ -378,6 +379,10 @@ class GBDTModel:
     codes: list[np.ndarray]
     feature_names: list[str]
     params: dict[str, Any] = field(default_factory=dict)
+    # a timestamp target is regressed as its offset from the observation time: `relative` says so, and
+    # `fallback_obs` stands in for a row without one (the train rows' median observation time)
+    relative: bool = False
+    fallback_obs: float = 0.0
 
     def predict(self, features: FeatureTable) -> np.ndarray:
         """P(true) (boolean), [n, K] probabilities (categorical), values or epoch µs (numerical, timestamp)."""
@@ -390,7 +395,8 @@ class GBDTModel:
         if self.stype == SemanticType.CATEGORICAL:
             return raw.reshape(n, -1)[:, : self.num_classes]
         if self.stype != SemanticType.BOOLEAN:
-            return raw * self.scale[1] + self.scale[0]
+            value = raw * self.scale[1] + self.scale[0]
+            return value + reference_times(features, self.fallback_obs) if self.relative else value
         return raw
 
 
@@ -552,7 +558,16 @@ def train_booster(task_name: str, y_tr: DecodedTargets, f_tr: FeatureTable, *,
     elif stype == SemanticType.CATEGORICAL:
         params["objective"] = "multiclass"
         params["num_class"] = max(int(y_tr.num_classes), 2)
-    else:
+    relative, fallback = False, 0.0
+    if stype == SemanticType.TIMESTAMP and f_tr.obs is not None and target.size:
+        # a time is regressed as its offset from the observation time, as the model points at a context time plus
+        # an offset: trees cannot predict beyond the times they were trained on, and the test split's times are
+        # all later than the train split's (an absolute time regressed on 2013-2016 cannot say 2019)
+        known = _has_obs(f_tr.obs)
+        if known.all():
+            relative, fallback = True, float(np.median(f_tr.obs.astype(np.float64)))
+            target = target.astype(np.float64) - f_tr.obs.astype(np.float64)
+    if stype in (SemanticType.NUMERICAL, SemanticType.TIMESTAMP):
         # Regress a standardized target (timestamps are ~1e15 µs); L1 objective matches the headline MAE.
         scale = (float(np.mean(target)) if target.size else 0.0, float(np.std(target)) or 1.0)
         target = (target - scale[0]) / scale[1]
@@ -565,7 +580,25 @@ def train_booster(task_name: str, y_tr: DecodedTargets, f_tr: FeatureTable, *,
                       f"{params['num_threads']} threads)", num_boost_round)
     booster = lgb.train(params, ds, num_boost_round=num_boost_round, callbacks=callbacks)
     return GBDTModel(task=task_name, booster=booster, stype=stype, num_classes=int(y_tr.num_classes), scale=scale,
-                     categorical=list(f_tr.categorical), codes=codes, feature_names=list(f_tr.names), params=params)
+                     categorical=list(f_tr.categorical), codes=codes, feature_names=list(f_tr.names), params=params,
+                     relative=relative, fallback_obs=fallback)
+
+
+def _has_obs(obs: np.ndarray) -> np.ndarray:
+    """Which observation times are real cut-offs (not `NO_CUTOFF`, the whole database visible)."""
+    from confluence.store.format import NO_CUTOFF
+
+    return np.asarray(obs, dtype=np.int64) != NO_CUTOFF
+
+
+def reference_times(features: FeatureTable, fallback: float) -> np.ndarray:
+    """The times a relative timestamp prediction is added to: each row's observation time, or `fallback` for a
+    row without one (or a table built without them)."""
+    n = features.x.shape[0]
+    if features.obs is None:
+        return np.full(n, fallback)
+    obs = np.asarray(features.obs, dtype=np.int64)
+    return np.where(_has_obs(obs), obs.astype(np.float64), fallback)
 
 
 __all__ = ["FeatureBuilder", "FeatureTable", "GBDTModel", "GBDTResult", "fit_gbdt", "train_gbdt", "DecodedTargets"]
