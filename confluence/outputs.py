@@ -332,6 +332,9 @@ def writing(path: str | Path, what: str, after: str = "nothing partial was kept"
 PARQUET_KEY = b"written_by"  # a Parquet file confluence wrote records b"confluence" under this schema key
 
 
+HTML_GENERATOR = b'<meta name="generator" content="confluence">'  # in the head of every report page
+
+
 def claim_file(path: str | Path, *, force: bool = False) -> None:
     """Check that a command may write the output file `path`: a new file, a Parquet file confluence wrote (its
     schema metadata says so), or any file with `force` (`--force`). Anything else is refused with an
@@ -348,6 +351,13 @@ def claim_file(path: str | Path, *, force: bool = False) -> None:
             if (pq.read_schema(path).metadata or {}).get(PARQUET_KEY) == b"confluence":
                 return
         except Exception:  # noqa: BLE001 - not a readable Parquet file: not ours
+            pass
+    if path.suffix == ".html":  # a report page: its head names its writer
+        try:
+            with open(path, "rb") as f:
+                if HTML_GENERATOR in f.read(4096):
+                    return
+        except OSError:
             pass
     raise OutputError(f"{path}: exists and was not written by confluence; nothing was changed. Pass --force to "
                       "replace it, or choose another file")

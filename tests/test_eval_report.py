@@ -235,3 +235,30 @@ def test_evaluate_keeps_the_scored_rows_and_the_report_plots_them(tiny_store, tm
     text = write_report(tmp_path / "rep", results, descriptions=task_descriptions(store)).read_text()
     plotted = sum(len(r["rows"].truth) > 0 for r in scored.values())
     assert plotted and len(re.findall(r'<img src="data:image/png;base64,', text)) == plotted
+
+
+@pytest.mark.slow
+def test_evaluate_cli_writes_the_report_and_replaces_only_its_own(tiny_store, tmp_path):
+    """`evaluate --report DIR`: the page with the run's training curves and a plot per scored task; a second run
+    replaces its own page; a user's page of the same name is refused without --force."""
+    from typer.testing import CliRunner
+
+    from confluence.cli.main import app
+    from confluence.training.loop import open_stream, train
+    from tests.fixtures.model import tiny_run_config
+
+    cfg = tiny_run_config(loop={"max_steps": 2, "ckpt_every": 2, "val_every": 2})
+    with open_stream([tiny_store], cfg) as stream:
+        train(cfg, stream, tmp_path / "run", progress=False)
+    args = ["evaluate", "--checkpoint", str(tmp_path / "run"), "--db", str(tiny_store), "--split", "train",
+            "--draws", "1", "--no-progress", "--report", str(tmp_path / "rep")]
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    page = (tmp_path / "rep" / "report.html").read_text()
+    assert "<h2>Training curves</h2>" in page and page.count("<img") >= 2
+    assert CliRunner().invoke(app, args).exit_code == 0  # its own page: replaced
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "report.html").write_text("<html>my notes</html>")
+    refused = CliRunner().invoke(app, args[:-1] + [str(tmp_path / "mine")])
+    assert refused.exit_code == 1 and "not written by confluence" in refused.output
+    assert (tmp_path / "mine" / "report.html").read_text() == "<html>my notes</html>"

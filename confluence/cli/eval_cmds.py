@@ -119,6 +119,9 @@ def evaluate_cmd(
     split: str = typer.Option("test", "--split", help="train | val | test"),
     task: list[str] = typer.Option(None, "--task", metavar="TASK", help="Task to evaluate (repeatable); default: every task."),
     json_out: Path = typer.Option(None, "--json", help="Write the results as JSON here."),
+    report: Path = typer.Option(None, "--report", metavar="DIR", help="Also write the HTML report into DIR "
+                                "(DIR/report.html, self-contained: per task the verdict, the plots of the evaluated "
+                                "rows, every metric and the run's training curves)."),
     relbench_json: Path = typer.Option(None, "--relbench-json", help="Also write RelBench's result layout here: "
                                        "val and test, RelBench's metric names, for the tasks from RelBench task "
                                        "folders (or --task); docs/relbench.md."),
@@ -156,7 +159,7 @@ def evaluate_cmd(
         from confluence.toolkit.compile_cache import use_compile_cache
 
         use_compile_cache()  # a second evaluate loads the compiled model instead of compiling it (~6 s on 2 cores)
-        for f in (json_out, relbench_json):  # before minutes of work, not after
+        for f in (json_out, relbench_json, report / "report.html" if report else None):  # before minutes of work
             if f is not None:
                 outputs.claim_file(f, force=force)
         if relbench_json:
@@ -178,8 +181,8 @@ def evaluate_cmd(
             for s in splits:
                 by_split[s] = evaluate(model, db, split=s, tasks=task or None, max_seeds=max_seeds or None,
                                        gbdt=gbdt, batch_size=batch_size, threads=threads, progress=rep,
-                                       clip_numbers=clip_numbers, keep_rows=bool(relbench_json), draws=draws,
-                                       blend=blend)
+                                       clip_numbers=clip_numbers, keep_rows=bool(relbench_json or report),
+                                       draws=draws, blend=blend)
     except ConfluenceError as exc:
         fail(exc)
     for s in splits:
@@ -188,6 +191,26 @@ def evaluate_cmd(
         typer.echo(f"wrote {write_json(by_split[split], json_out)}")
     if relbench_json:
         typer.echo(f"wrote {write_json(relbench_results(by_split, dataset=store.name), relbench_json)}")
+    if report:
+        typer.echo(f"wrote {_write_report(report, by_split[split], checkpoint, db, split)}")
+
+
+def _write_report(out_dir: Path, results: dict, checkpoint: Path, db: Path, split: str) -> Path:
+    """`evaluate --report`: the HTML report of one split's results, with the run's training curves when the
+    checkpoint is a run directory (its `scalars.csv`)."""
+    from confluence.evaluation.report import task_descriptions, write_report
+    from confluence.store import Store
+
+    store = Store.open(db)
+    log = next((p / "scalars.csv" for p in (Path(checkpoint), *Path(checkpoint).parents[:3])
+                if (p / "scalars.csv").is_file()), None)
+    stypes = {t.name: int(t.target_stype) for t in store.tasks}
+    notes = {"database": f"{store.name} ({store.num_rows:,} rows)", "checkpoint": str(checkpoint), "split": split}
+    try:
+        return write_report(out_dir, results, stypes, descriptions=task_descriptions(store), train_log=log,
+                            title=f"Confluence report: {store.name}", notes=notes)
+    except OSError as exc:
+        fail(f"{out_dir}: the report cannot be written ({exc.strerror or exc})")
 
 
 def predict_cmd(

@@ -523,7 +523,7 @@ def render_report(
     cards = "\n".join(_task_section(t, r, _stype(t, r, stypes), (descriptions or {}).get(t))
                       for t, r in results.items())
     curves_html = f"<h2>Training curves</h2>{_img(curves, 'training curves')}" if curves else ""
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+    return f"""<!doctype html><html><head><meta charset="utf-8"><meta name="generator" content="confluence"><title>{html.escape(title)}</title>
 <style>{_CSS}</style></head><body>
 <h1>{html.escape(title)}</h1><ul class="notes">{note_html}</ul>
 <h2>Headline metric per task</h2><p class="help">{help_html}</p>
