@@ -126,3 +126,12 @@ def test_describe_changes_lists_what_differs():
     a = load_config("small")
     b = load_config("small", {"loop": {"max_steps": 800}, "sampler": {"task_weights": {"x": 2}}})
     assert describe_changes(a, b) == ["loop.max_steps: 'auto' -> 800", "sampler.task_weights: None -> {'x': 2.0}"]
+
+
+def test_runs_saved_before_the_windowed_count_scaling_keep_the_inputs_they_were_trained_on():
+    small = load_config("small")
+    assert small.sampler.window_count_stats == "before"
+    saved = small.to_dict()
+    del saved["sampler"]["window_count_stats"]
+    assert RunConfig.from_dict(saved).sampler.window_count_stats == "at_child"
+    assert RunConfig.from_dict(small.to_dict()).sampler.window_count_stats == "before"

@@ -80,6 +80,11 @@ class SamplerConfig:
     # and, with child counts on, how many did within each of these windows (days, from the store's
     # `COUNT_WINDOWS_DAYS`) before the observation time, for the foreign keys of temporal tables; () = none
     child_count_windows: tuple[int, ...] = ()
+    # the distribution a windowed count's z-score is fitted on: "before", the count each child's parent showed just
+    # before that child (zeros included: what an observation time between children sees); "at_child", at the
+    # child's own time, itself counted (never 0: a count of 0 in the last day was z = -19 to -198 on f1db, far
+    # outside every other input). Runs saved before the setting existed keep "at_child" (RunConfig.from_dict)
+    window_count_stats: Literal["before", "at_child"] = "before"
     # fill the batch's `child_rank` (each row reached as a child: its recency rank among its parent's children
     # through that foreign key at the observation time), which `model.child_rank` reads; a run whose model reads
     # it turns this on itself (RunConfig). Off, the field holds CHILD_RANK_UNKNOWN and the sampler saves the rank's
@@ -137,6 +142,7 @@ class SamplerConfig:
                 or any(isinstance(x, bool) or x not in COUNT_WINDOWS_DAYS for x in w)):
             raise ConfigError("child_count_windows", f"must be increasing days out of {list(COUNT_WINDOWS_DAYS)}, "
                                                      f"got {w!r}")
+        one_of("window_count_stats", self.window_count_stats, ("before", "at_child"))
         if w and self.child_counts == "none":
             raise ConfigError("child_count_windows", "needs child_counts = \"anchor\" or \"all\" (the windows are "
                                                      "more count cells)")
