@@ -49,7 +49,7 @@ def _brute_count(store, row: int, fk: int, obs: int, window: int = 0) -> int:
 
 
 def _check_counts(store, sampler, res, cut: frozenset[int], anchor_only: bool = False,
-                  windows: tuple[int, ...] = (), stats: str = "before") -> int:
+                  windows: tuple[int, ...] = (), stats: str = "at_child") -> int:
     """Every count cell equals the brute-force count, sits on a row of its parent table, and each fully shown row
     (the anchor only, `anchor_only`) carries exactly its table's counts minus the cut ones, right after its own
     cells. Returns the cells checked."""

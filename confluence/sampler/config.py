@@ -80,11 +80,12 @@ class SamplerConfig:
     # and, with child counts on, how many did within each of these windows (days, from the store's
     # `COUNT_WINDOWS_DAYS`) before the observation time, for the foreign keys of temporal tables; () = none
     child_count_windows: tuple[int, ...] = ()
-    # the distribution a windowed count's z-score is fitted on: "before", the count each child's parent showed just
-    # before that child (zeros included: what an observation time between children sees); "at_child", at the
-    # child's own time, itself counted (never 0: a count of 0 in the last day was z = -19 to -198 on f1db, far
-    # outside every other input). Runs saved before the setting existed keep "at_child" (RunConfig.from_dict)
-    window_count_stats: Literal["before", "at_child"] = "before"
+    # the distribution a windowed count's z-score is fitted on: "at_child", the count at each child's own time,
+    # itself counted (never 0, so a count of 0 in the last day is z = -19 to -198 on f1db: an extreme value that
+    # also reads as "nothing recent"); "before", the count each child's parent showed just before that child (zeros
+    # included, what an observation time between children sees). Measured 2026-11-27 (docs/decisions.md, "Windowed
+    # count scaling"): "before" fits the planted windowed count better but f1db's validation worse; not the default
+    window_count_stats: Literal["before", "at_child"] = "at_child"
     # fill the batch's `child_rank` (each row reached as a child: its recency rank among its parent's children
     # through that foreign key at the observation time), which `model.child_rank` reads; a run whose model reads
     # it turns this on itself (RunConfig). Off, the field holds CHILD_RANK_UNKNOWN and the sampler saves the rank's

@@ -131,7 +131,7 @@ def fk_segments(indptr: np.ndarray, column: np.ndarray) -> tuple[np.ndarray, np.
 
 @numba.njit(cache=True, nogil=True)
 def windowed_counts(seg_off: np.ndarray, c_time: np.ndarray, segs: np.ndarray, window: int,
-                    before: bool = True) -> np.ndarray:
+                    before: bool = False) -> np.ndarray:
     """For every child edge of the time-sorted segments `segs` (rows with a NULL time left out): how many edges of
     its segment have a time in (its time - window, its time) (`before`: the count its parent showed just before
     that child, zeros included), or in (its time - window, its time] (the count at the child's own time, itself
@@ -220,7 +220,7 @@ class SamplerData:
             self._segments[per_fk] = seg
         return self._segments[per_fk]
 
-    def child_counts(self, enabled: bool, windows: tuple[int, ...] = (), stats: str = "before") -> ChildCounts:
+    def child_counts(self, enabled: bool, windows: tuple[int, ...] = (), stats: str = "at_child") -> ChildCounts:
         """The child-count cells' arrays (no counts at all when not `enabled`): the all-time counts and the
         windowed ones of `windows` (days), their z-scores fitted as `stats` says (`SamplerConfig.window_count_stats`).
         Built once per setting, on first use, from the per-foreign-key child segments. Raises StoreError for a

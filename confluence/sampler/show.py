@@ -40,7 +40,7 @@ def _time(us: int) -> str:
 class CellDecoder:
     """Turns a cell's model input back into the user's value, from a store's column statistics and keys."""
 
-    def __init__(self, store: Any, data: SamplerData, count_stats: str = "before"):
+    def __init__(self, store: Any, data: SamplerData, count_stats: str = "at_child"):
         self.store = store
         self.columns = {int(c.column_idx): c for c in store.columns}
         self.categories: dict[int, str] = {}
@@ -123,7 +123,7 @@ def _row_order(perm: np.ndarray, rows_of: np.ndarray, n: int) -> list[int]:
 
 
 def render_sequence(res: BuildResult, data: SamplerData, b: int = 0, task_name: str = "", max_cells: int | None = None,
-                    store: Any = None, count_stats: str = "before") -> str:
+                    store: Any = None, count_stats: str = "at_child") -> str:
     """Plain-text rendering of sequence `b` of a built batch: rows, cells, masks and permutation row orders.
     With `store`, values and rows are shown as the user knows them (`CellDecoder`; `count_stats`: the sampler's
     `window_count_stats`, which the counts' z-scores were fitted with)."""
