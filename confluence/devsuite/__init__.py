@@ -70,3 +70,12 @@ def checkout(git_dir: Path, commit: str, dest: Path, paths: tuple[str, ...] = ()
         batch.stdin.close()
         batch.wait()
     return dest
+
+
+def write_table(con, query: str, out: Path, table: str) -> None:
+    """Write a query's rows to `out/<table>.parquet` (zstd), as every member's build does: one writer thread on
+    `con` gives the same bytes on every run."""
+    from confluence.sources.raw import quote_literal
+
+    target = quote_literal(str(out / f"{table}.parquet"))
+    con.execute(f"COPY ({query}) TO {target} (FORMAT parquet, COMPRESSION zstd)")

@@ -19,8 +19,8 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from confluence.devsuite import write_table
 from confluence.errors import DataError
-from confluence.sources.raw import quote_literal
 
 # table -> (file of the source, name of the data frame in it); only these four files are read
 FILES = {
@@ -95,8 +95,7 @@ def build(source: Path, out: Path) -> Path:
         for table, (file, frame) in FILES.items():
             con.register(table, _arrow(source / file, frame))
         for table, query in _QUERIES.items():
-            target = quote_literal(str(out / f"{table}.parquet"))
-            con.execute(f"COPY ({query}) TO {target} (FORMAT parquet, COMPRESSION zstd)")
+            write_table(con, query, out, table)
     except duckdb.Error as exc:
         raise DataError(f"{source}: building the EUIP database failed: {exc}") from None
     finally:

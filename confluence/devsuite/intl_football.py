@@ -17,6 +17,7 @@ from pathlib import Path
 
 import duckdb
 
+from confluence.devsuite import write_table
 from confluence.errors import DataError
 from confluence.sources.raw import quote_literal
 
@@ -137,8 +138,7 @@ def build(source: Path, out: Path) -> Path:
         con.execute(_SETUP.format(continental=_sql_list(_CONTINENTAL),
                                   qualification=_sql_list(f"{n} qualification" for n in _CONTINENTAL)))
         for table, query in _TABLES.items():
-            target = quote_literal(str(out / f"{table}.parquet"))
-            con.execute(f"COPY ({query}) TO {target} (FORMAT parquet, COMPRESSION zstd)")
+            write_table(con, query, out, table)
     except duckdb.Error as exc:
         raise DataError(f"{source}: building intl_football failed: {exc}") from None
     finally:

@@ -23,8 +23,8 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from confluence.devsuite import write_table
 from confluence.errors import DataError
-from confluence.sources.raw import quote_literal
 
 SOURCE = {
     "repo": "jOOQ/sakila",
@@ -152,8 +152,7 @@ def build(source: Path, out: Path) -> Path:
         queries = {t: f"SELECT * FROM {t} ORDER BY {_ORDER.get(t, blocks[t].column_names[0])}" for t in blocks}
         queries.update(_DERIVED)
         for table, query in sorted(queries.items()):
-            target = quote_literal(str(out / f"{table}.parquet"))
-            con.execute(f"COPY ({query}) TO {target} (FORMAT parquet, COMPRESSION zstd)")
+            write_table(con, query, out, table)
     except duckdb.Error as exc:
         raise DataError(f"{base}: building sakila failed: {exc}") from None
     finally:

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import duckdb
 
+from confluence.devsuite import write_table
 from confluence.errors import ConfluenceError, DataError
 from confluence.sources.raw import quote_literal
 
@@ -179,8 +180,7 @@ def build(source: Path | None, out: Path, *, scale: float = SCALE, env: Path | N
             queries = dict(_FACTS)
             queries.update({name: _dimension_query(con, name) for name in _DIMENSIONS})
             for name in sorted(queries):
-                target = quote_literal(str(out / f"{name}.parquet"))
-                con.execute(f"COPY ({queries[name]}) TO {target} (FORMAT parquet, COMPRESSION zstd)")
+                write_table(con, queries[name], out, name)
         except duckdb.Error as exc:
             raise DataError(f"building tpcds (sf {scale}) failed: {exc}") from None
         finally:

@@ -22,8 +22,8 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from confluence.devsuite import write_table
 from confluence.errors import DataError
-from confluence.sources.raw import quote_literal
 
 SOURCE = {
     "repo": "dgrtwo/unvotes",
@@ -106,8 +106,7 @@ def build(source: Path, out: Path) -> Path:
             con.register(name, table)
         for table, order in TABLES.items():
             con.execute(f"CREATE TABLE {table} AS {_QUERIES[table]}")
-            target = quote_literal(str(out / f"{table}.parquet"))
-            con.execute(f"COPY (SELECT * FROM {table} ORDER BY {order}) TO {target} (FORMAT parquet, COMPRESSION zstd)")
+            write_table(con, f"SELECT * FROM {table} ORDER BY {order}", out, table)
     except duckdb.Error as exc:
         raise DataError(f"{source}: building unvotes failed: {exc}") from None
     finally:
