@@ -153,3 +153,12 @@ def test_cli_refuses_two_lengths(tmp_path):
     r = CliRunner().invoke(app, ["train", "--out", str(tmp_path / "r"), "--db", str(tmp_path), "--max-steps", "5",
                                  "--budget", "10m"])
     assert r.exit_code != 0 and "--max-steps and --budget" in r.output
+
+
+def test_a_time_budget_validates_at_the_recipe_interval_until_its_steps_are_measured(tiny_store):
+    """The "auto" count only stands in for a duration's schedule: its sparse validation interval is not kept."""
+    cfg = _cfg(loop={"max_steps": "10m", "val_every": 7})
+    with open_stream([tiny_store], cfg) as s:
+        resolved, duration, said = resolve_length(cfg, s, None)
+    assert (duration, said, resolved.loop.val_every) == (600.0, None, 7)
+    assert resolved.loop.max_steps == auto_steps(task_anchor_counts(s), cfg.sampler.batch_size)

@@ -389,7 +389,6 @@ def _train(cfg: RunConfig, stream: BatchStream, out_dir: Path, *, resume: bool, 
             with phase("measuring the training step", "for the time budget"):
                 step_s = trainer.time_steps(params, opt_state, first[0])
             steps = steps_for_duration(duration - (time.monotonic() - t_start), step_s, t_val, loop.val_every)
-            steps = max(1, steps)
             cfg = cfg.with_max_steps(steps)
             cfg = overlay(cfg, {"loop": {"val_every": validation_interval(steps, loop.val_every)}})
             loop, stop_at = cfg.loop, steps
@@ -502,9 +501,9 @@ def resolve_length(cfg: RunConfig, stream: BatchStream,
         return overlay(cfg, {"loop": {"max_steps": old.max_steps, "val_every": old.val_every}}), None, None
     counts = task_anchor_counts(stream)
     steps = auto_steps(counts, cfg.sampler.batch_size)
+    if length != AUTO:  # the validation interval follows the measured step count, not this stand-in
+        return overlay(cfg, {"loop": {"max_steps": steps}}), parse_duration(str(length)), None
     cfg = overlay(cfg, {"loop": {"max_steps": steps, "val_every": validation_interval(steps, cfg.loop.val_every)}})
-    if length != AUTO:
-        return cfg, parse_duration(str(length)), None
     return cfg, None, (f"run length: {steps} steps, from the databases ({len(counts)} tasks, "
                        f"{sum(counts.values()):,} training anchors); validating every {cfg.loop.val_every} steps"
                        + (f", stopping after {cfg.loop.patience} validations without improvement"
