@@ -25,7 +25,7 @@ from confluence.corpus import build as corpus_build
 from confluence.corpus.spec import CORPUS_FILE, is_heldout
 from confluence.outputs import OutputError
 from confluence.store import Store
-from tests.fixtures.bookstore import HashEncoder
+from tests.fixtures.bookstore import HashEncoder, bookstore_metadata, write_bookstore, write_metadata
 
 ROWS = 0.05  # tiny databases: about 1-1,600 rows each
 N = 3
@@ -69,7 +69,7 @@ def test_layout_and_open_corpus(reference):
         assert s.num_rows > 0 and s.tasks and s.d_t == 8
     recorded = json.loads((out / CORPUS_FILE).read_text())
     assert recorded["spec"] == {"seed": 0, "databases": N, "rows": ROWS, "heldout": 0.1, "tpch": [],
-                                "encoder": {"kind": "hash", "fingerprint": "hash-8", "dim": 8}}
+                                "encoder": {"kind": "hash", "fingerprint": "hash-8", "dim": 8}, "extra": []}
     assert [(m["name"], m["role"]) for m in recorded["members"]] == [
         ("db_00000", "train"), ("db_00001", "heldout"), ("db_00002", "train")]
 
@@ -262,3 +262,68 @@ def test_a_failing_tpch_generation_is_a_clear_error(tmp_path):
         pytest.skip("tpchgen-cli is not installed")
     with pytest.raises(ConfluenceError, match=r"TPC-H generation failed \(scale factor -1.0, exit \d+\)"):
         ensure_tpch(tmp_path / "tpch", -1.0)
+
+
+def test_a_database_of_your_own_is_a_train_member_and_resumable(reference, tmp_path):
+    """`--database METADATA=SOURCE`: preprocessed from its source into stores/<its name>, trained on, recorded
+    with its metadata's digest; a rebuild skips it; a changed metadata file is another spec, refused by name."""
+    source = write_bookstore(tmp_path / "raw")
+    meta = write_metadata(tmp_path)
+    out = _copy(reference, tmp_path)
+    corpus = _build(out, extra=[(meta, source)])
+    assert corpus.built == ("bookstore",) and len(corpus.skipped) == N
+    assert corpus.train_stores[-1] == out / "stores" / "bookstore"
+    store = Store.open(out / "stores" / "bookstore")
+    assert store.num_rows > 0 and {t.name for t in store.tasks} == set(bookstore_metadata()["tasks"])
+    recorded = json.loads((out / CORPUS_FILE).read_text())
+    assert recorded["members"][-1] == {"name": "bookstore", "kind": "database", "role": "train",
+                                       "source": str(source), "metadata": str(meta)}
+    assert recorded["spec"]["extra"][0]["sha256"] == hashlib.sha256(meta.read_bytes()).hexdigest()
+    assert open_corpus(out).members[-1].kind == "database"
+    assert _build(out, extra=[(meta, source)]).built == ()
+    # the reference corpus's other members are untouched
+    assert {k: v for k, v in _digests(out).items() if k.startswith("stores/db_")} == {
+        k: v for k, v in reference[1].items() if k.startswith("stores/db_")}
+    changed = bookstore_metadata()
+    changed["description"] = "edited"
+    with pytest.raises(CorpusError, match=r"databases of your own: \['bookstore'\] recorded.*metadata file changed"):
+        _build(out, extra=[(write_metadata(tmp_path / "edited", changed), source)])
+
+
+def test_databases_of_your_own_are_checked_before_anything_is_written(tmp_path):
+    source = write_bookstore(tmp_path / "raw")
+    meta = write_metadata(tmp_path)
+    from confluence import devsuite
+
+    cases = [
+        ([(meta, source), (meta, source)], "two databases of your own are both named 'bookstore'"),
+        ([(tmp_path / "none.json", source)], "none.json: cannot read its metadata file"),
+        ([(write_metadata(tmp_path / "n", {"tables": {}}), source)], 'its metadata has no "name"'),
+        ([(write_metadata(tmp_path / "d", {**bookstore_metadata(), "name": "db_7"}), source)],
+         "not with db_ or tpch_"),
+        ([(devsuite.metadata_path("euip"), source)], "'euip' is a check database of the development suite"),
+    ]
+    for extra, message in cases:
+        with pytest.raises(CorpusError, match=message):
+            _build(tmp_path / "c", 1, extra=extra)
+        assert not (tmp_path / "c").exists()
+    # a check database's metadata copied elsewhere is still refused: its bytes give it away
+    exact = tmp_path / "copy.metadata.json"
+    exact.write_bytes(devsuite.metadata_path("intl_football").read_bytes())
+    with pytest.raises(CorpusError, match="'intl_football' is a check database"):
+        _build(tmp_path / "c", 1, extra=[(exact, source)])
+
+
+def test_cli_database_option(tmp_path, monkeypatch):
+    monkeypatch.setattr(corpus_build, "load_encoder", lambda spec: HashEncoder(8))
+    source = write_bookstore(tmp_path / "raw")
+    meta = write_metadata(tmp_path)
+    out = tmp_path / "cli"
+    args = ["corpus", "build", "--out", str(out), "--databases", "1", "--rows", str(ROWS), "--no-progress"]
+    res = CliRunner().invoke(app, [*args, "--database", f"{meta}={source}"])
+    assert res.exit_code == 0 and "built 2, skipped 0" in res.output, res.output
+    show = CliRunner().invoke(app, ["corpus", "show", str(out)])
+    assert "1 database(s) of your own" in show.output and any(
+        line.split()[:2] == ["bookstore", "train"] for line in show.output.splitlines()), show.output
+    bad = CliRunner().invoke(app, [*args, "--database", str(meta)])
+    assert bad.exit_code == 1 and "expected METADATA=SOURCE" in bad.output, bad.output

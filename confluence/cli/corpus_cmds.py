@@ -21,6 +21,9 @@ def build_cmd(
                                                          "(at least one when N >= 2; 0: none)."),
     tpch: list[float] = typer.Option([], "--tpch", metavar="SF", help="Add TPC-H at this scale factor (repeatable; train; needs "
                                                         "tpchgen-cli, the 'bench' extra)."),
+    database: list[str] = typer.Option([], "--database", metavar="METADATA=SOURCE",
+                                       help="Add a database of your own (repeatable; train): its reviewed metadata "
+                                            "file, '=', and its source as `confluence preprocess` reads it."),
     workers: int = typer.Option(1, "--workers", "-j", help="Members built at once, each in its own process."),
     text_encoder: str | None = typer.Option(None, "--text-encoder",
                                             help="Text encoder spec (default: the shipped model2vec encoder)."),
@@ -36,7 +39,9 @@ def build_cmd(
 
     start = time.perf_counter()
     try:
-        corpus = build_corpus(out, databases, seed=seed, rows=rows, heldout=heldout, tpch=tpch, workers=workers,
+        extra = [_split_database(d) for d in database]
+        corpus = build_corpus(out, databases, seed=seed, rows=rows, heldout=heldout, tpch=tpch, extra=extra,
+                              workers=workers,
                               encoder=text_encoder, embedding_cache=embedding_cache, overwrite=overwrite,
                               progress=not no_progress)
     except ConfluenceError as exc:
@@ -48,6 +53,17 @@ def build_cmd(
     if warned:
         typer.echo(f"  {warned} data warning(s) in the members built: the generator plants dangling foreign keys")
     typer.echo(f"next: confluence corpus show {out}")
+
+
+def _split_database(arg: str) -> tuple[str, str]:
+    """`METADATA=SOURCE` split at its first '=' (a ConfluenceError naming the argument when either part is
+    missing)."""
+    from confluence.corpus import CorpusError
+
+    metadata, sep, source = arg.partition("=")
+    if not sep or not metadata.strip() or not source.strip():
+        raise CorpusError(f"--database {arg!r}: expected METADATA=SOURCE (the metadata file, '=', the raw source)")
+    return metadata.strip(), source.strip()
 
 
 def show_cmd(corpus_dir: Path = typer.Argument(..., help="A corpus directory (what `corpus build` wrote).")) -> None:
@@ -62,6 +78,7 @@ def show_cmd(corpus_dir: Path = typer.Argument(..., help="A corpus directory (wh
         fail(exc)
     s = corpus.spec
     tpch = f", TPC-H at {', '.join(f'{x:g}' for x in s.tpch)}" if s.tpch else ""
+    tpch += f", {len(s.extra)} database(s) of your own" if s.extra else ""
     typer.echo(f"corpus {corpus_dir}: {s.databases} random database(s) (seed {s.seed}, rows {s.rows:g}, heldout "
                f"{s.heldout:g}){tpch}")
     typer.echo(f"text encoder: {s.encoder.get('fingerprint')}")

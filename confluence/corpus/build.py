@@ -28,8 +28,11 @@ from confluence.corpus.spec import (
     Corpus,
     CorpusError,
     CorpusSpec,
+    Extra,
     Member,
     check_arguments,
+    check_extra,
+    extra_database,
     read_spec,
     write_spec,
 )
@@ -65,6 +68,7 @@ def build_corpus(
     rows: float = 1.0,
     heldout: float = 0.1,
     tpch: Sequence[float] = (),
+    extra: Sequence[tuple[str | Path, str | Path] | Extra] = (),
     workers: int = 1,
     encoder: TextEncoder | str | None = None,
     embedding_cache: str | Path | None = None,
@@ -73,7 +77,9 @@ def build_corpus(
 ) -> Corpus:
     """Build (or finish) the corpus in `out`: `databases` random databases of seeds seed, seed+1, ... at row
     scale `rows` (`RandomSpec.rows`), about a share `heldout` of them held out for validation
-    (`confluence.corpus.spec.is_heldout`), and TPC-H at each scale factor of `tpch` (train; needs `tpchgen-cli`).
+    (`confluence.corpus.spec.is_heldout`), TPC-H at each scale factor of `tpch` (train; needs `tpchgen-cli`), and
+    databases of the user's own, `extra`: (metadata file, source) pairs, preprocessed from their source (train;
+    never a check database of the development suite: those stay unseen so that they measure what nobody tuned on).
 
     `encoder` is a `TextEncoder` or a spec string of `confluence.textenc.registry.load_encoder` (None: the
     shipped default, as `confluence preprocess`); `embedding_cache` a directory shared by the workers. `workers`
@@ -84,13 +90,16 @@ def build_corpus(
     and its seed (complete members are kept, a rerun retries the rest). `progress` shows one step per member.
     """
     check_arguments(databases, seed, rows, heldout, tpch)
+    extra = tuple(e if isinstance(e, Extra) else extra_database(*e) for e in extra)
+    check_extra(extra)
+    refuse_check_databases(extra)
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise CorpusError(f"workers must be an integer >= 1, got {workers!r}")
     if tpch and tpchgen_path() is None:
         raise CorpusError(f"--tpch needs tpchgen-cli (the 'bench' extra), which is not installed: {TPCH_INSTALL}")
     resolved = encoder if isinstance(encoder, TextEncoder) else load_encoder(encoder)
     spec = CorpusSpec(seed=seed, databases=databases, rows=rows, heldout=heldout, tpch=tuple(tpch),
-                      encoder=encoder_info(resolved))
+                      encoder=encoder_info(resolved), extra=extra)
     root = Path(out)
     outputs.claim(root, "corpus", legacy=lambda p: (p / CORPUS_FILE).is_file())
     with outputs.locked(root, "built"), outputs.writing(root, "the corpus", "the members already built are kept"):
@@ -112,6 +121,22 @@ def build_corpus(
                           "others are complete and kept; run again to retry):\n"
                           + "\n".join(f"  - {m.label}: {why}" for m, why in failed)) from None
     return Corpus(root, spec, members, built=tuple(m.name for m in todo), skipped=skipped, warnings=done)
+
+
+def refuse_check_databases(extra: Sequence[Extra]) -> None:
+    """CorpusError when a database of the user's own is one of the development suite's check databases (by its
+    metadata's name or its bytes): they are only ever measured, so no pretrained model may have seen them."""
+    import hashlib
+
+    from confluence import devsuite
+
+    checks = {name: hashlib.sha256(devsuite.metadata_path(name).read_bytes()).hexdigest()
+              for name in devsuite.MEMBERS if devsuite.member(name).ROLE == "check"}
+    for e in extra:
+        hit = e.name if e.name in checks else next((n for n, h in checks.items() if h == e.sha256), None)
+        if hit is not None:
+            raise CorpusError(f"--database {e.metadata}: {hit!r} is a check database of the development suite "
+                              "(docs/devsuite.md): it is only ever measured, never pretrained on")
 
 
 def _prepare(root: Path, spec: CorpusSpec, overwrite: bool) -> None:
@@ -179,7 +204,12 @@ def build_member(job: _Job) -> tuple[str, ...]:
     from confluence.sources.data_warnings import recorded
 
     m = job.member
-    source, metadata = _random_raw(m, job.rows) if m.kind == "random" else _tpch_raw(m)
+    if m.kind == "random":
+        source, metadata = _random_raw(m, job.rows)
+    elif m.kind == "tpch":
+        source, metadata = _tpch_raw(m)
+    else:  # a database of the user's own, read where it is
+        source, metadata = m.source, m.metadata
     encoder = job.encoder if isinstance(job.encoder, TextEncoder) else load_encoder(job.encoder)
     if str(encoder.fingerprint) != job.fingerprint:
         raise CorpusError(f"the text encoder loaded in the worker has fingerprint {encoder.fingerprint!r}, the "

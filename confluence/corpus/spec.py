@@ -9,14 +9,18 @@ Layout of a corpus directory:
     stores/<name>/        processed stores (complete when their metadata.json exists: preprocess writes it last
                           and renames the store into place)
 
-Members are `db_00000`, `db_00001`, ... (random databases of seeds seed, seed+1, ...) and `tpch_sf0.01`, ...
+Members are `db_00000`, `db_00001`, ... (random databases of seeds seed, seed+1, ...), `tpch_sf0.01`, ..., and
+databases of the user's own (`--database METADATA=SOURCE`), named by their metadata (`f1db`): preprocessed from
+their source into `stores/<name>`, always trained on.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -33,6 +37,8 @@ MAX_ROWS = 100.0  # RandomSpec's limit on the row scale
 MAX_HELDOUT = 0.5
 MAX_TPCH_SCALE = 100.0
 ROLES = ("train", "heldout")
+MAX_EXTRA = 1_000  # databases of the user's own in one corpus
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 
 
 class CorpusError(ConfluenceError):
@@ -64,8 +70,9 @@ def is_heldout(i: int, heldout: float) -> bool:
 
 @dataclass(frozen=True)
 class Member:
-    """One database of a corpus: `kind` "random" (with `seed`) or "tpch" (with `scale`), `role` "train" or
-    "heldout", its generator output `raw` and its processed `store`."""
+    """One database of a corpus: `kind` "random" (with `seed`), "tpch" (with `scale`) or "database" (one of the
+    user's own: its `source` and reviewed `metadata` file), `role` "train" or "heldout", its generator output `raw`
+    (none for a database of the user's own: its source is read in place) and its processed `store`."""
 
     name: str
     kind: str
@@ -74,6 +81,8 @@ class Member:
     store: Path
     seed: int | None = None
     scale: float | None = None
+    source: str | None = None
+    metadata: Path | None = None
 
     @property
     def complete(self) -> bool:
@@ -83,21 +92,67 @@ class Member:
     @property
     def label(self) -> str:
         """The name with what generated it, for error messages: `db_00003 (seed 3)`, `tpch_sf0.01 (scale 0.01)`."""
-        return f"{self.name} (seed {self.seed})" if self.kind == "random" else f"{self.name} (scale {self.scale:g})"
+        if self.kind == "random":
+            return f"{self.name} (seed {self.seed})"
+        if self.kind == "tpch":
+            return f"{self.name} (scale {self.scale:g})"
+        return f"{self.name} ({self.source} with {self.metadata})"
 
     def to_json(self) -> dict[str, Any]:
-        """Its entry in corpus.json (paths are implied by the name)."""
+        """Its entry in corpus.json (paths are implied by the name, but for a database of the user's own)."""
         out: dict[str, Any] = {"name": self.name, "kind": self.kind, "role": self.role}
-        out.update({"seed": self.seed} if self.kind == "random" else {"scale": self.scale})
+        if self.kind == "random":
+            out["seed"] = self.seed
+        elif self.kind == "tpch":
+            out["scale"] = self.scale
+        else:
+            out.update(source=self.source, metadata=str(self.metadata))
         return out
+
+
+@dataclass(frozen=True)
+class Extra:
+    """A database of the user's own in a corpus: member `name` (from its metadata's "name"), its `source` (what
+    `confluence preprocess` reads: a folder, a DuckDB / SQLite file, a PostgreSQL URL), its reviewed `metadata`
+    file and that file's sha256 (what identifies it: a source may move between machines, its metadata may not
+    change)."""
+
+    name: str
+    source: str
+    metadata: str
+    sha256: str
+
+    def to_json(self) -> dict[str, str]:
+        """Its entry in the spec part of corpus.json."""
+        return {"name": self.name, "source": self.source, "metadata": self.metadata, "sha256": self.sha256}
+
+
+def extra_database(metadata: str | Path, source: str | Path) -> Extra:
+    """The corpus entry of a database of the user's own: its metadata file read for its name and digest.
+    CorpusError when the file cannot be read, is not a JSON object, or names no usable member name."""
+    path = Path(metadata)
+    try:
+        data = path.read_bytes()
+        obj = json.loads(data)
+    except (OSError, ValueError) as exc:
+        raise CorpusError(f"--database {metadata}: cannot read its metadata file ({type(exc).__name__}: "
+                          f"{exc})") from None
+    raw_name = obj.get("name") if isinstance(obj, dict) else None
+    if not isinstance(raw_name, str) or not raw_name.strip():
+        raise CorpusError(f"--database {metadata}: its metadata has no \"name\" (the corpus names the member by it)")
+    name = re.sub(r"[^a-z0-9_]+", "_", raw_name.strip().lower()).strip("_")[:40]
+    if not _NAME.match(name) or name.startswith(("db_", "tpch_")):
+        raise CorpusError(f"--database {metadata}: its name {raw_name!r} gives the member name {name!r}, which "
+                          "must start with a letter and not with db_ or tpch_ (the corpus's own members)")
+    return Extra(name, str(source), str(path), hashlib.sha256(data).hexdigest())
 
 
 @dataclass(frozen=True)
 class CorpusSpec:
     """Everything that decides a corpus's bytes: `databases` random databases of seeds seed .. seed+databases-1
     at row scale `rows`, a share `heldout` of them held out (`is_heldout`), TPC-H at each scale factor of `tpch`
-    (always train), and the text encoder's identity `encoder` ({"kind", "fingerprint", "dim"}, as stores record
-    it)."""
+    (always train), the databases of the user's own `extra` (always train), and the text encoder's identity
+    `encoder` ({"kind", "fingerprint", "dim"}, as stores record it)."""
 
     seed: int
     databases: int
@@ -105,42 +160,52 @@ class CorpusSpec:
     heldout: float
     tpch: tuple[float, ...]
     encoder: Mapping[str, Any] = field(default_factory=dict)
+    extra: tuple[Extra, ...] = ()
 
     def __post_init__(self) -> None:
         check_arguments(self.databases, self.seed, self.rows, self.heldout, self.tpch)
+        check_extra(self.extra)
+        object.__setattr__(self, "extra", tuple(self.extra))
         object.__setattr__(self, "tpch", tuple(sorted(float(s) for s in self.tpch)))
         object.__setattr__(self, "rows", float(self.rows))
         object.__setattr__(self, "heldout", float(self.heldout))
         object.__setattr__(self, "encoder", dict(self.encoder))
 
     def members(self, root: Path) -> tuple[Member, ...]:
-        """The members under the corpus directory `root`: the random databases, then TPC-H."""
+        """The members under the corpus directory `root`: the random databases, TPC-H, then the user's own."""
         root = Path(root)
         out = [Member(n, "random", "heldout" if is_heldout(i, self.heldout) else "train", root / "raw" / n,
                       root / "stores" / n, seed=self.seed + i)
                for i in range(self.databases) for n in [random_name(i)]]
         out += [Member(n, "tpch", "train", root / "raw" / n, root / "stores" / n, scale=s)
                 for s in self.tpch for n in [tpch_name(s)]]
+        out += [Member(e.name, "database", "train", root / "raw" / e.name, root / "stores" / e.name,
+                       source=e.source, metadata=Path(e.metadata)) for e in self.extra]
         return tuple(out)
 
     def to_json(self) -> dict[str, Any]:
         """The spec part of corpus.json."""
         return {"seed": self.seed, "databases": self.databases, "rows": self.rows, "heldout": self.heldout,
-                "tpch": list(self.tpch), "encoder": dict(self.encoder)}
+                "tpch": list(self.tpch), "encoder": dict(self.encoder), "extra": [e.to_json() for e in self.extra]}
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> CorpusSpec:
         """The spec recorded in corpus.json."""
         return cls(seed=obj["seed"], databases=obj["databases"], rows=obj["rows"], heldout=obj["heldout"],
-                   tpch=tuple(obj["tpch"]), encoder=obj["encoder"])
+                   tpch=tuple(obj["tpch"]), encoder=obj["encoder"],
+                   extra=tuple(Extra(**e) for e in obj.get("extra", [])))
 
     def differences(self, recorded: CorpusSpec) -> list[str]:
         """What forbids building this spec where `recorded` was built: each differing field with both values.
         More databases than recorded is not a difference (the corpus grows; roles depend on the index only);
-        fewer is."""
+        fewer is. Likewise databases of the user's own added after the recorded ones grow it."""
         out = [f"{name}: {getattr(recorded, name)!r} recorded, {getattr(self, name)!r} asked"
                for name in ("seed", "rows", "heldout", "tpch", "encoder")
                if getattr(recorded, name) != getattr(self, name)]
+        mine, theirs = ([(e.name, e.sha256) for e in x.extra] for x in (self, recorded))
+        if mine[:len(theirs)] != theirs:  # adding databases grows the corpus; removing or changing one does not
+            out.append(f"databases of your own: {[n for n, _ in theirs]} recorded, {[n for n, _ in mine]} asked "
+                       "(or a metadata file changed)")
         if self.databases < recorded.databases:
             out.append(f"databases: {recorded.databases} recorded, {self.databases} asked (a corpus grows, it "
                        "never shrinks)")
@@ -165,6 +230,18 @@ def check_arguments(databases: int, seed: int, rows: float, heldout: float, tpch
         raise CorpusError(f"tpch scale factors must differ, got {list(tpch)}")
 
 
+def check_extra(extra: Sequence[Extra]) -> None:
+    """Raise CorpusError when the user's own databases are too many or two share a member name."""
+    if len(extra) > MAX_EXTRA:
+        raise CorpusError(f"at most {MAX_EXTRA} databases of your own in one corpus, got {len(extra)}")
+    seen: dict[str, str] = {}
+    for e in extra:
+        if e.name in seen:
+            raise CorpusError(f"two databases of your own are both named {e.name!r} ({seen[e.name]} and "
+                              f"{e.metadata}): give one another \"name\" in its metadata")
+        seen[e.name] = e.metadata
+
+
 @dataclass(frozen=True)
 class Corpus:
     """A corpus directory read back: its `spec` and `members`. `train_stores` and `heldout_stores` are the store
@@ -182,7 +259,7 @@ class Corpus:
 
     @property
     def train_stores(self) -> list[Path]:
-        """Stores of the train members, in member order (random databases, then TPC-H)."""
+        """Stores of the train members, in member order (random databases, TPC-H, the user's own)."""
         return [m.store for m in self.members if m.role == "train"]
 
     @property
