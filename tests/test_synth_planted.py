@@ -3,6 +3,7 @@ Bayes predictor recomputed here directly from the raw tables."""
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import math
@@ -68,7 +69,7 @@ def test_validates_and_preprocesses_with_every_task(planted, tmp_path):
                                   encoder=HashEncoder(16), progress=False))
     meta = json.loads((planted / "planted.metadata.json").read_text())
     assert {t.name for t in store.tasks} == set(meta["tasks"]) == set(_ceilings(planted))
-    assert len(meta["tasks"]) == 9
+    assert len(meta["tasks"]) == 12
     for name, c in _ceilings(planted).items():  # every task's rows reached the store
         assert len(store.task_arrays(name).anchor_row) == c["n"], name
 
@@ -109,6 +110,37 @@ def test_periodic_ceiling_matches_a_direct_computation(planted):
     assert _ceilings(planted)["orders.late"]["ceiling"] == pytest.approx(roc_auc_score(orders["late"], score))
 
 
+def test_root_cause_ceilings_match_a_direct_computation(planted):
+    """The same-row function (total = quantity x unit price, 2 % noise) and the level moving with time (the fee
+    doubles every year): each stored ceiling is the MAE of the generating function written out here."""
+    orders = _raw(planted, "orders")
+    c = _ceilings(planted)
+    q, price, total = (np.array(orders[k], dtype=float) for k in ("quantity", "unit_price", "total"))
+    assert c["orders.total"]["ceiling"] == pytest.approx(np.mean(np.abs(total - q * price)))
+    assert c["orders.total"]["ceiling"] < 0.05 * np.mean(np.abs(total - np.median(total)))  # a near-function
+    years = np.array([(t - dt.datetime(2022, 1, 1)).total_seconds() / (365.25 * 86400) for t in orders["ordered_at"]])
+    fee = np.array(orders["fee"])
+    assert c["orders.fee"]["ceiling"] == pytest.approx(np.mean(np.abs(fee - 10 * 2 ** years)))
+    # the level moves: the last quarter's median fee is about 3.4 x the first quarter's (2^1.75)
+    late, early = np.median(fee[years > 1.75]), np.median(fee[years < 0.25])
+    assert 3.0 < late / early < 3.8
+
+
+def test_the_root_causes_leave_the_first_signals_columns_alone():
+    """The root-cause columns come from a second generator, so every other column keeps the values it had before
+    they were added (the digest below was computed with the generator of commit 1265b75, on SPEC)."""
+    from confluence.synth.planted import generate
+
+    db = generate(SPEC)
+    h = hashlib.sha256()
+    for name in ("regions", "stores", "customers", "orders"):
+        t = db.tables[name]
+        for c in t.column_names:
+            if c not in ("quantity", "unit_price", "total", "fee"):
+                h.update(name.encode() + c.encode() + repr(t.column(c).to_pylist()).encode())
+    assert h.hexdigest() == "246f35609b6891edf7a482f64c3e7226cfab811780698e29c8483c7d55d44308"
+
+
 def test_derived_targets_are_exact_functions_of_the_visible_past(planted):
     """Each derived task's target, recomputed here from the raw orders with numpy, using only orders at or before
     the observation time (the sampler's visibility rule): the task query agrees, and the ceiling is perfect."""
@@ -123,7 +155,7 @@ def test_derived_targets_are_exact_functions_of_the_visible_past(planted):
     channel = np.array(orders["channel"])
     c = _ceilings(planted)
     for task, check in (("customer_orders_30d", "count"), ("customer_mean_amount", "mean"),
-                        ("customer_last_channel", "last")):
+                        ("customer_last_channel", "last"), ("customer_amount_90d", "sum90")):
         spec = meta["tasks"][task]
         rows = con.sql(spec["query"]).fetchall()
         assert rows, task
@@ -135,6 +167,9 @@ def test_derived_targets_are_exact_functions_of_the_visible_past(planted):
                 assert target == want
             elif check == "mean":
                 assert target == pytest.approx(np.nanmean(amount[mine]))
+            elif check == "sum90":
+                window = mine & (at > obs - np.timedelta64(90, "D"))
+                assert target == pytest.approx(np.nansum(amount[window]) if window.any() else 0.0)
             else:
                 assert target == channel[mine][np.argmax(at[mine])]
         assert c[task]["ceiling"] == (1.0 if check == "last" else 0.0)
@@ -168,7 +203,8 @@ def test_bench_learnability_end_to_end(tmp_path):
     report = json.loads((out / "learnability.json").read_text())
     assert {r["task"] for r in report["tasks"]} == set(_ceilings(out / "db"))
     for r in report["tasks"]:
-        if r["task"] in ("customer_orders_30d", "customer_mean_amount", "customer_last_channel"):
+        if r["task"] in ("customer_orders_30d", "customer_mean_amount", "customer_last_channel",
+                         "customer_amount_90d"):
             assert r["ceiling"] == (1.0 if r["metric"] == "accuracy" else 0.0)
         assert r["metric"] in ("accuracy", "auroc", "mae") and r["n"] > 0
     assert "| customers.tier |" in result.output
@@ -211,3 +247,18 @@ def test_bench_learnability_over_training_seeds(tmp_path):
 ])
 def test_a_signal_is_reached_by_its_ceiling_or_else_its_gap(of_ceiling, gap_closed, expected):
     assert reached({"of_ceiling": of_ceiling, "gap_closed": gap_closed}) is expected
+
+
+@pytest.mark.parametrize("gap, gbdt_gap, share, expected", [
+    (0.45, 0.5, 0.9, True),
+    (0.44, 0.5, 0.88, False),
+    (0.2, -0.1, None, True),  # LightGBM closes none of the gap: the model must close at least as much
+    (-0.3, -0.1, None, False),
+])
+def test_a_root_cause_is_judged_against_lightgbm(gap, gbdt_gap, share, expected):
+    from confluence.bench.learnability import of_gbdt, reached_gbdt
+
+    got = of_gbdt(gap, gbdt_gap)
+    assert (math.isnan(got) if share is None else got == pytest.approx(share))
+    assert reached_gbdt({"gap_closed": gap, "gbdt_gap_closed": gbdt_gap, "of_gbdt": got}) is expected
+    assert reached_gbdt({"gap_closed": gap, "gbdt_gap_closed": math.nan, "of_gbdt": math.nan}) is None

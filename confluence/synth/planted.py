@@ -16,6 +16,12 @@ One database holds every signal, each behind its own task, so one preprocessing 
 | `customer_orders_30d` | count of children in a time window | orders in (t - 30 days, t] | the count itself |
 | `customer_mean_amount` | mean of children's values | mean amount of orders at or before t | the mean itself |
 | `customer_last_channel` | the most recent child's value | channel of the latest order at or before t | that channel |
+| `orders.total` | a number close to a function of same-row numbers | quantity x unit price x lognormal(0, 0.02) | quantity x unit price |
+| `orders.fee` | a number whose level moves with time | 10 x 2^(years since the start) x lognormal(0, 0.1) | 10 x 2^years |
+| `customer_amount_90d` | a sum of children's values in a time window | sum of amounts in (t - 90 days, t] | the sum itself |
+
+The last three are the root causes of losses to LightGBM found on real databases (docs/learnability.md): they are
+drawn from a second generator, so the columns of the first nine signals keep their bytes.
 
 `noise` is the share of rows whose categorical target is redrawn uniformly (and it sets the flip rate of the
 booleans' generating probabilities); the derived (windowed) targets are exact functions of the visible past, so their
@@ -65,6 +71,11 @@ FLAG_COEF = (3.0, -2.0, -1.0)  # flag logit = a x1 + b x2 + c (c < 0: about 30 %
 START = dt.datetime(2022, 1, 1)
 DAYS = 730  # two years of orders
 OBS_EVERY_DAYS = 61  # observation times of the derived tasks: every other month after the first 60 days
+FEE_START = 10.0  # orders.fee at the start; it doubles every year (FEE_GROWTH)
+FEE_GROWTH = 2.0
+YEAR_S = 365.25 * 86400
+TOTAL_NOISE = 0.02  # orders.total = quantity x unit_price x lognormal(0, TOTAL_NOISE)
+FEE_NOISE = 0.1
 
 
 @dataclass(frozen=True)
@@ -125,6 +136,12 @@ def late_probability(hour: np.ndarray, weekday: np.ndarray) -> np.ndarray:
     evening = (hour >= 17) & (hour <= 21)
     weekend = weekday >= 5
     return np.where(evening, 0.7, 0.1) + np.where(weekend, 0.2, 0.0)
+
+
+def fee_level(seconds: np.ndarray) -> np.ndarray:
+    """The level of `orders.fee` at `seconds` after the start (its MAE-optimal prediction: the noise's median is
+    1): FEE_START, doubling every year."""
+    return FEE_START * FEE_GROWTH ** (np.asarray(seconds, dtype=np.float64) / YEAR_S)
 
 
 def text_topic(bio: str) -> str | None:
@@ -211,6 +228,14 @@ def generate(spec: PlantedSpec = PlantedSpec()) -> PlantedDatabase:
     cust_id = owner + 1
     dangling = rng.random(m) < spec.dangling
     cust_id = np.where(dangling, n + 1 + rng.integers(0, n, m), cust_id)
+    # the root-cause signals, from a second generator: the draws above (and their bytes) do not move
+    rng2 = np.random.default_rng([spec.seed, 2])
+    quantity = rng2.integers(1, 10, m)
+    unit_price = np.round(rng2.lognormal(2.5, 0.5, m), 2)
+    total_bayes = quantity * unit_price
+    total = np.round(total_bayes * rng2.lognormal(0, TOTAL_NOISE, m), 2)
+    fee_bayes = fee_level(seconds)
+    fee = np.round(fee_bayes * rng2.lognormal(0, FEE_NOISE, m), 2)
     orders = pa.table({
         "order_id": pa.array(np.arange(1, m + 1), pa.int64()),
         "customer_id": pa.array(cust_id, pa.int64()),
@@ -218,6 +243,10 @@ def generate(spec: PlantedSpec = PlantedSpec()) -> PlantedDatabase:
         "amount": pa.array([None if z else float(a) for a, z in zip(amount, amount_null, strict=True)], pa.float64()),
         "channel": [CHANNELS[i] for i in channel],
         "late": pa.array(late),
+        "quantity": pa.array(quantity, pa.int64()),
+        "unit_price": pa.array(unit_price, pa.float64()),
+        "total": pa.array(total, pa.float64()),
+        "fee": pa.array(fee, pa.float64()),
     })
     tables = {"regions": regions, "stores": stores, "customers": customers, "orders": orders}
 
@@ -231,6 +260,8 @@ def generate(spec: PlantedSpec = PlantedSpec()) -> PlantedDatabase:
         "customers.interest": _cat_table("customer_id", ids, interest, _map_posterior(topic, 3, noise),
                                          tuple(topic_names)),
         "orders.late": pa.table({"order_id": np.arange(1, m + 1), "target": late, "bayes": p_late}),
+        "orders.total": pa.table({"order_id": np.arange(1, m + 1), "target": total, "bayes": total_bayes}),
+        "orders.fee": pa.table({"order_id": np.arange(1, m + 1), "target": fee, "bayes": fee_bayes}),
     }
     bayes |= _derived_bayes(tables)
     metadata = planted_metadata(spec)
@@ -277,6 +308,13 @@ DERIVED_QUERIES = {
         "GROUP BY c.customer_id, o.obs_time ORDER BY c.customer_id, o.obs_time",
         "last_channel", "categorical", "the most recent child's value",
         "channel of the customer's latest order up to the observation time"),
+    "customer_amount_90d": (
+        "WITH obs AS ({obs}) SELECT c.customer_id, o.obs_time, coalesce(sum(x.amount), 0)::DOUBLE AS amount_90d "
+        "FROM customers c CROSS JOIN obs o LEFT JOIN orders x ON x.customer_id = c.customer_id "
+        "AND x.ordered_at <= o.obs_time AND x.ordered_at > o.obs_time - INTERVAL 90 DAY "
+        "GROUP BY c.customer_id, o.obs_time ORDER BY c.customer_id, o.obs_time",
+        "amount_90d", "numerical", "a sum of children's values in a time window",
+        "total amount of the customer's orders in the 90 days up to the observation time"),
 }
 
 SIGNALS = {
@@ -286,7 +324,11 @@ SIGNALS = {
     "customers.zone": ("a two-hop ancestor's attribute", "boolean"),
     "customers.interest": ("a text column's content", "categorical"),
     "orders.late": ("a periodic time effect (hour of day, weekday)", "boolean"),
+    "orders.total": ("a number close to a function of same-row numbers", "numerical"),
+    "orders.fee": ("a number whose level moves with time", "numerical"),
 } | {k: (v[3], v[2]) for k, v in DERIVED_QUERIES.items()}
+# the signals behind the losses to LightGBM on real databases: judged against LightGBM (docs/learnability.md)
+ROOT_CAUSES = ("orders.total", "orders.fee", "customer_amount_90d")
 
 
 def derived_query(task: str) -> str:
@@ -339,7 +381,7 @@ def ceiling(task: str, bayes: pa.Table) -> dict[str, Any]:
 
 
 def planted_metadata(spec: PlantedSpec) -> dict[str, Any]:
-    """The reviewed metadata of a planted database: tables, semantic types, keys and the nine tasks."""
+    """The reviewed metadata of a planted database: tables, semantic types, keys and the twelve tasks."""
     cell = {
         "customers.tier": ("tier", "categorical", "tier, planted as a map of the same row's segment"),
         "customers.flag": ("flag", "boolean", "flag, planted from the same row's x1 and x2"),
@@ -347,6 +389,8 @@ def planted_metadata(spec: PlantedSpec) -> dict[str, Any]:
         "customers.zone": ("zone", "boolean", "zone, planted from the store's region's climate"),
         "customers.interest": ("interest", "categorical", "interest, planted as the topic of the bio"),
         "orders.late": ("late", "boolean", "late, planted from the order's hour of day and weekday"),
+        "orders.total": ("total", "numerical", "total, planted as quantity x unit price (2 % noise)"),
+        "orders.fee": ("fee", "numerical", "fee, planted to double every year"),
     }
     tasks: dict[str, Any] = {}
     for task, (col, stype, desc) in cell.items():
@@ -381,7 +425,9 @@ def planted_metadata(spec: PlantedSpec) -> dict[str, Any]:
                 "order_id": {"stype": "identifier"},
                 "customer_id": {"stype": "identifier", "foreign_key": "customers.customer_id"},
                 "ordered_at": {"stype": "timestamp"}, "amount": {"stype": "numerical"},
-                "channel": {"stype": "categorical"}, "late": {"stype": "boolean"}}},
+                "channel": {"stype": "categorical"}, "late": {"stype": "boolean"},
+                "quantity": {"stype": "numerical"}, "unit_price": {"stype": "numerical"},
+                "total": {"stype": "numerical"}, "fee": {"stype": "numerical"}}},
         },
         "tasks": tasks,
     }
@@ -391,7 +437,7 @@ def write_planted(out: str | Path, spec: PlantedSpec = PlantedSpec(), *, overwri
     """Generate and write a planted database under `out` (appearing atomically):
 
     * `raw/<table>.parquet`: the raw database;
-    * `planted.metadata.json`: its reviewed metadata with the nine tasks;
+    * `planted.metadata.json`: its reviewed metadata with the twelve tasks;
     * `ceilings.json`: per task its signal, headline metric and the Bayes predictor's value on all its rows;
     * `bayes/<task>.parquet`: per task row (anchor key [, obs_time]) the target and the Bayes prediction, to score
       the ceiling on exactly the rows a benchmark evaluates.
