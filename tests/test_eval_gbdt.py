@@ -257,3 +257,34 @@ def test_a_timestamp_target_is_regressed_from_the_observation_time():
     absolute = train_booster("due_at", y, table(train, with_obs=False))
     assert not absolute.relative
     assert np.abs(absolute.predict(table(test, False)) - target[test]).mean() / day > 50  # stuck at 2021's end
+
+
+def test_a_when_next_task_has_a_trivial_baseline_of_its_observation_time_plus_the_median_offset():
+    """The constant a user tries first for "when is the next one": today plus the usual wait. A single absolute date
+    (the median of the train targets) is years off once the test rows are later than the train rows."""
+    from types import SimpleNamespace
+
+    from confluence.evaluation import metrics as M
+    from confluence.evaluation.baselines import offset_prediction
+    from confluence.evaluation.targets import DecodedTargets
+    from confluence.store.format import NO_CUTOFF
+    from confluence.stypes import SemanticType
+
+    day = 86_400_000_000
+    obs = (1_600_000_000_000_000 + np.arange(100) * 30 * day).astype(np.int64)  # one row a month, eight years
+    wait = np.where(np.arange(100) % 2 == 0, 10, 14) * day  # the next event 10 or 14 days later
+    target = (obs + wait).astype(np.float64)
+    store = SimpleNamespace(task_arrays=lambda task: SimpleNamespace(obs_time=obs))
+    train, test = np.arange(80), np.arange(80, 100)
+    nulls = np.zeros(100, bool)
+    nulls[[3, 4]] = True  # null targets are left out of the median (one wait of each length) and of the scored rows
+    dec = lambda ids: DecodedTargets(SemanticType.TIMESTAMP, target[ids], nulls[ids], 0, None)  # noqa: E731
+    pred = offset_prediction(store, "next_at", train, test, dec(train), dec(test))
+    assert pred is not None and np.allclose(pred, obs[test] + 12 * day)  # the median of 10 and 14 days
+    ours = M.metrics_for(SemanticType.TIMESTAMP, target[test], pred)["mae_days"]
+    absolute = M.trivial_baselines(SemanticType.TIMESTAMP, target[train][~nulls[train]], target[test])
+    assert ours == pytest.approx(2.0) and absolute["median"]["mae_days"] > 1000
+    with_null = offset_prediction(store, "next_at", train, np.arange(0, 10), dec(train), dec(np.arange(0, 10)))
+    assert with_null.shape == (8,)
+    without = SimpleNamespace(task_arrays=lambda task: SimpleNamespace(obs_time=np.full(100, NO_CUTOFF)))
+    assert offset_prediction(without, "order_time", train, test, dec(train), dec(test)) is None

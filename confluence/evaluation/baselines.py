@@ -26,6 +26,23 @@ def split_ids(store: Store, task: str, split: str, split_config: SplitConfig | N
     return split_seed_ids(task, np.asarray(arrays.anchor_row), np.asarray(arrays.obs_time), cfg, split, 0, 1)
 
 
+def offset_prediction(store: Store, task: str, train_ids: np.ndarray, eval_ids: np.ndarray, train: Any,
+                      evaluated: Any) -> np.ndarray | None:
+    """The `median_offset` baseline of a timestamp task whose rows have observation times, on the non-null
+    evaluated rows (epoch µs): each row's observation time plus the median offset of the train targets from theirs
+    ("the next match is about 30 days after today"), the constant a user tries first for a "when next" target.
+    None when the task's rows have no observation times. Without it the trivial baseline of such a task is one
+    absolute date for every row, years off. `train` / `evaluated`: `decode_targets` of the two id sets."""
+    from confluence.store.format import NO_CUTOFF
+
+    obs = np.asarray(store.task_arrays(task).obs_time, dtype=np.int64)
+    obs_tr, obs_ev = obs[train_ids][~train.is_null], obs[eval_ids][~evaluated.is_null]
+    if obs_tr.size == 0 or (obs_tr == NO_CUTOFF).any() or (obs_ev == NO_CUTOFF).any():
+        return None
+    offset = float(np.median(train.values[~train.is_null].astype(np.float64) - obs_tr.astype(np.float64)))
+    return obs_ev.astype(np.float64) + offset
+
+
 def run_baselines(
     db: str | Path | Store,
     *,
@@ -59,6 +76,9 @@ def run_baselines(
         ev = decode_targets(store, task, eval_ids)
         trivial = M.trivial_baselines(stype, tr.values[~tr.is_null], ev.values[~ev.is_null],
                                       num_classes=ev.num_classes or None)
+        offset = offset_prediction(store, task, train_ids, eval_ids, tr, ev) if stype == SemanticType.TIMESTAMP else None
+        if offset is not None:
+            trivial["median_offset"] = M.metrics_for(stype, ev.values[~ev.is_null], offset)
         name, best = M.best_baseline(stype, trivial)
         entry: dict = {"baseline": {**best, "name": name}, **trivial}
         if builder is not None:

@@ -19,6 +19,7 @@ import numpy as np
 
 from confluence.errors import ConfluenceError
 from confluence.evaluation import metrics as M
+from confluence.evaluation.baselines import offset_prediction
 from confluence.evaluation.draws import DEFAULT_DRAWS
 from confluence.evaluation.inference import HeadOutputs, LoadedModel, Predictor, load_model, sigmoid, softmax
 from confluence.evaluation.targets import decode_targets, numerical_predictions
@@ -152,6 +153,10 @@ def evaluate(
             model = model_metrics(stype, truth.values, truth.is_null, pred, out.null_logit, train_std)
             trivial = M.trivial_baselines(stype, train_vals, truth.values[~truth.is_null],
                                           num_classes=truth.num_classes or None)
+            offset = (offset_prediction(store, task, train_ids, eval_ids, train, truth)
+                      if stype == SemanticType.TIMESTAMP else None)
+            if offset is not None:
+                trivial["median_offset"] = M.metrics_for(stype, truth.values[keep], offset)
             best_name, best = M.best_baseline(stype, trivial)
             entry: dict[str, Any] = {"model": model, "baseline": {**best, "name": best_name}}
             entry.update(trivial)
@@ -182,6 +187,8 @@ def evaluate(
             if keep_rows:
                 trivial_preds = M.trivial_predictions(stype, train_vals, int(keep.sum()),
                                                       num_classes=truth.num_classes or None)
+                if offset is not None:
+                    trivial_preds["median_offset"] = offset
                 entry["rows"] = EvalRows(truth=truth.values[keep], pred=pred, gbdt=g.predictions if gbdt else None,
                                          blend=blended, categories=truth.categories, trivial=trivial_preds,
                                          train_std=train_std, seed_ids=eval_ids, head=out,

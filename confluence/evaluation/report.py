@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 # entries of a task's results that are not a predictor's metrics (`--blend gbdt` adds the last three)
 _META_KEYS = ("info", "model_vs_gbdt", "rows", "blend_vs_gbdt", "validation", "ship")
-_TRIVIAL = ("majority", "mean", "median")  # the constant predictors of metrics.trivial_baselines
+_TRIVIAL = ("majority", "mean", "median", "median_offset")  # the constant predictors (baselines.run_baselines)
 _NOT_PREDICTORS = ("model", "baseline", *_META_KEYS)
 _MAX_CLASSES = 10  # confusion matrix: the most frequent true classes, the rest pooled as "other"
 _SCORER_LABELS = {"gbdt": "GBDT"}
