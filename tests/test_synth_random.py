@@ -206,3 +206,43 @@ def test_cli_single_database_and_clear_errors(tmp_path):
         assert "Traceback" not in result.output
     again = CliRunner().invoke(app, ["synth", "random", "--out", str(out)])
     assert again.exit_code == 1 and "already exists" in again.output
+
+
+def test_a_when_next_task_is_added_without_moving_anything_else():
+    """A "when is the next one" task: its target is the parent's first child row after the observation time within
+    the horizon (NULL: none), for the parents with a child row in the horizon before it; it comes from a generator
+    of its own, so the tables and the other tasks are those drawn before it existed (the digest below was computed
+    with the generator of commit 1f216bb)."""
+    import duckdb
+
+    db = generate_random(RandomSpec(seed=1001, rows=0.2))
+    names = [k for k in db.metadata["tasks"] if "_next_at" in k]
+    assert names == ["team_exams_next_at"]
+    task = db.metadata["tasks"][names[0]]
+    assert task["target_stype"] == "timestamp" and task["observation_time_column"] == "obs_time"
+    window = int(task["horizon"].split()[0])
+    h = hashlib.sha256()
+    for name, t in db.tables.items():
+        for c in t.column_names:
+            h.update(name.encode() + c.encode() + repr(t.column(c).to_pylist()).encode())
+    h.update(json.dumps({k: v for k, v in db.metadata["tasks"].items() if k not in names}, sort_keys=True).encode())
+    assert h.hexdigest() == "eb3892f74d3e10690eb3f47fdee7ed4372936815e6b233723d3c91b193293b22"
+    # the target recomputed with numpy from the child table
+    child = db.tables["exams"]
+    fk = next(c for c in child.column_names if db.metadata["tables"]["exams"]["columns"][c].get("foreign_key", "")
+              .startswith(f"{task['anchor_table']}."))
+    time_col = db.metadata["tables"]["exams"]["temporal_column"]
+    owner = np.array([-1 if v is None else v for v in child.column(fk).to_pylist()])
+    at = np.array(child.column(time_col).to_pylist(), dtype="datetime64[us]")
+    con = duckdb.connect()
+    for n, t in db.tables.items():
+        con.register(n, t)
+    rows = con.sql(task["query"]).fetchall()
+    assert len(rows) >= 20 and sum(r[2] is not None for r in rows) >= 20
+    w = np.timedelta64(window, "D")
+    for anchor, obs, target in rows[:: max(1, len(rows) // 200)]:
+        obs = np.datetime64(obs, "us")
+        mine = owner == anchor
+        assert (mine & (at <= obs) & (at > obs - w)).any()  # a parent recently active
+        ahead = at[mine & (at > obs) & (at <= obs + w)]
+        assert target == (None if ahead.size == 0 else ahead.min().astype(object))

@@ -740,6 +740,55 @@ def _derived_tasks(tables: list[_Table], rng: np.random.Generator) -> dict[str, 
         con.close()
 
 
+def _next_time_query(child: _Table, fk: _FK, parent: _Table, window: int, obs: list[int]) -> str:
+    """When the parent's next child row comes, within `window` days after the observation time (NULL: none), for
+    the parents with a child row in the `window` days up to it (the ones a user would ask about)."""
+    o = "WITH obs AS (SELECT unnest([" + ", ".join(_ts(u) for u in obs) + "]) AS obs_time) "
+    pk, tc, fc = _q(parent.pk), _q(child.time_col or ""), _q(fk.column)
+    alive = f" AND p.{_q(parent.time_col)} <= o.obs_time" if parent.time_col else ""
+    seeds = (f"SELECT DISTINCT p.{pk} AS anchor, o.obs_time FROM {_q(child.name)} x JOIN obs o ON x.{tc} <= o.obs_time "
+             f"AND x.{tc} > o.obs_time - INTERVAL {window} DAY JOIN {_q(parent.name)} p ON p.{pk} = x.{fc}" + alive)
+    return (o + f", seeds AS ({seeds}) SELECT s.anchor AS {pk}, s.obs_time, min(x.{tc}) AS next_at FROM seeds s "
+            f"LEFT JOIN {_q(child.name)} x ON x.{fc} = s.anchor AND x.{tc} > s.obs_time "
+            f"AND x.{tc} <= s.obs_time + INTERVAL {window} DAY GROUP BY s.anchor, s.obs_time ORDER BY s.anchor, s.obs_time")
+
+
+def _next_time_task(tables: list[_Table], seed: int) -> dict[str, Any]:
+    """One "when is the next one" task (a timestamp target with an observation time and a horizon) on a temporal
+    child table, drawn from a generator of its own so that the other tasks and the tables keep their bytes; none
+    when no (temporal child, foreign key) pair gives 20 known answers of two values at least. Pretraining needs
+    the kind: a model that never saw one answers it thousands of days off."""
+    pairs = [(c, fk) for c in tables if c.temporal for fk in c.fks if not fk.self_ref]
+    if not pairs:
+        return {}
+    rng = np.random.default_rng([seed, 3])
+    con = duckdb.connect()
+    try:
+        con.execute("SET threads = 1")
+        for t in tables:
+            con.register(t.name, pa.table(t.arrays))
+        for pi in (int(i) for i in rng.permutation(len(pairs))):
+            child, fk = pairs[pi]
+            parent = tables[fk.parent]
+            window = int(WINDOWS[int(rng.integers(len(WINDOWS)))])
+            obs = _obs_times(child, window)
+            if not obs:
+                continue
+            query = _next_time_query(child, fk, parent, window, obs)
+            values = con.sql(query).to_arrow_table().column("next_at").drop_null()
+            if len(values) >= 20 and len(pc.unique(values)) >= 2:
+                name = f"{parent.stem}_{child.name}_next_at" + (
+                    f"_by_{fk.column}" if sum(1 for f in child.fks if f.parent == fk.parent) > 1 else "")
+                return {name: {"query": query, "anchor_table": parent.name, "anchor_key": parent.pk,
+                               "target_column": "next_at", "target_stype": "timestamp",
+                               "observation_time_column": "obs_time", "horizon": f"{window} days",
+                               "description": f"when the {parent.stem}'s next {child.name} row comes, within "
+                                              f"{window} days after the observation time (none: NULL)"}}
+        return {}
+    finally:
+        con.close()
+
+
 # -- the database --------------------------------------------------------------------------------------------------
 def generate_random(spec: RandomSpec = RandomSpec()) -> RandomDatabase:
     """Draw a random database (module docstring) from `spec`; deterministic in `spec`."""
@@ -752,6 +801,7 @@ def generate_random(spec: RandomSpec = RandomSpec()) -> RandomDatabase:
                                 "primary_key": t.pk, "key_type": "string" if t.key_kind == "str" else "integer",
                                 **info}
     tasks = _cell_tasks(tables, rng) | _derived_tasks(tables, rng)
+    tasks |= {k: v for k, v in _next_time_task(tables, spec.seed).items() if k not in tasks}
     meta_tables: dict[str, Any] = {}
     for t in tables:
         columns: dict[str, Any] = {t.pk: {"stype": "identifier"}}
