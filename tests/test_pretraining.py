@@ -60,7 +60,10 @@ def test_a_run_exported_as_a_pretrained_model_loads_by_name_and_is_checked(tmp_p
         train(cfg, stream, tmp_path / "run", progress=False)
     root = tmp_path / "shipped"
     root.mkdir()
-    monkeypatch.setattr(P, "ROOT", root)
+    import confluence.toolkit.shipped as S
+
+    monkeypatch.setattr(S, "ROOT", root)  # where pretrained:NAME is resolved
+    monkeypatch.setattr(P, "ROOT", root)  # where export ships by default
     from typer.testing import CliRunner
 
     from confluence.cli.main import app

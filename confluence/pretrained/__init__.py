@@ -5,87 +5,33 @@ A shipped model is a directory `confluence/pretrained/<name>/` holding a checkpo
 without optimizer state: a fine-tuning run starts its own), its `meta.json` (training config, step, databases) and
 `card.json`: how it was made (corpus, steps, hardware, wall time, command) and the sha256 of each file, checked
 every time the model is loaded, so a damaged or swapped file is an error, never a silently different model.
-`export_pretrained` makes one from a run.
+Resolving and checking a name is `confluence.toolkit.shipped` (below every loader); `export_pretrained` makes one
+from a run.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import shutil
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 from confluence import outputs
 from confluence.errors import ConfluenceError
-
-PREFIX = "pretrained:"
-ROOT = Path(__file__).resolve().parent
-CARD = "card.json"
-SHIPPED_FILES = ("state.eqx", "meta.json")
-MAX_BYTES = 25 * 2**20  # what the repository accepts for a shipped model
-
-
-def is_pretrained(spec: str | os.PathLike[str]) -> bool:
-    """Whether `spec` names a shipped model (`pretrained:NAME`) rather than a path."""
-    return str(spec).startswith(PREFIX)
-
-
-def available(root: Path | None = None) -> list[str]:
-    """The names of the shipped models."""
-    root = root or ROOT
-    return sorted(p.name for p in root.iterdir() if (p / CARD).is_file())
-
-
-def card(name: str, root: Path | None = None) -> dict[str, Any]:
-    """The model card of shipped model `name` (card.json)."""
-    return json.loads((_dir(name, root) / CARD).read_text())
-
-
-def _dir(name: str, root: Path | None) -> Path:
-    root = root or ROOT
-    d = root / name
-    if not name or "/" in name or not (d / CARD).is_file():
-        names = ", ".join(f"{PREFIX}{n}" for n in available(root)) or "none"
-        raise ConfluenceError(f"no pretrained model {PREFIX}{name}; shipped: {names}")
-    return d
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _is_model_dir(d: Path) -> bool:
-    """A model directory exported before output markers: its shipped files and card, nothing else."""
-    names = {p.name for p in d.iterdir()}
-    return CARD in names and names <= {*SHIPPED_FILES, CARD, outputs.MARKER_FILE}
-
-
-@cache
-def _verified(d: Path) -> Path:
-    want = json.loads((d / CARD).read_text()).get("sha256") or {}
-    for f in SHIPPED_FILES:
-        if f not in want:
-            raise ConfluenceError(f"pretrained model {d.name}: its card.json records no sha256 of {f}")
-        if not (d / f).is_file():
-            raise ConfluenceError(f"pretrained model {d.name}: {f} is missing from {d}")
-        got = sha256(d / f)
-        if got != want[f]:
-            raise ConfluenceError(f"pretrained model {d.name}: {d / f} has sha256 {got[:16]}..., its card records "
-                                  f"{want[f][:16]}...: the file is damaged or not the one shipped; reinstall")
-    return d
-
-
-def checkpoint_path(spec: str | os.PathLike[str], root: Path | None = None) -> Path:
-    """The checkpoint directory of `pretrained:NAME`, after checking its files against the card's sha256."""
-    name = str(spec)[len(PREFIX):] if is_pretrained(spec) else str(spec)
-    return _verified(_dir(name, root))
+from confluence.toolkit.shipped import (
+    CARD,
+    MAX_BYTES,
+    PREFIX,
+    ROOT,
+    SHIPPED_FILES,
+    _verified,
+    available,
+    card,
+    checkpoint_path,
+    is_model_dir,
+    is_pretrained,
+    sha256,
+)
 
 
 def export_pretrained(run: Path, name: str, info: dict[str, Any], root: Path | None = None,
@@ -105,7 +51,7 @@ def export_pretrained(run: Path, name: str, info: dict[str, Any], root: Path | N
         raise ConfluenceError(f"pretrained model name {name!r}: use letters, digits, '-' or '_'")
     root = root or ROOT
     dest = root / name
-    legacy = _is_model_dir
+    legacy = is_model_dir
     if outputs.claim(dest, "pretrained-model", legacy=legacy) == "ours" and not overwrite:
         raise ConfluenceError(f"pretrained model {name} already exists at {dest}; pass overwrite to replace it")
     ck = read_checkpoint(Path(run))
@@ -135,4 +81,5 @@ def export_pretrained(run: Path, name: str, info: dict[str, Any], root: Path | N
     return dest
 
 
-__all__ = ["PREFIX", "available", "card", "checkpoint_path", "export_pretrained", "is_pretrained"]
+__all__ = ["CARD", "MAX_BYTES", "PREFIX", "ROOT", "SHIPPED_FILES", "_verified", "available", "card",
+           "checkpoint_path", "export_pretrained", "is_pretrained", "sha256"]

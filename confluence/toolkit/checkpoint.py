@@ -26,6 +26,7 @@ import numpy as np
 from confluence.errors import ConfluenceError
 from confluence.fsutil import fsync_path
 from confluence.outputs import pid_alive, writing
+from confluence.toolkit.shipped import checkpoint_path, is_pretrained
 
 STATE_FILE, META_FILE, LATEST, BEST = "state.eqx", "meta.json", "LATEST", "BEST"
 
@@ -136,9 +137,7 @@ def best_checkpoint(run_dir: Path) -> Path | None:
 def resolve_checkpoint(path: Path, latest: bool = False) -> Path:
     """A run directory (its BEST checkpoint where early stopping kept one, else its LATEST; `latest`: always
     LATEST, as resuming needs), a `checkpoints/` directory, a checkpoint directory, or the name of a shipped model,
-    `pretrained:NAME` (`confluence.pretrained`; its files checked against its card's sha256)."""
-    from confluence.pretrained import checkpoint_path, is_pretrained
-
+    `pretrained:NAME` (`confluence.toolkit.shipped`; its files checked against its card's sha256)."""
     if is_pretrained(path):
         return checkpoint_path(path)
     path = Path(path)
