@@ -17,12 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from confluence.evaluation.inference import load_model
-from confluence.model.inputs import DbTables, batch_to_inputs
+from confluence.model.inputs import DbTables
 from confluence.sampler.sampler import Sampler
 from confluence.sampler.splits import subsample
 from confluence.sampler.stream import BatchStream
 from confluence.store import Store
 from confluence.training.step import get_trainer
+from confluence.training.validate import batches_loss
 
 
 def main(run: str, store_path: str) -> None:
@@ -37,11 +38,7 @@ def main(run: str, store_path: str) -> None:
     params = eqx.filter(model, eqx.is_inexact_array)
 
     def loss(task: str, ids: np.ndarray) -> float:
-        total = weight = 0.0
-        for b in stream.ordered(task, ids, 0, context="val"):
-            value, w = (float(x) for x in trainer.eval_loss(params, batch_to_inputs(b), col, cat))
-            total, weight = total + value * w, weight + w
-        return total / max(weight, 1.0)
+        return batches_loss(trainer, params, stream.ordered(task, ids, 0, context="val"), (col, cat)) or 0.0
 
     print(f"{'task':34s} {'first':>8s} {'drawn':>8s}  other draws (seeds 1-5)")
     for e in stream.tasks:

@@ -42,6 +42,7 @@ from confluence.training.budget import (
 )
 from confluence.training.config import RunConfig
 from confluence.training.step import get_trainer, shard_inputs
+from confluence.training.validate import Validator, ValTask, scalar
 
 
 @dataclass
@@ -54,13 +55,6 @@ class TrainResult:
     stopped_early: bool = False  # validation stopped improving before the last step
     stopped_at_deadline: bool = False  # a time budget ran out before the estimated steps were done
     history: list[tuple[int, float]] = field(default_factory=list)
-
-
-def _scalar(x) -> float:
-    """A replicated (possibly multi-process) scalar as a Python float."""
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        x = x.addressable_data(0)
-    return float(np.asarray(x))
 
 
 def _check_stream(cfg: RunConfig, stream: BatchStream) -> None:
@@ -327,28 +321,19 @@ def _train(cfg: RunConfig, stream: BatchStream, out_dir: Path, *, resume: bool, 
             checkpoint(at, best=True)
 
     train_val = val_subset(len(stream.stores), loop.val_databases)
-    val_tasks = [(stream, dev_tables, "val", e) for e in stream.tasks if train_val is None or e.db_idx in train_val]
-    val_tasks += [(heldout, held_tables, "heldout", e) for e in (heldout.tasks if heldout is not None else [])]
+    val_tasks = [ValTask(stream, dev_tables[e.db_idx], "val", e) for e in stream.tasks
+                 if train_val is None or e.db_idx in train_val]
+    val_tasks += [ValTask(heldout, held_tables[e.db_idx], "heldout", e)
+                  for e in (heldout.tasks if heldout is not None else [])]
+    validator = Validator(trainer, val_tasks, loop.val_batches, mesh)
 
     def validate(what: str) -> dict[str, float]:
         """The validation losses of every validated task (`val/...`, `heldout/...` and their mean), said as a
         phase (`what`): the first validation compiles the loss for each batch shape it meets."""
-        res: dict[str, float] = {}
         batches = f"{loop.val_batches} batch" + ("es" if loop.val_batches != 1 else "")
         with phase(what, f"{len(val_tasks)} tasks, {batches} each") as ph:
-            for i, (s, tabs, prefix, e) in enumerate(val_tasks):
-                ph.status = f"{i}/{len(val_tasks)} tasks done, now {e.key}"
-                tot, n = 0.0, 0.0
-                for b in s.split("val", e.task.name, e.db_idx, max_batches=loop.val_batches):
-                    loss, w = trainer.eval_loss(params, shard_inputs(batch_to_inputs(b), mesh), *tabs[e.db_idx])
-                    tot += _scalar(loss) * _scalar(w)
-                    n += _scalar(w)
-                if n:
-                    res[f"{prefix}/{e.key}/loss"] = tot / n
-        held = [v for k, v in res.items() if k.startswith("heldout/")]
-        if held:
-            res["heldout/loss"] = float(np.mean(held))
-        return res
+            return validator(params, lambda i, t: setattr(ph, "status", f"{i}/{len(val_tasks)} tasks done, now "
+                                                                         f"{t.entry.key}"))
 
     def draw() -> tuple[list[tuple[dict, Any, Any]], list[str], float, int]:
         """The next update's micro-batches, their target types, the seconds spent waiting for them, their cells."""
@@ -424,16 +409,16 @@ def _train(cfg: RunConfig, stream: BatchStream, out_dir: Path, *, resume: bool, 
                 window_losses.append((stypes[0] if len(set(stypes)) == 1 else "mixed", m.loss))
                 scalars: dict[str, float] = {}
                 if step % loop.log_every == 0 or step == stop_at:
-                    loss = _scalar(m.loss)
+                    loss = scalar(m.loss)
                     elapsed = time.perf_counter() - window_t0
                     per_type: dict[str, list[float]] = {}
                     for st, v in window_losses:
-                        per_type.setdefault(st, []).append(_scalar(v))
+                        per_type.setdefault(st, []).append(scalar(v))
                     scalars = {f"train/loss_{st}": float(np.mean(v)) for st, v in sorted(per_type.items())}
                     scalars |= {
-                        "train/loss": loss, "train/null_loss": _scalar(m.null_loss),
-                        "train/type_loss": _scalar(m.type_loss), "train/grad_norm": _scalar(m.grad_norm),
-                        "lr/muon": cfg.optim.lr_muon * _scalar(m.lr_scale), "lr/adamw": cfg.optim.lr_adamw * _scalar(m.lr_scale),
+                        "train/loss": loss, "train/null_loss": scalar(m.null_loss),
+                        "train/type_loss": scalar(m.type_loss), "train/grad_norm": scalar(m.grad_norm),
+                        "lr/muon": cfg.optim.lr_muon * scalar(m.lr_scale), "lr/adamw": cfg.optim.lr_adamw * scalar(m.lr_scale),
                         "perf/cells_per_s": window_cells / max(elapsed, 1e-9), "perf/sampler_wait_s": window_wait,
                         "perf/sampler_wait_frac": window_wait / max(elapsed, 1e-9),
                     }
