@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from confluence.errors import ConfluenceError
-from confluence.evaluation.inference import load_model
+from confluence.inference.predictor import load_model
 from confluence.toolkit.checkpoint import META_FILE, STATE_FILE
 
 

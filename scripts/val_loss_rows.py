@@ -16,7 +16,7 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
-from confluence.evaluation.inference import load_model
+from confluence.inference.predictor import load_model
 from confluence.model.inputs import DbTables
 from confluence.sampler.sampler import Sampler
 from confluence.sampler.splits import subsample

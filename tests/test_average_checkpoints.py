@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from confluence.errors import ConfluenceError
-from confluence.evaluation.inference import load_model
+from confluence.inference.predictor import load_model
 from confluence.model.transformer import RelationalTransformer
 from confluence.toolkit.checkpoint import save_checkpoint
 from scripts.average_checkpoints import average

@@ -133,8 +133,8 @@ def test_only_gbdt_is_a_blend_partner():
 @pytest.mark.slow
 def test_evaluate_with_a_blend(shop):  # noqa: F811
     from confluence.evaluation.evaluate import evaluate
-    from confluence.evaluation.inference import load_model
     from confluence.evaluation.targets import train_target_range
+    from confluence.inference.predictor import load_model
     from confluence.store import Store
 
     store, run, _ = shop
@@ -170,8 +170,8 @@ def test_evaluate_with_a_blend(shop):  # noqa: F811
 
 @pytest.mark.slow
 def test_predict_with_a_blend(shop):  # noqa: F811
-    from confluence.evaluation.inference import load_model
     from confluence.evaluation.predict import blend_summary, predict
+    from confluence.inference.predictor import load_model
 
     store, run, tmp = shop
     model = load_model(run)

@@ -1,4 +1,4 @@
-"""Context draws (`confluence.evaluation.draws`, `--draws`): several contexts per seed, their head outputs combined.
+"""Context draws (`confluence.inference.draws`, `--draws`): several contexts per seed, their head outputs combined.
 
 The combination is checked against its definition (mean probabilities, medians of numbers, mean cyclic pairs), one
 draw is exactly the old single context, `draws = n` is the combination of the sampler's epochs 0..n-1 (and those
@@ -17,10 +17,10 @@ from typer.testing import CliRunner
 
 from confluence.cli.main import app
 from confluence.errors import ConfluenceError
-from confluence.evaluation.draws import combine_draws
 from confluence.evaluation.evaluate import evaluate
-from confluence.evaluation.inference import HeadOutputs, Predictor, load_model, sigmoid, softmax
 from confluence.evaluation.predict import predict, seed_prediction_table
+from confluence.inference.draws import combine_draws
+from confluence.inference.predictor import HeadOutputs, Predictor, load_model, sigmoid, softmax
 from confluence.model.transformer import RelationalTransformer
 from confluence.serving.batching import head_outputs
 from confluence.store import Store

@@ -15,9 +15,9 @@ import pytest
 
 from confluence.errors import ConfluenceError
 from confluence.evaluation.evaluate import evaluate
-from confluence.evaluation.inference import HeadOutputs, load_model
 from confluence.evaluation.predict import postprocess, predict
 from confluence.evaluation.targets import decode_targets
+from confluence.inference.predictor import HeadOutputs, load_model
 from confluence.preprocess.pipeline import preprocess
 from confluence.store import Store
 from confluence.training.loop import open_stream, train
@@ -145,7 +145,7 @@ def test_postprocess_matches_direct_computation(shop):
 
 def test_anchor_predictions_see_the_requested_observation_time(shop, monkeypatch):
     """Predicting for (anchor, time) pairs of a task with an observation-time cell encodes *those* times."""
-    from confluence.evaluation.inference import Predictor
+    from confluence.inference.predictor import Predictor
     from confluence.preprocess.encode import encode_timestamp
 
     store_path, run, _ = shop

@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from confluence.cli.main import app
-from confluence.evaluation.inference import load_model
+from confluence.inference.predictor import load_model
 from confluence.model.transformer import RelationalTransformer, load_transformer
 from confluence.toolkit.checkpoint import load_state, save_checkpoint
 from tests.fixtures.model import tiny_run_config

@@ -53,7 +53,7 @@ def test_a_run_exported_as_a_pretrained_model_loads_by_name_and_is_checked(tmp_p
     checkpoint is accepted (evaluate, --init-from); a damaged file or an unknown name is an error saying so."""
     import confluence.pretrained as P
     from confluence.evaluation.evaluate import evaluate
-    from confluence.evaluation.inference import load_model
+    from confluence.inference.predictor import load_model
 
     cfg = tiny_run_config(sampler=SAMPLER, loop={"max_steps": 4, "ckpt_every": 4, "val_every": 4})
     with open_stream([history_store(0).path], cfg) as stream:

@@ -24,8 +24,8 @@ from confluence.cli.main import app
 from confluence.errors import MetadataError
 from confluence.evaluation.baselines import split_ids
 from confluence.evaluation.evaluate import evaluate
-from confluence.evaluation.inference import load_model
 from confluence.evaluation.relbench import relbench_results
+from confluence.inference.predictor import load_model
 from confluence.preprocess.pipeline import preprocess
 from confluence.sampler import Sampler, SamplerConfig, SplitConfig
 from confluence.schema.draft import draft_metadata

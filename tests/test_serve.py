@@ -32,8 +32,8 @@ import uvicorn
 from typer.testing import CliRunner
 
 from confluence.cli.main import app as cli
-from confluence.evaluation.inference import Predictor, load_model
 from confluence.evaluation.predict import KeyIndex, predict
+from confluence.inference.predictor import Predictor, load_model
 from confluence.model.transformer import RelationalTransformer
 from confluence.serving.app import create_app
 from confluence.serving.batching import Stats, head_outputs

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from confluence.evaluation.inference import load_model
+from confluence.inference.predictor import load_model
 from confluence.model.inputs import DbTables
 from confluence.training.loop import open_stream, train
 from confluence.training.step import get_trainer

@@ -56,8 +56,8 @@ def profile_inference(checkpoint: str | Path, store: str | Path, task: str, *, a
     """The phases of predicting `anchors` seeds of `split` of `task` (module doc), in seconds and contexts/s."""
     import jax
 
-    from confluence.evaluation.inference import Predictor, load_model
     from confluence.evaluation.predict import seed_prediction_table, subsample
+    from confluence.inference.predictor import Predictor, load_model
 
     res: dict[str, Any] = {"task": task, "draws": draws, "device": str(jax.devices()[0].platform)}
     loaded, res["load_s"] = _timed(lambda: load_model(checkpoint))
@@ -98,7 +98,7 @@ def profile_inference(checkpoint: str | Path, store: str | Path, task: str, *, a
 
 def _cost(predictor: Any, batch: Any) -> tuple[float | None, float | None]:
     """XLA's count of the model call's floating-point operations and bytes accessed, per context."""
-    from confluence.evaluation.inference import _forward
+    from confluence.inference.predictor import _forward
     from confluence.model.inputs import batch_to_inputs
 
     try:

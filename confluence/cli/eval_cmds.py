@@ -10,7 +10,7 @@ import typer
 
 from confluence import outputs
 from confluence.cli.common import fail
-from confluence.evaluation.draws import DEFAULT_DRAWS
+from confluence.inference.draws import DEFAULT_DRAWS
 
 
 def results_lines(results: dict, title: str) -> list[str]:
@@ -148,7 +148,7 @@ def evaluate_cmd(
     from confluence.errors import ConfluenceError
     from confluence.evaluation.blend import check_blend
     from confluence.evaluation.evaluate import evaluate, write_json
-    from confluence.evaluation.inference import load_model
+    from confluence.inference.predictor import load_model
     from confluence.toolkit.progress import Reporter
 
     splits = [split]

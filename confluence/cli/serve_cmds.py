@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from confluence.evaluation.draws import DEFAULT_DRAWS
+from confluence.inference.draws import DEFAULT_DRAWS
 
 TOKEN_ENV = "CONFLUENCE_SERVE_TOKEN"
 # on SIGTERM / SIGINT, requests in progress get this long to be answered; then the worker stops between forward

@@ -20,9 +20,9 @@ import numpy as np
 from confluence.errors import ConfluenceError
 from confluence.evaluation import metrics as M
 from confluence.evaluation.baselines import offset_prediction
-from confluence.evaluation.draws import DEFAULT_DRAWS
-from confluence.evaluation.inference import HeadOutputs, LoadedModel, Predictor, load_model, sigmoid, softmax
 from confluence.evaluation.targets import decode_targets, numerical_predictions
+from confluence.inference.draws import DEFAULT_DRAWS
+from confluence.inference.predictor import HeadOutputs, LoadedModel, Predictor, load_model, sigmoid, softmax
 from confluence.sampler.config import labels_for
 from confluence.sampler.splits import subsample
 from confluence.stypes import SemanticType

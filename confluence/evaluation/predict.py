@@ -32,9 +32,9 @@ import pyarrow.parquet as pq
 
 from confluence import outputs
 from confluence.errors import ConfluenceError
-from confluence.evaluation.draws import DEFAULT_DRAWS
-from confluence.evaluation.inference import HeadOutputs, LoadedModel, Predictor, load_model, sigmoid, softmax
 from confluence.evaluation.targets import numerical_predictions, task_categories
+from confluence.inference.draws import DEFAULT_DRAWS
+from confluence.inference.predictor import HeadOutputs, LoadedModel, Predictor, load_model, sigmoid, softmax
 from confluence.preprocess.encode import MAX_EPOCH_US, MIN_EPOCH_US, TIMESTAMP_PERIODS, calendar_fields
 from confluence.sampler.splits import split_index, subsample
 from confluence.store import Store

@@ -26,7 +26,7 @@ from pydantic_core import PydanticCustomError
 from starlette.concurrency import run_in_threadpool
 
 import confluence
-from confluence.evaluation.draws import DEFAULT_DRAWS
+from confluence.inference.draws import DEFAULT_DRAWS
 from confluence.serving.batching import Unavailable
 from confluence.serving.service import PredictionService, RequestError, ServeSettings, json_rows
 

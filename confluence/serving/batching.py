@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from confluence.batch import TrainingBatch
-from confluence.evaluation.draws import combine_draws
-from confluence.evaluation.inference import HeadOutputs, Predictor
+from confluence.inference.draws import combine_draws
+from confluence.inference.predictor import HeadOutputs, Predictor
 from confluence.sampler.config import bucket_size
 from confluence.stypes import SemanticType
 

@@ -21,8 +21,6 @@ import numpy as np
 import pyarrow as pa
 
 from confluence.errors import ConfluenceError
-from confluence.evaluation.draws import DEFAULT_DRAWS
-from confluence.evaluation.inference import HeadOutputs, LoadedModel, Predictor, load_model
 from confluence.evaluation.predict import (
     KeyIndex,
     TaskBlend,
@@ -31,6 +29,8 @@ from confluence.evaluation.predict import (
     resolve_anchors,
 )
 from confluence.evaluation.report import describe_task
+from confluence.inference.draws import DEFAULT_DRAWS
+from confluence.inference.predictor import HeadOutputs, LoadedModel, Predictor, load_model
 from confluence.serving.batching import Batcher, Job, Stats, batch_shape, batch_shapes, reshaped
 from confluence.store import Store
 from confluence.stypes import SemanticType
@@ -60,7 +60,7 @@ class ServeSettings:
     `max_anchors`: anchors per request; `max_body_bytes`: bytes in a request body (None: `BODY_BASE_BYTES` +
     `BODY_BYTES_PER_ANCHOR` x `max_anchors`; more is refused unparsed); `top_k`: classes listed by default;
     `clip_numbers`: as in predict; `warm_up`: compile every batch shape before reporting ready (else each on first
-    use); `draws`: contexts per anchor whose answers are combined, as in predict (`confluence.evaluation.draws`);
+    use); `draws`: contexts per anchor whose answers are combined, as in predict (`confluence.inference.draws`);
     `token`: the bearer token every endpoint but /health requires (None: none); `docs`: serve the Swagger page at
     /docs (its assets come from a CDN); `model_details`: /model shows absolute paths and the training machine's
     environment (else basenames only); `blend`: "gbdt" fits LightGBM and a blend weight per task at start-up

@@ -19,7 +19,7 @@ import numpy as np
 
 from confluence.batch import TrainingBatch
 from confluence.errors import ConfluenceError
-from confluence.evaluation.draws import combine_draws
+from confluence.inference.draws import combine_draws
 from confluence.model.inputs import DbTables, batch_to_inputs, fitted_max_k
 from confluence.model.loss import categorical_logits
 from confluence.model.transformer import RelationalTransformer, load_transformer

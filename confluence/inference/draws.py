@@ -11,7 +11,7 @@ from typing import TypeVar
 
 import numpy as np
 
-H = TypeVar("H")  # `confluence.evaluation.inference.HeadOutputs`
+H = TypeVar("H")  # `confluence.inference.predictor.HeadOutputs`
 
 # context draws per prediction (`Predictor(draws=...)`, `--draws`): chosen on validation splits (docs/decisions.md,
 # "Context draws"); 1 is a single context per seed, exactly the answer of one draw
