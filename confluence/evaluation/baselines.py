@@ -31,10 +31,14 @@ def offset_prediction(store: Store, task: str, train_ids: np.ndarray, eval_ids: 
     """The `median_offset` baseline of a timestamp task whose rows have observation times, on the non-null
     evaluated rows (epoch µs): each row's observation time plus the median offset of the train targets from theirs
     ("the next match is about 30 days after today"), the constant a user tries first for a "when next" target.
-    None when the task's rows have no observation times. Without it the trivial baseline of such a task is one
+    None when the task has no `observation_time_column` (a cell task's cut-off is its row's own time, which may be
+    the target itself: no baseline may read it). Without it the trivial baseline of such a task is one
     absolute date for every row, years off. `train` / `evaluated`: `decode_targets` of the two id sets."""
     from confluence.store.format import NO_CUTOFF
 
+    if getattr(store.task(task), "observation_time", None) != "observation_time_column":
+        # a cell task's cut-off is its row's own time, which may be the target column itself
+        return None
     obs = np.asarray(store.task_arrays(task).obs_time, dtype=np.int64)
     obs_tr, obs_ev = obs[train_ids][~train.is_null], obs[eval_ids][~evaluated.is_null]
     if obs_tr.size == 0 or (obs_tr == NO_CUTOFF).any() or (obs_ev == NO_CUTOFF).any():
