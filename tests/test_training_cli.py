@@ -114,8 +114,9 @@ def test_ctrl_c_says_how_to_resume_and_a_finished_run_says_it_is_finished(tmp_pa
     conf.write_text(json.dumps(cfg.to_dict()))
     run = tmp_path / "run"
     args = ["train", "--db", str(tiny_store), "--config", str(conf), "--out", str(run), "--no-progress"]
-    # its own compile cache: in the whole suite (not alone, not with this file's other tests) a run reading the
-    # session's cache, filled by many in-process compilations, stopped stepping after its baseline validation
+    # its own compile cache, not the session's: in two whole-suite runs (2026-11-27; never alone or with this file's
+    # other tests) the run stopped stepping after its baseline validation; the shared cache, filled by the suite's
+    # in-process compilations, is the one thing the suite changes for it (a suspect, not a proven cause)
     proc = subprocess.Popen([sys.executable, "-m", "confluence.cli.main", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "JAX_PLATFORMS": "cpu",
