@@ -297,8 +297,8 @@ def test_databases_of_your_own_are_checked_before_anything_is_written(tmp_path):
 
     cases = [
         ([(meta, source), (meta, source)], "two databases of your own are both named 'bookstore'"),
-        ([(tmp_path / "none.json", source)], "none.json: cannot read its metadata file"),
-        ([(write_metadata(tmp_path / "n", {"tables": {}}), source)], 'its metadata has no "name"'),
+        ([(tmp_path / "none.json", source)], "none.json: .*cannot read the metadata file"),
+        ([(write_metadata(tmp_path / "n", {"tables": {}}), source)], "(?s)bookstore.metadata.json: 2 problem.*missing required field 'name'"),
         ([(write_metadata(tmp_path / "d", {**bookstore_metadata(), "name": "db_7"}), source)],
          "not with db_ or tpch_"),
         ([(devsuite.metadata_path("euip"), source)], "'euip' is a check database of the development suite"),
@@ -327,3 +327,17 @@ def test_cli_database_option(tmp_path, monkeypatch):
         line.split()[:2] == ["bookstore", "train"] for line in show.output.splitlines()), show.output
     bad = CliRunner().invoke(app, [*args, "--database", str(meta)])
     assert bad.exit_code == 1 and "expected METADATA=SOURCE" in bad.output, bad.output
+
+
+def test_a_tampered_corpus_file_cannot_point_a_store_outside_the_corpus(reference, tmp_path):
+    """corpus.json is read back on every build and training run: a database of one's own named `../x` there is
+    refused before any path is made from it."""
+    out = _copy(reference, tmp_path)
+    obj = json.loads((out / CORPUS_FILE).read_text())
+    obj["spec"]["extra"] = [{"name": "../escaped", "source": "/nowhere", "metadata": "m.json", "sha256": "0" * 64}]
+    (out / CORPUS_FILE).write_text(json.dumps(obj))
+    with pytest.raises(CorpusError, match="member name '../escaped' must be"):
+        open_corpus(out)
+    with pytest.raises(CorpusError, match="member name '../escaped' must be"):
+        _build(out)
+    assert not (tmp_path / "escaped").exists() and not (out / "escaped").exists()

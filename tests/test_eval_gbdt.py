@@ -275,7 +275,8 @@ def test_a_when_next_task_has_a_trivial_baseline_of_its_observation_time_plus_th
     wait = np.where(np.arange(100) % 2 == 0, 10, 14) * day  # the next event 10 or 14 days later
     target = (obs + wait).astype(np.float64)
     store = SimpleNamespace(task_arrays=lambda task: SimpleNamespace(obs_time=obs),
-                            task=lambda task: SimpleNamespace(observation_time="observation_time_column"))
+                            task=lambda task: SimpleNamespace(observation_time="observation_time_column",
+                                                             target_stype=int(SemanticType.TIMESTAMP)))
     train, test = np.arange(80), np.arange(80, 100)
     nulls = np.zeros(100, bool)
     nulls[[3, 4]] = True  # null targets are left out of the median (one wait of each length) and of the scored rows
@@ -288,9 +289,11 @@ def test_a_when_next_task_has_a_trivial_baseline_of_its_observation_time_plus_th
     with_null = offset_prediction(store, "next_at", train, np.arange(0, 10), dec(train), dec(np.arange(0, 10)))
     assert with_null.shape == (8,)
     without = SimpleNamespace(task_arrays=lambda task: SimpleNamespace(obs_time=np.full(100, NO_CUTOFF)),
-                              task=lambda task: SimpleNamespace(observation_time="observation_time_column"))
+                              task=lambda task: SimpleNamespace(observation_time="observation_time_column",
+                                                             target_stype=int(SemanticType.TIMESTAMP)))
     assert offset_prediction(without, "next_at", train, test, dec(train), dec(test)) is None
     # a cell task's cut-off is its row's own time: for a target that is the row's time column it is the answer
     cell = SimpleNamespace(task_arrays=lambda task: SimpleNamespace(obs_time=target.astype(np.int64)),
-                           task=lambda task: SimpleNamespace(observation_time="anchor_temporal_column"))
+                           task=lambda task: SimpleNamespace(observation_time="anchor_temporal_column",
+                                                            target_stype=int(SemanticType.TIMESTAMP)))
     assert offset_prediction(cell, "order_time", train, test, dec(train), dec(test)) is None

@@ -128,22 +128,21 @@ class Extra:
 
 
 def extra_database(metadata: str | Path, source: str | Path) -> Extra:
-    """The corpus entry of a database of the user's own: its metadata file read for its name and digest.
-    CorpusError when the file cannot be read, is not a JSON object, or names no usable member name."""
+    """The corpus entry of a database of the user's own: its metadata file read and checked as `confluence
+    preprocess` reads it (`schema.metadata.load_metadata`), named by its "name", identified by its bytes' digest.
+    CorpusError when the file cannot be read or is invalid, naming the file and what is wrong."""
+    from confluence.errors import MetadataError
+    from confluence.schema.metadata import load_metadata
+
     path = Path(metadata)
     try:
+        meta = load_metadata(path)
         data = path.read_bytes()
-        obj = json.loads(data)
-    except (OSError, ValueError) as exc:
-        raise CorpusError(f"--database {metadata}: cannot read its metadata file ({type(exc).__name__}: "
-                          f"{exc})") from None
-    raw_name = obj.get("name") if isinstance(obj, dict) else None
-    if not isinstance(raw_name, str) or not raw_name.strip():
-        raise CorpusError(f"--database {metadata}: its metadata has no \"name\" (the corpus names the member by it)")
-    name = re.sub(r"[^a-z0-9_]+", "_", raw_name.strip().lower()).strip("_")[:40]
-    if not _NAME.match(name) or name.startswith(("db_", "tpch_")):
-        raise CorpusError(f"--database {metadata}: its name {raw_name!r} gives the member name {name!r}, which "
-                          "must start with a letter and not with db_ or tpch_ (the corpus's own members)")
+    except MetadataError as exc:
+        raise CorpusError(f"--database {metadata}: {exc}") from None
+    except OSError as exc:
+        raise CorpusError(f"--database {metadata}: cannot read its metadata file ({exc.strerror or exc})") from None
+    name = re.sub(r"[^a-z0-9_]+", "_", meta.name.strip().lower()).strip("_")[:40]
     return Extra(name, str(source), str(path), hashlib.sha256(data).hexdigest())
 
 
@@ -231,11 +230,16 @@ def check_arguments(databases: int, seed: int, rows: float, heldout: float, tpch
 
 
 def check_extra(extra: Sequence[Extra]) -> None:
-    """Raise CorpusError when the user's own databases are too many or two share a member name."""
+    """Raise CorpusError when the user's own databases are too many, one's member name is not a plain name (it
+    names the store's folder: a corpus.json naming `../x` must not write outside the corpus) or two share one."""
     if len(extra) > MAX_EXTRA:
         raise CorpusError(f"at most {MAX_EXTRA} databases of your own in one corpus, got {len(extra)}")
     seen: dict[str, str] = {}
     for e in extra:
+        if not isinstance(e.name, str) or not _NAME.match(e.name) or e.name.startswith(("db_", "tpch_")):
+            raise CorpusError(f"database of your own {e.metadata}: member name {e.name!r} must be 1-40 of a-z, 0-9, "
+                              "'_', start with a letter and not with db_ or tpch_ (the corpus's own members); its "
+                              "metadata's \"name\" gives it")
         if e.name in seen:
             raise CorpusError(f"two databases of your own are both named {e.name!r} ({seen[e.name]} and "
                               f"{e.metadata}): give one another \"name\" in its metadata")

@@ -28,7 +28,7 @@ def split_ids(store: Store, task: str, split: str, split_config: SplitConfig | N
 
 def offset_prediction(store: Store, task: str, train_ids: np.ndarray, eval_ids: np.ndarray, train: Any,
                       evaluated: Any) -> np.ndarray | None:
-    """The `median_offset` baseline of a timestamp task whose rows have observation times, on the non-null
+    """The `median_offset` baseline of a timestamp task with an observation-time column, on the non-null
     evaluated rows (epoch µs): each row's observation time plus the median offset of the train targets from theirs
     ("the next match is about 30 days after today"), the constant a user tries first for a "when next" target.
     None when the task has no `observation_time_column` (a cell task's cut-off is its row's own time, which may be
@@ -36,8 +36,9 @@ def offset_prediction(store: Store, task: str, train_ids: np.ndarray, eval_ids: 
     absolute date for every row, years off. `train` / `evaluated`: `decode_targets` of the two id sets."""
     from confluence.store.format import NO_CUTOFF
 
-    if getattr(store.task(task), "observation_time", None) != "observation_time_column":
-        # a cell task's cut-off is its row's own time, which may be the target column itself
+    info = store.task(task)
+    if SemanticType(int(info.target_stype)) != SemanticType.TIMESTAMP or \
+            info.observation_time != "observation_time_column":
         return None
     obs = np.asarray(store.task_arrays(task).obs_time, dtype=np.int64)
     obs_tr, obs_ev = obs[train_ids][~train.is_null], obs[eval_ids][~evaluated.is_null]
@@ -80,7 +81,7 @@ def run_baselines(
         ev = decode_targets(store, task, eval_ids)
         trivial = M.trivial_baselines(stype, tr.values[~tr.is_null], ev.values[~ev.is_null],
                                       num_classes=ev.num_classes or None)
-        offset = offset_prediction(store, task, train_ids, eval_ids, tr, ev) if stype == SemanticType.TIMESTAMP else None
+        offset = offset_prediction(store, task, train_ids, eval_ids, tr, ev)
         if offset is not None:
             trivial["median_offset"] = M.metrics_for(stype, ev.values[~ev.is_null], offset)
         name, best = M.best_baseline(stype, trivial)

@@ -153,8 +153,7 @@ def evaluate(
             model = model_metrics(stype, truth.values, truth.is_null, pred, out.null_logit, train_std)
             trivial = M.trivial_baselines(stype, train_vals, truth.values[~truth.is_null],
                                           num_classes=truth.num_classes or None)
-            offset = (offset_prediction(store, task, train_ids, eval_ids, train, truth)
-                      if stype == SemanticType.TIMESTAMP else None)
+            offset = offset_prediction(store, task, train_ids, eval_ids, train, truth)
             if offset is not None:
                 trivial["median_offset"] = M.metrics_for(stype, truth.values[keep], offset)
             best_name, best = M.best_baseline(stype, trivial)
