@@ -10,7 +10,7 @@ is an MAE of 0 (the goal of docs/learnability.md). With several training seeds (
 and store are trained once per seed, and the report says which signals are reached in every run: the run-to-run
 spread of a 3,000-step run is as large as most changes measured with it.
 
-The root-cause signals (`confluence.synth.planted.ROOT_CAUSES`: what the model lost to LightGBM on on real
+The root-cause signals (`confluence.synth.planted.ROOT_CAUSES`: where the model lost to LightGBM on real
 databases) are also judged against LightGBM on the same rows: `of_gbdt` is the model's share of the gap from trivial
 to the ceiling over LightGBM's, and `reached_gbdt` whether it is at least 90 %.
 """

@@ -703,9 +703,7 @@ def _derived_tasks(tables: list[_Table], rng: np.random.Generator) -> dict[str, 
             pattern, target, stype, desc = cand
             parent = tables[fk.parent]
             obs = _obs_times(child, window if pattern.endswith("_next") else 0)
-            name = f"{parent.stem}_{child.name}_{target}"
-            if sum(1 for f in child.fks if f.parent == fk.parent) > 1:
-                name += f"_by_{fk.column}"
+            name = _task_name(child, fk, parent, target)
             if not obs:
                 return name, None, None
             spec = {"query": _derived_query(pattern, target, child, fk, parent, window, obs),
@@ -738,6 +736,13 @@ def _derived_tasks(tables: list[_Table], rng: np.random.Generator) -> dict[str, 
         return tasks
     finally:
         con.close()
+
+
+def _task_name(child: _Table, fk: _FK, parent: _Table, target: str) -> str:
+    """A derived task's name: `<parent entity>_<child table>_<target>`, `_by_<fk>` when the child has two keys to
+    the parent."""
+    two = sum(1 for f in child.fks if f.parent == fk.parent) > 1
+    return f"{parent.stem}_{child.name}_{target}" + (f"_by_{fk.column}" if two else "")
 
 
 def _next_time_query(child: _Table, fk: _FK, parent: _Table, window: int, obs: list[int]) -> str:
@@ -777,8 +782,7 @@ def _next_time_task(tables: list[_Table], seed: int) -> dict[str, Any]:
             query = _next_time_query(child, fk, parent, window, obs)
             values = con.sql(query).to_arrow_table().column("next_at").drop_null()
             if len(values) >= 20 and len(pc.unique(values)) >= 2:
-                name = f"{parent.stem}_{child.name}_next_at" + (
-                    f"_by_{fk.column}" if sum(1 for f in child.fks if f.parent == fk.parent) > 1 else "")
+                name = _task_name(child, fk, parent, "next_at")
                 return {name: {"query": query, "anchor_table": parent.name, "anchor_key": parent.pk,
                                "target_column": "next_at", "target_stype": "timestamp",
                                "observation_time_column": "obs_time", "horizon": f"{window} days",
