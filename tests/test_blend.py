@@ -21,8 +21,8 @@ from confluence.evaluation.blend import (
     choose_weight,
     fit_blend,
 )
-from confluence.evaluation.targets import TargetRange
 from confluence.stypes import US_PER_DAY, SemanticType
+from confluence.targets import TargetRange
 from tests.test_eval_end_to_end import shop  # noqa: F401  (the store and 12-step checkpoint fixture)
 
 NUM, BOOL, CAT, TS = SemanticType.NUMERICAL, SemanticType.BOOLEAN, SemanticType.CATEGORICAL, SemanticType.TIMESTAMP
@@ -133,9 +133,9 @@ def test_only_gbdt_is_a_blend_partner():
 @pytest.mark.slow
 def test_evaluate_with_a_blend(shop):  # noqa: F811
     from confluence.evaluation.evaluate import evaluate
-    from confluence.evaluation.targets import train_target_range
     from confluence.inference.predictor import load_model
     from confluence.store import Store
+    from confluence.targets import train_target_range
 
     store, run, _ = shop
     with pytest.raises(ConfluenceError, match="blended with gbdt"):

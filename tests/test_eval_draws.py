@@ -20,10 +20,11 @@ from confluence.errors import ConfluenceError
 from confluence.evaluation.evaluate import evaluate
 from confluence.evaluation.predict import predict, seed_prediction_table
 from confluence.inference.draws import combine_draws
-from confluence.inference.predictor import HeadOutputs, Predictor, load_model, sigmoid, softmax
+from confluence.inference.predictor import HeadOutputs, Predictor, load_model
 from confluence.model.transformer import RelationalTransformer
 from confluence.serving.batching import head_outputs
 from confluence.store import Store
+from confluence.targets import sigmoid, softmax
 from confluence.toolkit.checkpoint import save_checkpoint
 from tests.fixtures.graphs import random_store
 from tests.fixtures.model import tiny_run_config

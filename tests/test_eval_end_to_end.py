@@ -16,10 +16,10 @@ import pytest
 from confluence.errors import ConfluenceError
 from confluence.evaluation.evaluate import evaluate
 from confluence.evaluation.predict import postprocess, predict
-from confluence.evaluation.targets import decode_targets
 from confluence.inference.predictor import HeadOutputs, load_model
 from confluence.preprocess.pipeline import preprocess
 from confluence.store import Store
+from confluence.targets import decode_targets
 from confluence.training.loop import open_stream, train
 from tests.fixtures.bookstore import HashEncoder, bookstore_metadata, write_bookstore
 from tests.fixtures.model import tiny_run_config
@@ -136,7 +136,7 @@ def test_postprocess_matches_direct_computation(shop):
                            np.zeros((2, 0), np.float32))
     got = postprocess(store, "amount", store_ts)  # any task works for shape; decode via a timestamp-typed helper
     assert got["prediction"].type == pa.float64()
-    from confluence.evaluation.predict import cyclic_fields
+    from confluence.targets.timestamp import cyclic_fields
 
     assert cyclic_fields(ts)["est_hour_of_day"][0] == 5
     decoded = (ts[:, 14].astype(np.float64) * std + mean)

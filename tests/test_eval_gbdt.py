@@ -236,8 +236,8 @@ def test_a_timestamp_target_is_regressed_from_the_observation_time():
     """Trees cannot predict past the times they were trained on; a time regressed as its offset from the row's
     observation time can (the test split's times are later than the train split's)."""
     from confluence.evaluation.gbdt import FeatureTable, train_booster
-    from confluence.evaluation.targets import DecodedTargets
     from confluence.stypes import SemanticType
+    from confluence.targets import DecodedTargets
 
     rng = np.random.default_rng(0)
     n, day = 2000, 86_400_000_000
@@ -253,9 +253,9 @@ def test_a_timestamp_target_is_regressed_from_the_observation_time():
     y = DecodedTargets(SemanticType.TIMESTAMP, target[train].astype(np.float64), np.zeros(cut, bool), 0, None)
     rel = train_booster("due_at", y, table(train))
     mae_days = np.abs(rel.predict(table(test)) - target[test]).mean() / day
-    assert rel.relative and mae_days < 0.5, mae_days
+    assert rel.fit["relative"] and mae_days < 0.5, mae_days
     absolute = train_booster("due_at", y, table(train, with_obs=False))
-    assert not absolute.relative
+    assert not absolute.fit["relative"]
     assert np.abs(absolute.predict(table(test, False)) - target[test]).mean() / day > 50  # stuck at 2021's end
 
 
@@ -265,10 +265,10 @@ def test_a_when_next_task_has_a_trivial_baseline_of_its_observation_time_plus_th
     from types import SimpleNamespace
 
     from confluence.evaluation import metrics as M
-    from confluence.evaluation.baselines import offset_prediction
-    from confluence.evaluation.targets import DecodedTargets
     from confluence.store.format import NO_CUTOFF
     from confluence.stypes import SemanticType
+    from confluence.targets import DecodedTargets
+    from confluence.targets.timestamp import offset_prediction
 
     day = 86_400_000_000
     obs = (1_600_000_000_000_000 + np.arange(100) * 30 * day).astype(np.int64)  # one row a month, eight years

@@ -7,7 +7,7 @@ import pytest
 from sklearn import metrics as skm
 
 from confluence.evaluation import metrics as M
-from confluence.stypes import SemanticType
+from confluence.stypes import US_PER_DAY, SemanticType
 
 rng = np.random.default_rng(0)
 
@@ -94,7 +94,7 @@ def test_paired_bootstrap_identical_predictors_have_a_zero_interval():
 @pytest.mark.parametrize("stype", [SemanticType.NUMERICAL, SemanticType.TIMESTAMP])
 def test_paired_bootstrap_separates_a_clearly_better_regressor(stype):
     rng = np.random.default_rng(1)
-    scale = M.US_PER_DAY if stype == SemanticType.TIMESTAMP else 1.0
+    scale = US_PER_DAY if stype == SemanticType.TIMESTAMP else 1.0
     y = rng.normal(size=500) * scale
     good, bad = y + 0.1 * rng.normal(size=500) * scale, y + 2.0 * rng.normal(size=500) * scale
     key = "mae_days" if stype == SemanticType.TIMESTAMP else "mae"

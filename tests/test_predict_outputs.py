@@ -20,10 +20,10 @@ from typer.testing import CliRunner
 from confluence.cli.main import app
 from confluence.evaluation.evaluate import model_point_predictions
 from confluence.evaluation.predict import postprocess
-from confluence.evaluation.targets import decode_targets
 from confluence.inference.predictor import HeadOutputs, Predictor, load_model
 from confluence.model.transformer import RelationalTransformer
 from confluence.store import Store
+from confluence.targets import decode_targets
 from confluence.toolkit.checkpoint import save_checkpoint
 from tests.fixtures.model import tiny_run_config
 

@@ -11,11 +11,11 @@ import numpy as np
 from confluence.errors import ConfluenceError
 from confluence.evaluation import metrics as M
 from confluence.evaluation.gbdt import FeatureBuilder, fit_gbdt
-from confluence.evaluation.targets import decode_targets
 from confluence.sampler.config import SamplerConfig, SplitConfig
 from confluence.sampler.splits import split_seed_ids, task_split
 from confluence.store import Store
 from confluence.stypes import SemanticType
+from confluence.targets import decode_targets, kind
 
 
 def split_ids(store: Store, task: str, split: str, split_config: SplitConfig | None = None) -> np.ndarray:
@@ -24,28 +24,6 @@ def split_ids(store: Store, task: str, split: str, split_config: SplitConfig | N
     cfg = task_split(store, task, split_config or SamplerConfig().split)
     arrays = store.task_arrays(task)
     return split_seed_ids(task, np.asarray(arrays.anchor_row), np.asarray(arrays.obs_time), cfg, split, 0, 1)
-
-
-def offset_prediction(store: Store, task: str, train_ids: np.ndarray, eval_ids: np.ndarray, train: Any,
-                      evaluated: Any) -> np.ndarray | None:
-    """The `median_offset` baseline of a timestamp task with an observation-time column, on the non-null
-    evaluated rows (epoch µs): each row's observation time plus the median offset of the train targets from theirs
-    ("the next match is about 30 days after today"), the constant a user tries first for a "when next" target.
-    None when the task has no `observation_time_column` (a cell task's cut-off is its row's own time, which may be
-    the target itself: no baseline may read it). Without it the trivial baseline of such a task is one
-    absolute date for every row, years off. `train` / `evaluated`: `decode_targets` of the two id sets."""
-    from confluence.store.format import NO_CUTOFF
-
-    info = store.task(task)
-    if SemanticType(int(info.target_stype)) != SemanticType.TIMESTAMP or \
-            info.observation_time != "observation_time_column":
-        return None
-    obs = np.asarray(store.task_arrays(task).obs_time, dtype=np.int64)
-    obs_tr, obs_ev = obs[train_ids][~train.is_null], obs[eval_ids][~evaluated.is_null]
-    if obs_tr.size == 0 or (obs_tr == NO_CUTOFF).any() or (obs_ev == NO_CUTOFF).any():
-        return None
-    offset = float(np.median(train.values[~train.is_null].astype(np.float64) - obs_tr.astype(np.float64)))
-    return obs_ev.astype(np.float64) + offset
 
 
 def run_baselines(
@@ -81,9 +59,8 @@ def run_baselines(
         ev = decode_targets(store, task, eval_ids)
         trivial = M.trivial_baselines(stype, tr.values[~tr.is_null], ev.values[~ev.is_null],
                                       num_classes=ev.num_classes or None)
-        offset = offset_prediction(store, task, train_ids, eval_ids, tr, ev)
-        if offset is not None:
-            trivial["median_offset"] = M.metrics_for(stype, ev.values[~ev.is_null], offset)
+        for name, pred in kind(stype).row_baselines(store, task, train_ids, eval_ids, tr, ev).items():
+            trivial[name] = M.metrics_for(stype, ev.values[~ev.is_null], pred)
         name, best = M.best_baseline(stype, trivial)
         entry: dict = {"baseline": {**best, "name": name}, **trivial}
         if builder is not None:

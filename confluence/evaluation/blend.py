@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from confluence.evaluation import metrics as M
-from confluence.evaluation.targets import TargetRange
 from confluence.stypes import SemanticType
+from confluence.targets import TargetRange, kind
 
 GRID: tuple[float, ...] = tuple(round(i * 0.05, 2) for i in range(21))  # the model's share, 0 .. 1
 DEFAULT_WEIGHT = 0.5  # without labelled validation rows
@@ -71,14 +71,6 @@ class BlendFit:
         return out
 
 
-def _as_probs(p: np.ndarray, k: int) -> np.ndarray:
-    """[n, K] probabilities widened (zeros) to `k` columns."""
-    p = np.asarray(p, dtype=np.float64)
-    if p.shape[1] >= k:
-        return p
-    return np.pad(p, ((0, 0), (0, k - p.shape[1])))
-
-
 def blend_predictions(stype: SemanticType, model: np.ndarray, gbdt: np.ndarray, weight: float,
                       target_range: TargetRange | None = None) -> np.ndarray:
     """`weight * model + (1 - weight) * gbdt`, row by row, in the units of `model_point_predictions`.
@@ -86,15 +78,7 @@ def blend_predictions(stype: SemanticType, model: np.ndarray, gbdt: np.ndarray, 
     Categorical probabilities of different widths are widened with zeros to the wider. `target_range` (numerical
     targets) rounds and clips the blended number as `predict` does the model's (`targets.TargetRange`), so the
     blend scored is the blend a user receives."""
-    stype = SemanticType(stype)
-    w = float(weight)
-    if stype == SemanticType.CATEGORICAL:
-        k = max(np.asarray(model).shape[1], np.asarray(gbdt).shape[1])
-        return w * _as_probs(model, k) + (1.0 - w) * _as_probs(gbdt, k)
-    out = w * np.asarray(model, dtype=np.float64) + (1.0 - w) * np.asarray(gbdt, dtype=np.float64)
-    if stype == SemanticType.NUMERICAL and target_range is not None:
-        out = target_range.apply(out)
-    return out
+    return kind(stype).blend(model, gbdt, float(weight), target_range)
 
 
 def weight_scores(stype: SemanticType, truth: np.ndarray, model: np.ndarray, gbdt: np.ndarray,

@@ -19,13 +19,12 @@ import numpy as np
 
 from confluence.errors import ConfluenceError
 from confluence.evaluation import metrics as M
-from confluence.evaluation.baselines import offset_prediction
-from confluence.evaluation.targets import decode_targets, numerical_predictions
 from confluence.inference.draws import DEFAULT_DRAWS
-from confluence.inference.predictor import HeadOutputs, LoadedModel, Predictor, load_model, sigmoid, softmax
+from confluence.inference.predictor import HeadOutputs, LoadedModel, Predictor, load_model
 from confluence.sampler.config import labels_for
 from confluence.sampler.splits import subsample
 from confluence.stypes import SemanticType
+from confluence.targets import decode_targets, kind, sigmoid
 from confluence.toolkit.progress import Reporter, per_row
 
 
@@ -55,17 +54,8 @@ def model_point_predictions(predictor: Predictor, task: str, out: HeadOutputs, k
     rounded and clipped as the train targets imply, exactly as `predict` reports them), P(true) (boolean), [n, K]
     probabilities (categorical), epoch microseconds (timestamp)."""
     store = predictor.store
-    info = store.task(task)
-    stype = SemanticType(int(info.target_stype))
-    if stype == SemanticType.NUMERICAL:
-        train_ids = predictor.seed_ids("train", task) if clip_numbers else None  # None: seed 004's plain value
-        return numerical_predictions(store, task, out.num_pred[keep], train_ids)
-    if stype == SemanticType.BOOLEAN:
-        return sigmoid(out.bool_logit[keep])
-    if stype == SemanticType.CATEGORICAL:
-        return softmax(out.cat_logits[keep])
-    mean, std = store.timestamp_stats
-    return out.ts_pred[keep, 14].astype(np.float64) * std + mean
+    train_ids = predictor.seed_ids("train", task) if clip_numbers else None  # None: seed 004's plain value
+    return kind(store.task(task).target_stype).model_predictions(store, task, out, keep, train_ids)
 
 
 def model_metrics(stype: SemanticType, truth_values: np.ndarray, truth_null: np.ndarray, pred: np.ndarray,
@@ -143,7 +133,7 @@ def evaluate(
                 continue
             train = decode_targets(store, task, train_ids)
             train_vals = train.values[~train.is_null]
-            train_std = float(np.std(train_vals)) if stype == SemanticType.NUMERICAL and train_vals.size else None
+            train_std = kind(stype).target_std(train_vals)
             if progress is not None:  # counted in rows, whatever the contexts drawn per row
                 progress.step(f"{task}: model", len(eval_ids))
             out = predictor.task_outputs(task, eval_ids, None if progress is None else
@@ -153,9 +143,9 @@ def evaluate(
             model = model_metrics(stype, truth.values, truth.is_null, pred, out.null_logit, train_std)
             trivial = M.trivial_baselines(stype, train_vals, truth.values[~truth.is_null],
                                           num_classes=truth.num_classes or None)
-            offset = offset_prediction(store, task, train_ids, eval_ids, train, truth)
-            if offset is not None:
-                trivial["median_offset"] = M.metrics_for(stype, truth.values[keep], offset)
+            row_preds = kind(stype).row_baselines(store, task, train_ids, eval_ids, train, truth)
+            for name, row_pred in row_preds.items():
+                trivial[name] = M.metrics_for(stype, truth.values[keep], row_pred)
             best_name, best = M.best_baseline(stype, trivial)
             entry: dict[str, Any] = {"model": model, "baseline": {**best, "name": best_name}}
             entry.update(trivial)
@@ -186,8 +176,7 @@ def evaluate(
             if keep_rows:
                 trivial_preds = M.trivial_predictions(stype, train_vals, int(keep.sum()),
                                                       num_classes=truth.num_classes or None)
-                if offset is not None:
-                    trivial_preds["median_offset"] = offset
+                trivial_preds.update(row_preds)
                 entry["rows"] = EvalRows(truth=truth.values[keep], pred=pred, gbdt=g.predictions if gbdt else None,
                                          blend=blended, categories=truth.categories, trivial=trivial_preds,
                                          train_std=train_std, seed_ids=eval_ids, head=out,
@@ -206,7 +195,7 @@ def _blend_entry(entry: dict[str, Any], predictor: Predictor, task: str, split: 
     seeds (the evaluated ones reused when the split is "val"), the weight chosen there, the blend's metrics on the
     evaluated rows and its paired bootstrap against LightGBM. Returns the blend's predictions on those rows."""
     from confluence.evaluation.blend import blend_predictions, fit_blend
-    from confluence.evaluation.targets import train_target_range
+    from confluence.targets import train_target_range
 
     store = predictor.store
     stype = SemanticType(int(store.task(task).target_stype))

@@ -36,11 +36,11 @@ import numpy as np
 import pyarrow as pa
 
 from confluence.evaluation import metrics as M
-from confluence.evaluation.targets import DecodedTargets, decode_targets
 from confluence.preprocess.encode import calendar_fields
 from confluence.sampler.splits import subsample
 from confluence.store.format import unpack_bits
 from confluence.stypes import US_PER_DAY, SemanticType
+from confluence.targets import DecodedTargets, decode_targets, kind
 from confluence.toolkit.threads import free_cpus, usable_cpus
 
 FEATURE_STYPES = (SemanticType.NUMERICAL, SemanticType.CATEGORICAL, SemanticType.BOOLEAN, SemanticType.TIMESTAMP)
@@ -374,37 +374,31 @@ class GBDTModel:
     booster: Any
     stype: SemanticType
     num_classes: int
-    scale: tuple[float, float]  # (mean, std) of a standardized numerical or timestamp target
     categorical: list[int]
     codes: list[np.ndarray]
     feature_names: list[str]
     params: dict[str, Any] = field(default_factory=dict)
-    # a timestamp target is regressed as its offset from the observation time: `relative` says so, and
-    # `fallback_obs` stands in for a row without one (the train rows' median observation time)
-    relative: bool = False
-    fallback_obs: float = 0.0
+    # what the target kind needs to read the raw output back (`TargetKind.gbdt_target`): a number's or a time's
+    # (mean, std) as `scale`; a time regressed as its offset from the observation time says `relative`, with
+    # `fallback_obs` standing in for a row without one (the train rows' median observation time)
+    fit: dict[str, Any] = field(default_factory=dict)
 
     def predict(self, features: FeatureTable) -> np.ndarray:
         """P(true) (boolean), [n, K] probabilities (categorical), values or epoch µs (numerical, timestamp)."""
         n = features.x.shape[0]
+        target = kind(self.stype)
         if n == 0:
-            return np.zeros((0, self.num_classes)) if self.stype == SemanticType.CATEGORICAL else np.zeros(0)
+            return target.empty_predictions(self.num_classes)
         x = np.array(features.x, dtype=np.float64, copy=True)
         encode_categories(x, self.categorical, self.codes)
-        raw = self.booster.predict(x)
-        if self.stype == SemanticType.CATEGORICAL:
-            return raw.reshape(n, -1)[:, : self.num_classes]
-        if self.stype != SemanticType.BOOLEAN:
-            value = raw * self.scale[1] + self.scale[0]
-            return value + reference_times(features, self.fallback_obs) if self.relative else value
-        return raw
+        return target.gbdt_output(self.booster.predict(x), n, self.num_classes, self.fit, features.obs)
 
 
 @dataclass
 class GBDTResult:
     task: str
     metrics: dict[str, float]
-    predictions: np.ndarray  # raw units (see confluence.evaluation.targets), or probabilities [n, K] for categorical
+    predictions: np.ndarray  # raw units (see confluence.targets), or probabilities [n, K] for categorical
     feature_names: list[str]
     num_train: int
     params: dict[str, Any] = field(default_factory=dict)  # LightGBM's parameters (threads included)
@@ -484,7 +478,7 @@ def fit_gbdt(
     raw = model.predict(f_ev)
     truth = y_ev.values[keep_ev]
     stype = y_tr.stype
-    train_std = (float(np.std(y_tr.values[keep_tr])) or None) if stype == SemanticType.NUMERICAL else None
+    train_std = kind(stype).target_std(y_tr.values[keep_tr]) or None
     metrics = M.metrics_for(stype, truth, raw, target_std=train_std)
     metrics = {k: (float(v) if not (isinstance(v, float) and math.isnan(v)) else math.nan) for k, v in metrics.items()}
     val_pred = None
@@ -550,28 +544,8 @@ def train_booster(task_name: str, y_tr: DecodedTargets, f_tr: FeatureTable, *,
         # regression row weighs 1, so it changes nothing there beyond min_data_in_leaf).
         "min_sum_hessian_in_leaf": 1.0,
     }
-    target = y_tr.values[keep_tr]
-    scale = (0.0, 1.0)
-    if stype == SemanticType.BOOLEAN:
-        params["objective"] = "binary"
-        target = target.astype(np.float64)
-    elif stype == SemanticType.CATEGORICAL:
-        params["objective"] = "multiclass"
-        params["num_class"] = max(int(y_tr.num_classes), 2)
-    relative, fallback = False, 0.0
-    if stype == SemanticType.TIMESTAMP and f_tr.obs is not None and target.size:
-        # a time is regressed as its offset from the observation time, as the model points at a context time plus
-        # an offset: trees cannot predict beyond the times they were trained on, and the test split's times are
-        # all later than the train split's (an absolute time regressed on 2013-2016 cannot say 2019)
-        known = _has_obs(f_tr.obs)
-        if known.all():
-            relative, fallback = True, float(np.median(f_tr.obs.astype(np.float64)))
-            target = target.astype(np.float64) - f_tr.obs.astype(np.float64)
-    if stype in (SemanticType.NUMERICAL, SemanticType.TIMESTAMP):
-        # Regress a standardized target (timestamps are ~1e15 µs); L1 objective matches the headline MAE.
-        scale = (float(np.mean(target)) if target.size else 0.0, float(np.std(target)) or 1.0)
-        target = (target - scale[0]) / scale[1]
-        params["objective"] = "regression_l1"
+    target, objective, fit = kind(stype).gbdt_target(y_tr.values[keep_tr], f_tr.obs, int(y_tr.num_classes))
+    params.update(objective)
     ds = lgb.Dataset(x_tr, label=target, feature_name=[f"f{i}" for i in range(len(f_tr.names))],
                      categorical_feature=f_tr.categorical or "auto", free_raw_data=False, params={"verbose": -1})
     callbacks = [] if progress is None else [lambda env: progress.advance(1)]
@@ -579,26 +553,9 @@ def train_booster(task_name: str, y_tr: DecodedTargets, f_tr: FeatureTable, *,
         progress.step(f"{task_name}: LightGBM rounds ({len(target)} rows x {len(f_tr.names)} features, "
                       f"{params['num_threads']} threads)", num_boost_round)
     booster = lgb.train(params, ds, num_boost_round=num_boost_round, callbacks=callbacks)
-    return GBDTModel(task=task_name, booster=booster, stype=stype, num_classes=int(y_tr.num_classes), scale=scale,
+    return GBDTModel(task=task_name, booster=booster, stype=stype, num_classes=int(y_tr.num_classes),
                      categorical=list(f_tr.categorical), codes=codes, feature_names=list(f_tr.names), params=params,
-                     relative=relative, fallback_obs=fallback)
-
-
-def _has_obs(obs: np.ndarray) -> np.ndarray:
-    """Which observation times are real cut-offs (not `NO_CUTOFF`, the whole database visible)."""
-    from confluence.store.format import NO_CUTOFF
-
-    return np.asarray(obs, dtype=np.int64) != NO_CUTOFF
-
-
-def reference_times(features: FeatureTable, fallback: float) -> np.ndarray:
-    """The times a relative timestamp prediction is added to: each row's observation time, or `fallback` for a
-    row without one (or a table built without them)."""
-    n = features.x.shape[0]
-    if features.obs is None:
-        return np.full(n, fallback)
-    obs = np.asarray(features.obs, dtype=np.int64)
-    return np.where(_has_obs(obs), obs.astype(np.float64), fallback)
+                     fit=fit)
 
 
 __all__ = ["FeatureBuilder", "FeatureTable", "GBDTModel", "GBDTResult", "fit_gbdt", "train_gbdt", "DecodedTargets"]

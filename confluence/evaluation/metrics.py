@@ -1,6 +1,7 @@
 """Per-task metrics, computed with scikit-learn, and the trivial baselines they are compared with.
 
-Each `*_metrics` function takes ground truth and predictions for the non-null targets of one task and returns
+Each kind's metrics live in its module (`confluence.targets`); this module asks the kind. Each `*_metrics` function
+takes ground truth and predictions for the non-null targets of one task and returns
 a flat `{metric: float}` dict. A metric that is undefined on the given rows (AUROC with one class present) is NaN,
 never an exception: evaluation of a small split must still report everything else.
 
@@ -15,97 +16,24 @@ import math
 import numpy as np
 from sklearn import metrics as skm
 
-from confluence.stypes import US_PER_DAY, SemanticType
+from confluence.stypes import SemanticType
+from confluence.targets import KINDS, kind
+from confluence.targets.base import safe as _safe
+from confluence.targets.boolean import binary_metrics
+from confluence.targets.categorical import categorical_metrics
+from confluence.targets.numerical import regression_metrics
+from confluence.targets.timestamp import US_PER_HOUR, timestamp_metrics
 
-US_PER_HOUR = 3_600e6
-_EPS = 1e-7
+__all__ = ["HEADLINE", "US_PER_HOUR", "best_baseline", "binary_metrics", "categorical_metrics", "headline_metric",
+           "headline_value", "metrics_for", "null_metrics", "paired_bootstrap", "regression_metrics",
+           "timestamp_metrics", "trivial_baselines", "trivial_predictions"]
 
-HEADLINE = {
-    SemanticType.BOOLEAN: ("auroc", True),
-    SemanticType.CATEGORICAL: ("accuracy", True),
-    SemanticType.NUMERICAL: ("mae", False),
-    SemanticType.TIMESTAMP: ("mae_days", False),
-}
+HEADLINE = {st: k.headline for st, k in KINDS.items()}
 
 
 def headline_metric(stype: SemanticType) -> tuple[str, bool]:
     """(metric name, higher is better) of a target type."""
-    return HEADLINE[SemanticType(stype)]
-
-
-def _safe(fn, *args, **kwargs) -> float:
-    try:
-        value = float(fn(*args, **kwargs))
-    except ValueError:
-        return math.nan
-    return value
-
-
-def binary_metrics(y_true: np.ndarray, p_true: np.ndarray, threshold: float = 0.5) -> dict[str, float]:
-    """AUROC (headline), average precision, accuracy at `threshold`, log loss; `p_true` = P(y = 1)."""
-    y = np.asarray(y_true).astype(bool)
-    p = np.clip(np.asarray(p_true, dtype=np.float64), _EPS, 1 - _EPS)
-    two_classes = y.size > 0 and y.any() and not y.all()
-    return {
-        "auroc": _safe(skm.roc_auc_score, y, p) if two_classes else math.nan,
-        "average_precision": _safe(skm.average_precision_score, y, p) if y.any() else math.nan,
-        "accuracy": float(skm.accuracy_score(y, p >= threshold)) if y.size else math.nan,
-        "log_loss": _safe(skm.log_loss, y, p, labels=[False, True]) if y.size else math.nan,
-        "n": float(y.size),
-    }
-
-
-def categorical_metrics(y_true: np.ndarray, probs: np.ndarray, top_k: int = 3) -> dict[str, float]:
-    """Accuracy (headline), macro-F1, top-k accuracy, log loss. `probs` is [n, K], `y_true` class indices 0..K-1."""
-    y = np.asarray(y_true, dtype=np.int64)
-    p = np.asarray(probs, dtype=np.float64)
-    if y.size == 0:
-        return {"accuracy": math.nan, "macro_f1": math.nan, f"top{top_k}_accuracy": math.nan, "log_loss": math.nan, "n": 0.0}
-    k = p.shape[1]
-    labels = np.arange(k)
-    pred = p.argmax(axis=1)
-    p = np.clip(p, _EPS, None)
-    p = p / p.sum(axis=1, keepdims=True)
-    kk = min(top_k, k)
-    return {
-        "accuracy": float(skm.accuracy_score(y, pred)),
-        "macro_f1": float(skm.f1_score(y, pred, labels=np.unique(y), average="macro", zero_division=0)),
-        f"top{top_k}_accuracy": float(skm.top_k_accuracy_score(y, p, k=kk, labels=labels)) if k > kk else 1.0,
-        "log_loss": _safe(skm.log_loss, y, p, labels=labels),
-        "n": float(y.size),
-    }
-
-
-def regression_metrics(y_true: np.ndarray, y_pred: np.ndarray, target_std: float | None = None) -> dict[str, float]:
-    """MAE (headline), MAE normalized by the target's std (RelBench's normalized MAE), RMSE, R²."""
-    y = np.asarray(y_true, dtype=np.float64)
-    f = np.asarray(y_pred, dtype=np.float64)
-    if y.size == 0:
-        return {"mae": math.nan, "nmae": math.nan, "rmse": math.nan, "r2": math.nan, "n": 0.0}
-    mae = float(skm.mean_absolute_error(y, f))
-    std = float(target_std) if target_std else float(np.std(y))
-    return {
-        "mae": mae,
-        "nmae": mae / std if std > 0 else math.nan,
-        "rmse": float(math.sqrt(skm.mean_squared_error(y, f))),
-        "r2": _safe(skm.r2_score, y, f) if y.size > 1 else math.nan,
-        "n": float(y.size),
-    }
-
-
-def timestamp_metrics(t_true_us: np.ndarray, t_pred_us: np.ndarray) -> dict[str, float]:
-    """MAE in days (headline) and in hours, and RMSE in days, from epoch-microsecond values."""
-    t = np.asarray(t_true_us, dtype=np.float64)
-    f = np.asarray(t_pred_us, dtype=np.float64)
-    if t.size == 0:
-        return {"mae_days": math.nan, "mae_hours": math.nan, "rmse_days": math.nan, "n": 0.0}
-    mae = float(skm.mean_absolute_error(t, f))
-    return {
-        "mae_days": mae / US_PER_DAY,
-        "mae_hours": mae / US_PER_HOUR,
-        "rmse_days": float(math.sqrt(skm.mean_squared_error(t, f))) / US_PER_DAY,
-        "n": float(t.size),
-    }
+    return kind(stype).headline
 
 
 def null_metrics(is_null: np.ndarray, p_null: np.ndarray) -> dict[str, float]:
@@ -125,21 +53,7 @@ def trivial_predictions(
     """The constant predictions of the trivial baselines, fitted on the train split's targets, for `n` rows (in the
     units of `metrics_for`): boolean `majority` (P(true) = the train rate); categorical `majority` (the train class
     frequencies, `num_classes` wide); numerical and timestamp `mean` and `median`."""
-    stype = SemanticType(stype)
-    tr = np.asarray(train_targets)
-    if stype == SemanticType.BOOLEAN:
-        rate = float(tr.astype(bool).mean()) if tr.size else 0.5
-        return {"majority": np.full(n, rate)}
-    if stype == SemanticType.CATEGORICAL:
-        k = int(num_classes if num_classes is not None else int(tr.max(initial=0)) + 1)
-        freq = np.bincount(tr.astype(np.int64), minlength=k).astype(np.float64)[:k] + 1e-3
-        freq /= freq.sum()
-        return {"majority": np.tile(freq, (n, 1))}
-    if stype in (SemanticType.NUMERICAL, SemanticType.TIMESTAMP):
-        return {name: np.full(n, value, dtype=np.float64)
-                for name, value in (("mean", np.mean(tr) if tr.size else 0.0),
-                                    ("median", np.median(tr) if tr.size else 0.0))}
-    raise ValueError(f"no baselines for target type {stype.label}")
+    return kind(stype).trivial_predictions(np.asarray(train_targets), n, num_classes)
 
 
 def trivial_baselines(
@@ -153,7 +67,7 @@ def trivial_baselines(
     stype = SemanticType(stype)
     tr = np.asarray(train_targets)
     ev = np.asarray(eval_targets)
-    if stype == SemanticType.CATEGORICAL and num_classes is None:
+    if kind(stype).has_classes and num_classes is None:  # K from the data
         num_classes = max(int(tr.max(initial=0)), int(ev.max(initial=0))) + 1
     preds = trivial_predictions(stype, tr, ev.size, num_classes)
     std = float(np.std(tr)) if tr.size else None
@@ -181,14 +95,7 @@ def metrics_for(stype: SemanticType, y_true: np.ndarray, pred: np.ndarray,
     """Every metric of one predictor on the non-null targets of a task: `pred` is P(true) (boolean), [n, K]
     probabilities (categorical), values (numerical; `target_std` normalizes the MAE) or epoch microseconds
     (timestamp)."""
-    stype = SemanticType(stype)
-    if stype == SemanticType.BOOLEAN:
-        return binary_metrics(y_true, pred)
-    if stype == SemanticType.CATEGORICAL:
-        return categorical_metrics(y_true, pred)
-    if stype == SemanticType.NUMERICAL:
-        return regression_metrics(y_true, pred, target_std=target_std)
-    return timestamp_metrics(y_true, pred)
+    return kind(stype).metrics(y_true, pred, target_std=target_std)
 
 
 def headline_value(stype: SemanticType, y_true: np.ndarray, pred: np.ndarray) -> float:
@@ -198,13 +105,7 @@ def headline_value(stype: SemanticType, y_true: np.ndarray, pred: np.ndarray) ->
 
 def _per_row_scores(stype: SemanticType, y: np.ndarray, pred: np.ndarray) -> np.ndarray | None:
     """Per-row terms whose mean is the headline metric (None for AUROC, which does not decompose)."""
-    if stype == SemanticType.CATEGORICAL:
-        return (np.asarray(pred).argmax(axis=1) == np.asarray(y, dtype=np.int64)).astype(np.float64)
-    if stype == SemanticType.NUMERICAL:
-        return np.abs(np.asarray(pred, np.float64) - np.asarray(y, np.float64))
-    if stype == SemanticType.TIMESTAMP:
-        return np.abs(np.asarray(pred, np.float64) - np.asarray(y, np.float64)) / US_PER_DAY
-    return None
+    return kind(stype).per_row_scores(y, pred)
 
 
 def paired_bootstrap(

@@ -17,7 +17,6 @@ null head's `p_null` (the prediction is NULL when p_null > 0.5), plus per target
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,14 +31,13 @@ import pyarrow.parquet as pq
 
 from confluence import outputs
 from confluence.errors import ConfluenceError
-from confluence.evaluation.targets import numerical_predictions, task_categories
 from confluence.inference.draws import DEFAULT_DRAWS
-from confluence.inference.predictor import HeadOutputs, LoadedModel, Predictor, load_model, sigmoid, softmax
-from confluence.preprocess.encode import MAX_EPOCH_US, MIN_EPOCH_US, TIMESTAMP_PERIODS, calendar_fields
+from confluence.inference.predictor import HeadOutputs, LoadedModel, Predictor, load_model
 from confluence.sampler.splits import split_index, subsample
 from confluence.store import Store
 from confluence.store.format import NO_CUTOFF
 from confluence.stypes import SemanticType
+from confluence.targets import kind, sigmoid
 from confluence.toolkit.progress import per_row
 
 TABLE_SUFFIXES = (".parquet", ".csv")
@@ -76,80 +74,15 @@ def _times(obs: np.ndarray) -> pa.Array:
     return pa.array(obs, pa.timestamp("us"), mask=obs == NO_CUTOFF)
 
 
-def cyclic_fields(ts15: np.ndarray) -> dict[str, np.ndarray]:
-    """The cyclic heads' own calendar estimates (docs/architecture.md: pairs 2..5 are hour, weekday, day of month,
-    month): `est_hour_of_day` 0-23, `est_weekday` 0-6 (Monday = 0), `est_day_of_month` 1-31, `est_month` 1-12."""
-    def position(pair: int) -> np.ndarray:
-        period = TIMESTAMP_PERIODS[pair]
-        a = np.arctan2(ts15[:, 2 * pair], ts15[:, 2 * pair + 1]) % (2 * math.pi)
-        return np.round(a / (2 * math.pi) * period).astype(np.int64)
-
-    return {
-        "est_hour_of_day": position(2) % 24,
-        "est_weekday": position(3) % 7,
-        "est_day_of_month": position(4) % 31 + 1,
-        "est_month": position(5) % 12 + 1,
-    }
-
-
-def timestamp_fields(us: np.ndarray) -> dict[str, np.ndarray]:
-    """Calendar fields of epoch-µs times (UTC), as reported beside a predicted timestamp: `pred_hour` 0-23,
-    `pred_weekday` 0-6 (Monday = 0), `pred_day_of_month` 1-31, `pred_month` 1-12."""
-    cal = calendar_fields(us)
-    return {
-        "pred_hour": np.asarray(cal["hour"], np.int64),
-        "pred_weekday": np.asarray(cal["weekday"], np.int64),
-        "pred_day_of_month": np.asarray(cal["day_of_month0"], np.int64) + 1,
-        "pred_month": np.asarray(cal["month0"], np.int64) + 1,
-    }
-
-
-def _categorical(store: Any, info: Any, out: HeadOutputs, p_null: np.ndarray, is_null: np.ndarray,
-                 top_k: int) -> dict[str, pa.Array]:
-    probs = softmax(out.cat_logits)
-    cats = np.asarray(task_categories(store, info), dtype=object)
-    n, k = len(p_null), probs.shape[1]
-    if k == 0 or len(cats) == 0:
-        return {"prediction": pa.nulls(n, pa.string()), "confidence": pa.array(np.zeros(n))}
-    order = np.argsort(-probs, axis=1, kind="stable")  # most probable first; ties keep block order
-    joint = probs * (1.0 - p_null)[:, None]  # P(value = class) = P(class | not null) * P(not null)
-    rows = np.arange(n)
-    cols: dict[str, pa.Array] = {
-        "prediction": pa.array(cats[order[:, 0]], pa.string(), mask=is_null),
-        "confidence": pa.array(joint[rows, order[:, 0]]),
-    }
-    for j in range(min(top_k, k)):
-        cols[f"class_{j + 1}"] = pa.array(cats[order[:, j]], pa.string())
-        cols[f"prob_{j + 1}"] = pa.array(joint[rows, order[:, j]])
-    return cols
-
-
 def postprocess(store: Any, task: str, out: HeadOutputs, *, train_ids: np.ndarray | None = None,
                 top_k: int = 3) -> dict[str, pa.Array]:
     """Head outputs -> the prediction columns in the user's units (module docstring). `train_ids`: the task's train
     seeds, whose targets bound numerical predictions (none when None); `top_k`: classes listed for a categorical
     target."""
     info = store.task(task)
-    stype = SemanticType(int(info.target_stype))
     p_null = sigmoid(out.null_logit)
     is_null = p_null > 0.5
-    cols: dict[str, pa.Array] = {}
-    if stype == SemanticType.NUMERICAL:
-        cols["prediction"] = pa.array(numerical_predictions(store, task, out.num_pred, train_ids), mask=is_null)
-    elif stype == SemanticType.BOOLEAN:
-        p = sigmoid(out.bool_logit)
-        cols["prediction"] = pa.array(p > 0.5, mask=is_null)
-        cols["confidence"] = pa.array(np.where(p > 0.5, p, 1 - p) * (1 - p_null))
-        cols["p_true"] = pa.array(p)
-    elif stype == SemanticType.CATEGORICAL:
-        cols.update(_categorical(store, info, out, p_null, is_null, top_k))
-    else:
-        mean, std = store.timestamp_stats
-        us = np.round(out.ts_pred[:, 14].astype(np.float64) * std + mean)
-        us = np.clip(np.clip(us, MIN_EPOCH_US, MAX_EPOCH_US).astype(np.int64), MIN_EPOCH_US, MAX_EPOCH_US)  # 1..9999
-        cols["prediction"] = pa.array(us, pa.timestamp("us"), mask=is_null)
-        for name, v in {**timestamp_fields(us), **cyclic_fields(out.ts_pred)}.items():
-            cols[name] = pa.array(v, pa.int64(), mask=is_null)
+    cols = kind(info.target_stype).output_columns(store, info, out, p_null, is_null, train_ids, top_k)
     cols["p_null"] = pa.array(p_null)
     return cols
 
@@ -493,7 +426,7 @@ def fit_task_blend(predictor: Predictor, task: str, builder: Any, *, max_val: in
     from confluence.evaluation.blend import fit_blend
     from confluence.evaluation.evaluate import model_point_predictions
     from confluence.evaluation.gbdt import predict_seeds, train_gbdt
-    from confluence.evaluation.targets import decode_targets, train_target_range
+    from confluence.targets import decode_targets, train_target_range
 
     store = predictor.store
     stype = SemanticType(int(store.task(task).target_stype))
@@ -529,11 +462,6 @@ def blend_for_rows(predictor: Predictor, task: str, targets: tuple[np.ndarray, n
     return tb.columns(predictor, head, tb.gbdt_predictions(builder, targets, progress)), tb.fit
 
 
-def _ts(us: np.ndarray, mask: np.ndarray | None = None) -> pa.Array:
-    us = np.clip(np.round(np.asarray(us, np.float64)), MIN_EPOCH_US, MAX_EPOCH_US).astype(np.int64)
-    return pa.array(us, pa.timestamp("us"), mask=mask)
-
-
 def blend_columns(store: Any, task: str, head: HeadOutputs, gbdt: np.ndarray, blended: np.ndarray,
                   weight: float) -> dict[str, pa.Array]:
     """The columns `predict --blend gbdt` adds beside the model's: `gbdt_prediction` (LightGBM's value, class or
@@ -541,34 +469,11 @@ def blend_columns(store: Any, task: str, head: HeadOutputs, gbdt: np.ndarray, bl
     head decides NULL, LightGBM only predicts values), with `gbdt_p_true` / `blend_p_true` (boolean) or
     `gbdt_confidence` / `blend_confidence` (categorical: the top class's probability, the blend's times
     1 - p_null as the model's), then `blend_weight` (the model's share, the same on every row)."""
-    stype = SemanticType(int(store.task(task).target_stype))
+    info = store.task(task)
     p_null = sigmoid(head.null_logit)
     is_null = p_null > 0.5
     n = len(p_null)
-    cols: dict[str, pa.Array] = {}
-    if stype == SemanticType.NUMERICAL:
-        cols["gbdt_prediction"] = pa.array(np.asarray(gbdt, np.float64))
-        cols["blend_prediction"] = pa.array(np.asarray(blended, np.float64), mask=is_null)
-    elif stype == SemanticType.BOOLEAN:
-        g, b = np.asarray(gbdt, np.float64), np.asarray(blended, np.float64)
-        cols["gbdt_prediction"] = pa.array(g > 0.5)
-        cols["gbdt_p_true"] = pa.array(g)
-        cols["blend_prediction"] = pa.array(b > 0.5, mask=is_null)
-        cols["blend_p_true"] = pa.array(b)
-    elif stype == SemanticType.CATEGORICAL:
-        cats = np.asarray(task_categories(store, store.task(task)), dtype=object)
-        for name, probs, mask, scale in (("gbdt", gbdt, None, np.ones(n)), ("blend", blended, is_null, 1 - p_null)):
-            probs = np.asarray(probs, np.float64)
-            if probs.shape[1] == 0 or len(cats) == 0:
-                cols[f"{name}_prediction"] = pa.nulls(n, pa.string())
-                cols[f"{name}_confidence"] = pa.array(np.zeros(n))
-                continue
-            top = probs.argmax(axis=1)
-            cols[f"{name}_prediction"] = pa.array(cats[np.minimum(top, len(cats) - 1)], pa.string(), mask=mask)
-            cols[f"{name}_confidence"] = pa.array(probs[np.arange(n), top] * scale)
-    else:
-        cols["gbdt_prediction"] = _ts(gbdt)
-        cols["blend_prediction"] = _ts(blended, is_null)
+    cols = kind(info.target_stype).blend_columns(store, info, gbdt, blended, p_null, is_null)
     cols["blend_weight"] = pa.array(np.full(n, float(weight)))
     return cols
 

@@ -15,68 +15,26 @@ RelBench's functions). The file (`relbench_results`) holds the model and every b
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from scipy.stats import rankdata
-from sklearn import metrics as skm
 
 from confluence.evaluation.evaluate import EvalRows
 from confluence.schema.relbench import TASK_TYPES
 from confluence.stypes import SemanticType
+from confluence.targets import kind
 
 __all__ = ["RELBENCH_SPLITS", "relbench_metrics", "relbench_results", "relbench_tasks"]
 
 RELBENCH_SPLITS = ("val", "test")
 
 
-def _nan_on_error(fn: Callable[[], float]) -> float:
-    """A metric that is undefined on these rows (one class present) is NaN (null in JSON), where RelBench raises."""
-    try:
-        return float(fn())
-    except ValueError:
-        return math.nan
-
-
-def _mrr(y: np.ndarray, probs: np.ndarray) -> float:
-    ranks = rankdata(-probs, method="min", axis=1)
-    return float(np.mean(1.0 / np.take_along_axis(ranks, y.astype(int).reshape(-1, 1), axis=1).ravel()))
-
-
 def relbench_metrics(stype: SemanticType, y_true: np.ndarray, pred: np.ndarray,
                      train_std: float | None = None) -> dict[str, float]:
     """RelBench's metrics of one predictor on the labelled rows of a split. `pred`: P(true) (boolean), values
     (numerical), [n, K] class probabilities (categorical, `y_true` the class indices)."""
-    stype = SemanticType(stype)
-    y, p = np.asarray(y_true), np.asarray(pred, dtype=np.float64)
-    if stype == SemanticType.BOOLEAN:
-        y = y.astype(bool)
-        return {
-            "average_precision": _nan_on_error(lambda: skm.average_precision_score(y, p)),
-            "accuracy": float(skm.accuracy_score(y, p > 0.5)),
-            "f1": float(skm.f1_score(y, p >= 0.5, average="binary", zero_division=0.0)),
-            "roc_auc": _nan_on_error(lambda: skm.roc_auc_score(y, p)),
-        }
-    if stype == SemanticType.NUMERICAL:
-        y = y.astype(np.float64)
-        mae = float(skm.mean_absolute_error(y, p))
-        return {
-            "r2": _nan_on_error(lambda: skm.r2_score(y, p)) if y.size > 1 else math.nan,
-            "mae": mae,
-            "rmse": float(math.sqrt(skm.mean_squared_error(y, p))),
-            "nmae": mae / train_std if train_std else math.nan,
-        }
-    if stype == SemanticType.CATEGORICAL:
-        label = p.argmax(axis=1)
-        return {
-            "accuracy": float(skm.accuracy_score(y, label)),
-            "macro_f1": float(skm.f1_score(y, label, average="macro", zero_division=0.0)),
-            "micro_f1": float(skm.f1_score(y, label, average="micro", zero_division=0.0)),
-            "mrr": _mrr(y, p),
-        }
-    raise ValueError(f"RelBench has no task type for {stype.label} targets")
+    return kind(stype).relbench_metrics(y_true, pred, train_std)
 
 
 def relbench_tasks(store_meta: Mapping[str, Any]) -> list[str]:

@@ -21,6 +21,7 @@ import numpy as np
 
 from confluence.evaluation.metrics import HEADLINE
 from confluence.stypes import SemanticType
+from confluence.targets import kind
 from confluence.toolkit.figures import figure_png, new_figure
 
 if TYPE_CHECKING:
@@ -381,15 +382,18 @@ def task_plot(stype: SemanticType, rows: EvalRows) -> tuple[bytes, str] | None:
         return None
     preds = {"model": rows.pred, **({"GBDT": rows.gbdt} if rows.gbdt is not None else {}),
              **({"blend": rows.blend} if getattr(rows, "blend", None) is not None else {})}
-    if stype == SemanticType.NUMERICAL:
-        return plot_predicted_vs_actual(rows.truth, preds), "predicted vs actual"
-    if stype == SemanticType.TIMESTAMP:
-        return plot_predicted_vs_actual(rows.truth, preds, timestamps=True), "predicted vs actual (dates)"
-    if stype == SemanticType.BOOLEAN:
-        return plot_calibration(rows.truth, preds), "calibration curve"
-    if stype == SemanticType.CATEGORICAL:
-        return plot_confusion(rows.truth, rows.pred, rows.categories), "confusion matrix"
-    return None
+    draw, alt = _PLOTS[kind(stype).plot]
+    return draw(rows, preds), alt
+
+
+# each target kind's plot (`TargetKind.plot`): how to draw it from the evaluated rows, and its alt text
+_PLOTS = {
+    "predicted_vs_actual": (lambda rows, preds: plot_predicted_vs_actual(rows.truth, preds), "predicted vs actual"),
+    "predicted_vs_actual_dates": (lambda rows, preds: plot_predicted_vs_actual(rows.truth, preds, timestamps=True),
+                                  "predicted vs actual (dates)"),
+    "calibration": (lambda rows, preds: plot_calibration(rows.truth, preds), "calibration curve"),
+    "confusion": (lambda rows, preds: plot_confusion(rows.truth, rows.pred, rows.categories), "confusion matrix"),
+}
 
 
 def training_curves_png(csv_path: Path) -> bytes | None:

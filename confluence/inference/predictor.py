@@ -27,7 +27,8 @@ from confluence.sampler.data import TaskData
 from confluence.sampler.sampler import Sampler
 from confluence.sampler.stream import BatchStream
 from confluence.store import Store
-from confluence.stypes import D_TIME, SemanticType
+from confluence.stypes import D_TIME
+from confluence.targets import kind
 from confluence.toolkit.checkpoint import read_checkpoint
 from confluence.training.config import RunConfig
 
@@ -122,7 +123,7 @@ class Predictor:
     def forward(self, batch: TrainingBatch) -> HeadOutputs:
         """Head outputs of one built batch's valid sequences (the first `seq_valid.sum()`, in batch order); the one
         model call every prediction goes through (the prediction service merges several requests into a batch)."""
-        k = int(batch.cat_count) if int(batch.target_stype) == int(SemanticType.CATEGORICAL) else 0
+        k = int(batch.cat_count) if kind(batch.target_stype).has_classes else 0
         res = _forward(self.loaded.model, batch_to_inputs(batch), self.col_tab, self.cat_tab, max_k=self.max_k)
         m = int(batch.seq_valid.sum())
         nl, num, bl, ts, cl = (np.asarray(r)[:m] for r in res)
@@ -137,7 +138,7 @@ class Predictor:
               epoch: int) -> HeadOutputs:
         data = task if isinstance(task, TaskData) else self.stream.sampler.entry(task).task
         n = len(seed_ids)
-        k = int(data.cat_count) if int(data.target_stype) == int(SemanticType.CATEGORICAL) else 0
+        k = int(data.cat_count) if kind(data.target_stype).has_classes else 0
         out = HeadOutputs(np.zeros(n, np.float32), np.zeros(n, np.float32), np.zeros(n, np.float32),
                           np.zeros((n, D_TIME), np.float32), np.zeros((n, k), np.float32))
         lo = 0
@@ -198,14 +199,3 @@ def inference_threads() -> int:
 
     return max(1, usable_cpus() - 2)
 
-
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-np.asarray(x, dtype=np.float64)))
-
-
-def softmax(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float64)
-    if x.shape[-1] == 0:
-        return x
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)

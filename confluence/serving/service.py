@@ -221,7 +221,7 @@ class PredictionService:
         """Fit each task's blend (`predict.fit_task_blend`), a log line per task; a task without labelled train
         seeds is served without one (its line says so)."""
         from confluence.evaluation.gbdt import FeatureBuilder
-        from confluence.evaluation.targets import decode_targets
+        from confluence.targets import decode_targets
 
         tasks = self.store.tasks
         log.info("blend: fitting LightGBM on the train seeds and a blend weight on up to %d validation seeds, "

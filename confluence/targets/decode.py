@@ -1,4 +1,4 @@
-"""Task targets decoded back to the user's units, for metrics and baselines.
+"""Task targets decoded back to the user's units, for metrics and baselines (each kind's `decode`):
 
 numerical -> float64 in the target's original units (z-score undone with the task's stats);
 boolean -> bool; categorical -> class index 0..K-1 within the target's category block;
@@ -40,30 +40,22 @@ def task_categories(store: Any, task: Any) -> list[str]:
 
 def decode_targets(store: Any, task_name: str, ids: np.ndarray | None = None) -> DecodedTargets:
     """Decode the targets of `task_name` for seed indices `ids` (all seeds when None)."""
+    from confluence.targets import kind
+
     task = store.task(task_name)
     arrays = store.task_arrays(task_name)
     n = len(arrays.anchor_row)
     ids = np.arange(n) if ids is None else np.asarray(ids, dtype=np.int64)
     valid = unpack_bits(arrays.target_valid, n)[ids]
     stype = SemanticType(task.target_stype)
-    raw = arrays.target_values
-    k = 0
-    cats = None
-    if stype == SemanticType.NUMERICAL:
-        mean, std = float(task.stats["mean"]), float(task.stats["std"]) or 1.0
-        values = np.asarray(raw[ids], dtype=np.float64) * std + mean
-    elif stype == SemanticType.BOOLEAN:
-        values = unpack_bits(raw, n)[ids]
-    elif stype == SemanticType.CATEGORICAL:
-        values = np.asarray(raw[ids], dtype=np.int64) - int(task.cat_block_start)
-        k = int(task.cat_count)
-        cats = task_categories(store, task)
-    elif stype == SemanticType.TIMESTAMP:
-        mean, std = store.timestamp_stats
-        values = np.asarray(raw[ids, 14], dtype=np.float64) * std + mean
-    else:
-        raise ValueError(f"task '{task_name}': target type {stype.label} cannot be a target")
-    return DecodedTargets(stype=stype, values=values, is_null=~valid, num_classes=k, categories=cats)
+    try:
+        k = kind(stype)
+    except ValueError:
+        raise ValueError(f"task '{task_name}': target type {stype.label} cannot be a target") from None
+    values = k.decode(store, task, arrays.target_values, n, ids)
+    classes = k.num_classes(store, task)
+    return DecodedTargets(stype=stype, values=values, is_null=~valid, num_classes=classes,
+                          categories=task_categories(store, task) if classes else None)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,139 @@
+"""What every target kind answers: the interface the rest of the package asks instead of branching on a target's
+semantic type.
+
+A kind owns everything a target of its type needs after the batch: decoding the stored targets into the user's
+units, turning the heads' outputs into predictions, its metrics (and which one is the headline), its trivial
+baselines, blending two predictors, LightGBM's objective and how its raw output is read back, the columns
+`predict` writes, RelBench's metrics and the plot the report draws. Cells are still encoded into batches by semantic
+type in the preprocessing, the sampler and the model's input encoders: that is the input side, which every column
+has, target or not.
+
+Predictions travel between these methods in one form per kind ("the units of the metrics"): P(true) (boolean),
+[n, K] class probabilities (categorical), values (numerical), epoch microseconds (timestamp).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from confluence.stypes import SemanticType
+
+
+def safe(fn: Any, *args: Any, **kwargs: Any) -> float:
+    """`fn(*args)` as a float, NaN where the metric is undefined on these rows (scikit-learn's ValueError): a small
+    split still reports everything else."""
+    try:
+        return float(fn(*args, **kwargs))
+    except ValueError:
+        return math.nan
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """Logistic function in float64 (probabilities from logits)."""
+    return 1.0 / (1.0 + np.exp(-np.asarray(x, dtype=np.float64)))
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """Row-wise softmax in float64 (class probabilities from [n, K] logits; K = 0 stays empty)."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.shape[-1] == 0:
+        return x
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+class TargetKind:
+    """One kind of target. Subclasses set the class attributes and implement the methods; `confluence.targets.kind`
+    finds the kind of a semantic type."""
+
+    stype: ClassVar[SemanticType]
+    headline: ClassVar[tuple[str, bool]]  # (metric name, higher is better)
+    # the report's plot: "predicted_vs_actual" (its dates variant "predicted_vs_actual_dates"), "calibration" or
+    # "confusion"
+    plot: ClassVar[str]
+    relbench_type: ClassVar[str | None] = None  # RelBench's task type, None when RelBench has none for this kind
+    has_classes: ClassVar[bool] = False  # predictions are [n, K] class probabilities
+
+    @property
+    def label(self) -> str:
+        return self.stype.label
+
+    # -- stored targets -> the user's units
+    def decode(self, store: Any, task: Any, raw: np.ndarray, n: int, ids: np.ndarray) -> np.ndarray:
+        """The stored targets `raw` of a task's `n` seeds, at `ids`, in the units of the metrics."""
+        raise NotImplementedError
+
+    def num_classes(self, store: Any, task: Any) -> int:
+        """K of a categorical target; 0 otherwise."""
+        return 0
+
+    # -- heads -> predictions
+    def model_predictions(self, store: Any, task: str, out: Any, keep: np.ndarray,
+                          train_ids: np.ndarray | None) -> np.ndarray:
+        """The heads' outputs `out` (`inference.HeadOutputs`) on rows `keep`, in the units of the metrics;
+        `train_ids`: the train seeds whose targets bound a number (None: not bounded)."""
+        raise NotImplementedError
+
+    def empty_predictions(self, num_classes: int) -> np.ndarray:
+        """Predictions of no rows, shaped as this kind's."""
+        return np.zeros(0)
+
+    # -- metrics
+    def metrics(self, y: np.ndarray, pred: np.ndarray, target_std: float | None = None) -> dict[str, float]:
+        """Every metric of one predictor on the non-null targets `y` (a flat `{metric: float}`, NaN where a metric
+        is undefined on these rows, plus `n`)."""
+        raise NotImplementedError
+
+    def per_row_scores(self, y: np.ndarray, pred: np.ndarray) -> np.ndarray | None:
+        """Per-row terms whose mean is the headline metric; None when it does not decompose (AUROC)."""
+        return None
+
+    def target_std(self, train_values: np.ndarray) -> float | None:
+        """The scale that normalizes the headline error (numerical targets: the train targets' std), or None."""
+        return None
+
+    # -- baselines and blends
+    def trivial_predictions(self, train: np.ndarray, n: int, num_classes: int | None) -> dict[str, np.ndarray]:
+        """The constant predictors fitted on the train targets, for `n` rows, by name."""
+        raise NotImplementedError
+
+    def row_baselines(self, store: Any, task: str, train_ids: np.ndarray, eval_ids: np.ndarray, train: Any,
+                      evaluated: Any) -> dict[str, np.ndarray]:
+        """Baselines that read each evaluated row (not constants), on its non-null rows, by name: a timestamp
+        task's `median_offset`. `train` / `evaluated`: `decode_targets` of the two id sets."""
+        return {}
+
+    def blend(self, model: np.ndarray, gbdt: np.ndarray, weight: float, target_range: Any = None) -> np.ndarray:
+        """`weight * model + (1 - weight) * gbdt` row by row (`target_range` bounds a number as `predict` does)."""
+        return weight * np.asarray(model, np.float64) + (1.0 - weight) * np.asarray(gbdt, np.float64)
+
+    # -- LightGBM
+    def gbdt_target(self, values: np.ndarray, obs: np.ndarray | None, num_classes: int
+                    ) -> tuple[np.ndarray, dict[str, Any], dict[str, Any]]:
+        """The label LightGBM fits, its objective parameters, and what `gbdt_output` needs to read its raw output
+        back (a scale, a reference time); `obs`: the rows' observation times (None when not built)."""
+        raise NotImplementedError
+
+    def gbdt_output(self, raw: np.ndarray, n: int, num_classes: int, fit: dict[str, Any],
+                    obs: np.ndarray | None) -> np.ndarray:
+        """LightGBM's raw output of `n` rows in the units of the metrics."""
+        return raw
+
+    # -- what users receive
+    def output_columns(self, store: Any, task: Any, out: Any, p_null: np.ndarray, is_null: np.ndarray,
+                       train_ids: np.ndarray | None, top_k: int) -> dict[str, pa.Array]:
+        """`predict`'s columns for this kind (`prediction` first), before `p_null`."""
+        raise NotImplementedError
+
+    def blend_columns(self, store: Any, task: Any, gbdt: np.ndarray, blended: np.ndarray, p_null: np.ndarray,
+                      is_null: np.ndarray) -> dict[str, pa.Array]:
+        """`predict --blend gbdt`'s extra columns: LightGBM's and the blend's prediction (and their probability)."""
+        raise NotImplementedError
+
+    def relbench_metrics(self, y: np.ndarray, pred: np.ndarray, train_std: float | None) -> dict[str, float]:
+        """RelBench's metrics of one predictor (its names and definitions)."""
+        raise ValueError(f"RelBench has no task type for {self.label} targets")

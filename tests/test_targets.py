@@ -1,0 +1,84 @@
+"""The target kinds' contract (`confluence.targets`): every kind answers each question the rest of the package asks
+it, consistently with itself; the registry refuses a type no target can have."""
+
+import math
+
+import numpy as np
+import pytest
+
+from confluence.stypes import US_PER_DAY, SemanticType
+from confluence.targets import KINDS, kind
+
+RNG = np.random.default_rng(0)
+N, K = 40, 3
+
+
+def _example(st: SemanticType) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(truth, a predictor, another predictor) in the kind's units."""
+    if st == SemanticType.BOOLEAN:
+        y = np.arange(N) % 2 == 0
+        return y, np.clip(y * 0.6 + RNG.uniform(0, 0.4, N), 0, 1), RNG.uniform(0, 1, N)
+    if st == SemanticType.CATEGORICAL:
+        y = np.arange(N) % K
+        a = np.full((N, K), 0.1)
+        a[np.arange(N), y] = 0.8
+        b = RNG.dirichlet(np.ones(K), N)
+        return y, a, b
+    scale = US_PER_DAY if st == SemanticType.TIMESTAMP else 1.0
+    y = RNG.normal(0, 10, N) * scale + (1.7e15 if st == SemanticType.TIMESTAMP else 0.0)
+    y = np.round(y) if st == SemanticType.TIMESTAMP else y  # whole microseconds, as stored
+    return y, y + RNG.normal(0, 1, N) * scale, y + RNG.normal(0, 5, N) * scale
+
+
+@pytest.mark.parametrize("st", list(KINDS))
+def test_each_kind_keeps_its_own_contract(st):
+    k = kind(st)
+    assert k.stype == st and kind(int(st)) is k
+    y, a, b = _example(st)
+    m = k.metrics(y, a, target_std=k.target_std(y))
+    metric, higher = k.headline
+    assert metric in m and m["n"] == N and math.isfinite(m[metric])
+    # the better predictor wins on the headline metric, in the direction the kind says
+    better, worse = m[metric], k.metrics(y, b, target_std=k.target_std(y))[metric]
+    assert (better > worse) if higher else (better < worse)
+    rows = k.per_row_scores(y, a)
+    if rows is not None:  # where the headline decomposes, it is the mean of the per-row scores
+        assert rows.shape == (N,) and float(np.mean(rows)) == pytest.approx(m[metric], rel=1e-9)
+    # blending: the model's share 1 is the model, 0 the partner
+    np.testing.assert_allclose(k.blend(a, b, 1.0), a)
+    np.testing.assert_allclose(k.blend(a, b, 0.0), b)
+    # the trivial baselines are constants shaped as predictions of the kind, scored by the same metrics
+    trivial = k.trivial_predictions(y, N, K if k.has_classes else None)
+    assert trivial
+    for pred in trivial.values():
+        assert len(pred) == N and np.all(pred == pred[0])
+        assert metric in k.metrics(y, pred)
+    assert k.empty_predictions(K).shape == ((0, K) if k.has_classes else (0,))
+
+
+@pytest.mark.parametrize("st", list(KINDS))
+def test_lightgbm_label_reads_back_to_the_target(st):
+    """What a kind gives LightGBM to fit, read back through `gbdt_output`, is the target itself for the regressions
+    (a perfect booster's raw output is the label it fitted) and the label's own encoding for the classifiers."""
+    k = kind(st)
+    y, _, _ = _example(st)
+    obs = None
+    if st == SemanticType.TIMESTAMP:
+        obs = (y - 3 * US_PER_DAY).astype(np.int64)
+    label, params, fit = k.gbdt_target(y, obs, K)
+    assert "objective" in params
+    if st in (SemanticType.NUMERICAL, SemanticType.TIMESTAMP):
+        np.testing.assert_allclose(k.gbdt_output(label, N, K, fit, obs), y, rtol=0, atol=1e-3 * (
+            US_PER_DAY if st == SemanticType.TIMESTAMP else 1e-6))
+        if st == SemanticType.TIMESTAMP:  # regressed as the offset from the observation time: 3 days every row
+            assert fit["relative"] and np.allclose(label, 0.0)
+    elif st == SemanticType.CATEGORICAL:
+        assert params["num_class"] == K
+        raw = np.eye(K)[y].ravel()
+        assert k.gbdt_output(raw, N, K, fit, obs).shape == (N, K)
+
+
+def test_a_type_no_target_can_have_is_refused_by_name():
+    for st in (SemanticType.TEXT, SemanticType.IDENTIFIER, SemanticType.IGNORED):
+        with pytest.raises(ValueError, match=st.label):
+            kind(st)
