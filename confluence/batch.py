@@ -26,25 +26,48 @@ ROW_AGE_UNKNOWN = -1.0  # `row_age` of a cell whose row has no time, or whose se
 CHILD_RANK_UNKNOWN = -1  # `child_rank` of a cell whose row was not reached as a child (or has no time)
 CHILD_RANK_MAX = 32767  # ranks are clipped here (int16)
 
-# name -> (dtype, trailing shape description) for the [B, S, ...] tensors.
-SEQ_FIELDS: dict[str, np.dtype] = {
-    "semantic_types": np.dtype(np.int8),
-    "column_ids": np.dtype(np.int32),
-    "seq_row_ids": np.dtype(np.uint16),
-    "is_null": np.dtype(np.bool_),
-    "numeric_values": np.dtype(np.float32),
-    "timestamp_values": np.dtype(np.float32),  # [B, S, 15]
-    "bool_values": np.dtype(np.bool_),
-    "categorical_embed_ids": np.dtype(np.uint32),
-    "text_embed_ids": np.dtype(np.uint32),
-    "is_target": np.dtype(np.bool_),
-    "is_padding": np.dtype(np.bool_),
-    "row_age": np.dtype(np.float32),
-    "child_rank": np.dtype(np.int16),
-    "col_perm": np.dtype(np.uint16),
-    "out_perm": np.dtype(np.uint16),
-    "in_perm": np.dtype(np.uint16),
+@dataclass(frozen=True)
+class SeqField:
+    """One [B, S, ...] tensor of the batch: its dtype, its shape beyond [B, S], and the value a freshly allocated
+    batch holds where no cell writes (what a padding position keeps)."""
+
+    dtype: np.dtype
+    trailing: tuple[int, ...] = ()
+    fill: float = 0
+
+    def shape(self, b: int, s: int) -> tuple[int, ...]:
+        return (b, s, *self.trailing)
+
+
+# The [B, S, ...] tensors, in batch order: the one specification the sampler's builder, the synthetic batches,
+# the model's inputs and the checks all read.
+SEQ_FIELDS: dict[str, SeqField] = {
+    "semantic_types": SeqField(np.dtype(np.int8)),
+    "column_ids": SeqField(np.dtype(np.int32)),
+    "seq_row_ids": SeqField(np.dtype(np.uint16)),
+    "is_null": SeqField(np.dtype(np.bool_)),
+    "numeric_values": SeqField(np.dtype(np.float32)),
+    "timestamp_values": SeqField(np.dtype(np.float32), (D_TIME,)),
+    "bool_values": SeqField(np.dtype(np.bool_)),
+    "categorical_embed_ids": SeqField(np.dtype(np.uint32)),
+    "text_embed_ids": SeqField(np.dtype(np.uint32)),
+    "is_target": SeqField(np.dtype(np.bool_)),
+    "is_padding": SeqField(np.dtype(np.bool_)),
+    "row_age": SeqField(np.dtype(np.float32), fill=ROW_AGE_UNKNOWN),
+    "child_rank": SeqField(np.dtype(np.int16), fill=CHILD_RANK_UNKNOWN),
+    "col_perm": SeqField(np.dtype(np.uint16)),
+    "out_perm": SeqField(np.dtype(np.uint16)),
+    "in_perm": SeqField(np.dtype(np.uint16)),
 }
+
+
+def seq_arrays(b: int, s: int, **fill: float) -> dict[str, np.ndarray]:
+    """Every [B, S, ...] tensor of a batch of `b` sequences of `s` cells, holding its field's fill value (or the
+    one given by name in `fill`, e.g. `is_padding=True` for a batch that writes only its real cells)."""
+    unknown = set(fill) - set(SEQ_FIELDS)
+    if unknown:
+        raise ValueError(f"no batch field(s) {sorted(unknown)}")
+    return {name: np.full(f.shape(b, s), fill.get(name, f.fill), f.dtype) for name, f in SEQ_FIELDS.items()}
 
 
 @dataclass
@@ -105,11 +128,11 @@ class TrainingBatch:
     def validate(self) -> None:
         """Check dtypes and shapes against seed 000; raises ValueError naming the offending field."""
         b, s = self.semantic_types.shape
-        for name, dtype in SEQ_FIELDS.items():
+        for name, spec in SEQ_FIELDS.items():
             arr = getattr(self, name)
-            want = (b, s, D_TIME) if name == "timestamp_values" else (b, s)
-            if arr.dtype != dtype or arr.shape != want:
-                raise ValueError(f"TrainingBatch.{name}: got {arr.dtype}{arr.shape}, expected {dtype}{want}")
+            want = spec.shape(b, s)
+            if arr.dtype != spec.dtype or arr.shape != want:
+                raise ValueError(f"TrainingBatch.{name}: got {arr.dtype}{arr.shape}, expected {spec.dtype}{want}")
         if self.fk_adj.dtype != np.bool_ or self.fk_adj.ndim != 3 or self.fk_adj.shape[0] != b:
             raise ValueError(f"TrainingBatch.fk_adj: got {self.fk_adj.dtype}{self.fk_adj.shape}, expected bool[B,R,R]")
         if self.fk_adj.shape[1] != self.fk_adj.shape[2]:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from confluence.batch import CHILD_RANK_UNKNOWN, ROW_AGE_UNKNOWN, TrainingBatch
-from confluence.stypes import D_TIME, SemanticType
+from confluence.batch import TrainingBatch, seq_arrays
+from confluence.stypes import SemanticType
 
 ST = SemanticType
 
@@ -129,18 +129,9 @@ class SyntheticDatabase:
         task = self.tasks[task_idx]
         rng = np.random.default_rng([self.seed, task_idx, *np.atleast_1d(seed).tolist()])
         b, s, r = batch_size, seq_len, max_rows
-        a = {
-            "semantic_types": np.zeros((b, s), np.int8), "column_ids": np.zeros((b, s), np.int32),
-            "seq_row_ids": np.zeros((b, s), np.uint16), "is_null": np.zeros((b, s), bool),
-            "numeric_values": np.zeros((b, s), np.float32), "timestamp_values": np.zeros((b, s, D_TIME), np.float32),
-            "bool_values": np.zeros((b, s), bool), "categorical_embed_ids": np.zeros((b, s), np.uint32),
-            "text_embed_ids": np.zeros((b, s), np.uint32), "is_target": np.zeros((b, s), bool),
-            "is_padding": np.ones((b, s), bool), "row_age": np.full((b, s), ROW_AGE_UNKNOWN, np.float32),
-            "child_rank": np.full((b, s), CHILD_RANK_UNKNOWN, np.int16),
-        }
+        a = seq_arrays(b, s, is_padding=True)
         fk_adj = np.zeros((b, r, r), bool)
         global_text = np.zeros((b, s), np.int64)
-        perms = {k: np.zeros((b, s), np.uint16) for k in ("col_perm", "out_perm", "in_perm")}
         for i in range(b):
             # Rows: the seed order, its customer, the customer's region, sibling orders of the customer.
             rows: list[tuple[int, int | None]] = [(0, None), (1, None), (2, None)]  # (table, parent row)
@@ -185,11 +176,11 @@ class SyntheticDatabase:
             n = pos
             pad_idx = np.arange(n, s)
             col = a["column_ids"][i, :n]
-            perms["col_perm"][i] = np.concatenate([np.argsort(col, kind="stable"), pad_idx])
+            a["col_perm"][i] = np.concatenate([np.argsort(col, kind="stable"), pad_idx])
             row = a["seq_row_ids"][i, :n].astype(np.int64)
-            perms["out_perm"][i] = np.concatenate([np.argsort(row, kind="stable"), pad_idx])
+            a["out_perm"][i] = np.concatenate([np.argsort(row, kind="stable"), pad_idx])
             order = rng.permutation(used_rows)  # a different row order for inbound
-            perms["in_perm"][i] = np.concatenate([np.argsort(order[row], kind="stable"), pad_idx])
+            a["in_perm"][i] = np.concatenate([np.argsort(order[row], kind="stable"), pad_idx])
         # Batch-wide text dedup -> batch-local ids.
         uniq = np.unique(global_text[global_text > 0])
         local = np.searchsorted(uniq, global_text)
@@ -199,7 +190,7 @@ class SyntheticDatabase:
         text[: len(uniq)] = self.text_embeddings[uniq - 1]
         is_cat = task.target_stype == ST.CATEGORICAL
         batch = TrainingBatch(
-            **a, fk_adj=fk_adj, **perms, text_batch_embeddings=text, target_stype=int(task.target_stype),
+            **a, fk_adj=fk_adj, text_batch_embeddings=text, target_stype=int(task.target_stype),
             task_idx=task_idx, db_idx=db_idx, cat_block_start=task.column.cat_block_start if is_cat else 0,
             cat_count=task.column.k if is_cat else 0, seed_ids=np.arange(b, dtype=np.int64),
             anchor_rows=np.arange(b, dtype=np.int64), obs_times=np.full(b, np.iinfo(np.int64).max, np.int64),

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from confluence.batch import CHILD_RANK_UNKNOWN, ROW_AGE_UNKNOWN, TrainingBatch
+from confluence.batch import TrainingBatch, seq_arrays
 from confluence.errors import ConfluenceError
 from confluence.sampler.config import SamplerConfig, bucket_size, label_match_for, labels_for, recent_for
 from confluence.sampler.data import SamplerData, TaskData, readonly
@@ -28,7 +28,7 @@ from confluence.sampler.relabel import relabel, relabel_draw
 from confluence.sampler.rng import hash_unit, sequence_states, stream_key
 from confluence.sampler.textgather import dedup_text, gather_rows
 from confluence.sampler.walk import anchor_cells_chunk, walk_chunk
-from confluence.stypes import D_TIME, SemanticType
+from confluence.stypes import SemanticType
 
 PHASES = ("walk", "linearize", "permutations", "text", "collation")
 _PARALLEL_GATHER_MIN = 512  # distinct texts in a batch from which the gather is split over the workers
@@ -184,24 +184,7 @@ class BatchBuilder:
         src = np.zeros((bsz, max_rows), dtype=np.int32)
         nrows = np.zeros(bsz, dtype=np.int32)
         a_cells = np.zeros(bsz, dtype=np.int32)
-        out = {
-            "semantic_types": np.zeros((bsz, s_len), np.int8),
-            "column_ids": np.zeros((bsz, s_len), np.int32),
-            "seq_row_ids": np.zeros((bsz, s_len), np.uint16),
-            "is_null": np.zeros((bsz, s_len), np.bool_),
-            "numeric_values": np.zeros((bsz, s_len), np.float32),
-            "timestamp_values": np.zeros((bsz, s_len, D_TIME), np.float32),
-            "bool_values": np.zeros((bsz, s_len), np.bool_),
-            "categorical_embed_ids": np.zeros((bsz, s_len), np.uint32),
-            "text_embed_ids": np.zeros((bsz, s_len), np.uint32),
-            "is_target": np.zeros((bsz, s_len), np.bool_),
-            "is_padding": np.zeros((bsz, s_len), np.bool_),
-            "row_age": np.full((bsz, s_len), ROW_AGE_UNKNOWN, np.float32),
-            "child_rank": np.full((bsz, s_len), CHILD_RANK_UNKNOWN, np.int16),
-            "col_perm": np.empty((bsz, s_len), np.uint16),
-            "out_perm": np.empty((bsz, s_len), np.uint16),
-            "in_perm": np.empty((bsz, s_len), np.uint16),
-        }
+        out = seq_arrays(bsz, s_len)  # the kernels write every position of the permutations
         n_real = np.zeros(bsz, dtype=np.int32)
         edges = np.empty((bsz, max_rows * max(d.max_parents, 1)), dtype=np.int32)
         n_edges = np.zeros(bsz, dtype=np.int32)
