@@ -45,65 +45,37 @@ def test_negative_scale_is_a_config_error():
 
 
 def test_value_codes_follow_the_string_not_the_row():
+    """`value_codes` (the column codes' key) gives one fixed code per string, wherever it appears."""
     vals = ["web", "store", "phone", "web"]
     c = value_codes(vals, 64)
     np.testing.assert_array_equal(c[0], c[3])  # the same string: the same code, wherever its row is
     np.testing.assert_allclose(np.linalg.norm(c, axis=1), 1.0, rtol=1e-5)
     assert abs(float(c[0] @ c[1])) < 0.6 and abs(float(c[1] @ c[2])) < 0.6
     np.testing.assert_array_equal(value_codes(["phone"], 64)[0], c[2])  # fixed: not a function of the list
-    cols = np.eye(4, 64, dtype=np.float32)
-    cats = np.zeros((4, 64), np.float32)
-    t = DbTables.build("db", cols, cats, 4, 8, category_codes=1.0, category_values=vals).categorical_embeddings
-    np.testing.assert_allclose(t[:4].astype(np.float32), c, atol=2e-3)
-    with pytest.raises(ValueError, match="3 category values"):
-        DbTables.build("db", cols, cats, 4, 8, category_codes=1.0, category_values=vals[:3])
 
 
-def test_store_category_values_cover_the_table_and_key_codes_across_blocks(tmp_path):
-    """Every row of a store's category table has its value string; a derived task's answer block and the column
-    it is computed from get the same code for the same value (the planted `customer_last_channel`)."""
-    from confluence.model.inputs import category_values
-    from confluence.preprocess.pipeline import preprocess
-    from confluence.store import Store
-    from confluence.synth import PlantedSpec, write_planted
-    from tests.fixtures.bookstore import HashEncoder
+def test_removed_settings_load_at_their_off_value_and_are_named_otherwise():
+    """A checkpoint or recipe written before a setting was removed (docs/decisions.md, "Removed settings") still
+    loads when it names the setting off; any other value is an error naming the setting."""
+    from confluence.training.config import RunConfig
 
-    db = tmp_path / "db"
-    write_planted(db, PlantedSpec(seed=0, customers=120))
-    store = Store.open(preprocess(db / "raw", db / "planted.metadata.json", tmp_path / "store",
-                                  encoder=HashEncoder(64), progress=False))
-    vals = category_values(store)
-    assert len(vals) == store.categorical_embeddings.shape[0]
-    task = store.task("customer_last_channel")
-    channel = store.table("orders").column("channel")
-    task_vals = vals[task.cat_block_start:task.cat_block_start + task.cat_count]
-    col_vals = channel.stats["categories"]
-    assert sorted(task_vals) == sorted(col_vals)
-    tabs = DbTables.from_store(store, 128, 1.0, "value").categorical_embeddings.astype(np.float32)
-    rows = DbTables.from_store(store, 128, 1.0, "row").categorical_embeddings.astype(np.float32)
-    emb = np.asarray(store.categorical_embeddings, np.float32)
-    for j, v in enumerate(col_vals):
-        i = task.cat_block_start + task_vals.index(v)
-        k = channel.stats["cat_emb_start"] + j
-        code_task, code_col = tabs[i] - emb[i], tabs[k] - emb[k]
-        np.testing.assert_allclose(code_task, code_col, atol=4e-3)  # keyed by value: one code for "web"
-        assert np.abs((rows[i] - emb[i]) - (rows[k] - emb[k])).max() > 0.05  # keyed by row: unrelated codes
+    old = {"model": {"category_codes_by": "row", "numeric_frequencies": 0, "numeric_frequency_scale": 3.0,
+                     "category_codes": 1.0}}
+    assert RunConfig.from_dict(old).model.category_codes == 1.0
+    for name, value in (("category_codes_by", "value"), ("numeric_frequencies", 8)):
+        with pytest.raises(ConfigError, match=rf"model\.{name}.*removed.*Removed settings"):
+            RunConfig.from_dict({"model": {name: value}})
+    with pytest.raises(ConfigError, match="unknown setting"):
+        RunConfig.from_dict({"model": {"numeric_frequency": 0}})
 
 
-def test_codes_key_is_validated():
-    with pytest.raises(ConfigError, match="category_codes_by"):
-        ModelConfig(category_codes_by="column")
+def test_the_shipped_model_names_removed_settings_off_and_loads():
+    import json
 
+    from confluence.toolkit.shipped import checkpoint_path
+    from confluence.training.config import RunConfig
 
-def test_a_store_whose_category_lists_miss_a_row_is_a_clear_error():
-    from types import SimpleNamespace
-
-    from confluence.errors import StoreError
-    from confluence.model.inputs import category_values
-
-    col = SimpleNamespace(stats={"categories": ["a", "b"], "cat_emb_start": 0})
-    store = SimpleNamespace(name="shop", categorical_embeddings=np.zeros((3, 4)), columns=[col], tasks=[])
-    with pytest.raises(StoreError, match=r"store 'shop': category-table row 2 has no value string"):
-        category_values(store)
-    store.categorical_embeddings = np.zeros((2, 4))
-    assert category_values(store) == ["a", "b"]
+    meta = json.loads((checkpoint_path("pretrained:small") / "meta.json").read_text())
+    model = meta["config"]["model"]
+    assert model["numeric_frequencies"] == 0 and model["category_codes_by"] == "row"
+    assert RunConfig.from_dict(meta["config"]).model.d_model == model["d_model"]

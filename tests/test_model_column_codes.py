@@ -90,8 +90,8 @@ def test_store_keys_are_the_embedded_texts_and_tell_the_planted_columns_apart(tm
     plain = np.asarray(store.column_embeddings, np.float32)
     np.testing.assert_allclose(coded - plain, value_codes([f"column:{k}" for k in keys], 64), atol=4e-3)
     # training, inference and scripts build a run's tables through one call that reads the model's settings
-    model = ModelConfig(category_codes=1.0, category_codes_by="value", column_codes=1.0)
+    model = ModelConfig(category_codes=1.0, column_codes=1.0)
     via_model = DbTables.for_model(store, 128, model)
-    direct = DbTables.from_store(store, 128, 1.0, "value", 1.0)
+    direct = DbTables.from_store(store, 128, 1.0, 1.0)
     np.testing.assert_array_equal(via_model.column_embeddings, direct.column_embeddings)
     np.testing.assert_array_equal(via_model.categorical_embeddings, direct.categorical_embeddings)

@@ -97,34 +97,6 @@ def test_padding_positions_get_zero_h0():
     assert TINY.d_model == h0.shape[-1]
 
 
-def test_periodic_number_embedding_adds_sin_cos_features_of_numbers_only():
-    import dataclasses
-
-    import pytest
-
-    from confluence.errors import ConfigError
-    from confluence.model.config import ModelConfig
-
-    plain = tiny_model().encoder
-    enc = tiny_model(dataclasses.replace(TINY, numeric_frequencies=4)).encoder
-    assert plain.numeric_frequencies is None and enc.numeric_frequencies.shape == (4,)
-    assert enc.numeric_periodic.shape == (8, TINY.d_model)
-    stypes = [ST.NUMERICAL, ST.NUMERICAL, ST.CATEGORICAL]
-    inp = _inputs(stypes, numeric_values=np.array([[1.5, -0.25, 7.0]], np.float32))
-    out = np.asarray(enc(inp, jnp.asarray(COL), jnp.asarray(CAT)))[0]
-    for i, x in enumerate([1.5, -0.25]):
-        angle = 2 * np.pi * x * np.asarray(enc.numeric_frequencies)
-        feats = np.concatenate([np.sin(angle), np.cos(angle)])
-        want = (_col(enc, i) + np.asarray(enc.numerical_encoder(jnp.asarray([x], jnp.float32)))
-                + feats @ np.asarray(enc.numeric_periodic))
-        np.testing.assert_allclose(out[i], want, rtol=2e-2, atol=2e-2)
-    # a categorical cell's numeric slot (7.0) reaches nothing
-    want_cat = _col(enc, 2) + np.asarray(enc.categorical_encoder(jnp.asarray(CAT[0], jnp.float32)))
-    np.testing.assert_allclose(out[2], want_cat, rtol=2e-2, atol=2e-2)
-    with pytest.raises(ConfigError, match="numeric_frequencies"):
-        ModelConfig(numeric_frequencies=-1)
-
-
 def test_row_age_adds_its_features_to_every_cell_of_a_row_with_an_age_and_nothing_otherwise():
     import dataclasses
 

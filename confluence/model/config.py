@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from confluence.errors import ConfigError
 from confluence.stypes import D_TIME
-from confluence.toolkit.config import COMPUTE_DTYPES, non_negative, one_of, positive
+from confluence.toolkit.config import ANY_VALUE, COMPUTE_DTYPES, non_negative, one_of, positive
 
 
 def ffn_hidden_dim(d_model: int, multiple: int = 256) -> int:
@@ -39,6 +39,11 @@ def kernel_launch_problems(heads: int, warps: int, n_heads: int | None = None) -
 class ModelConfig:
     """Shape and numerics of the relational transformer. `d_t` is a property of the processed store."""
 
+    # settings removed after measurement rejected them, with the value that meant "off": a checkpoint or recipe
+    # that names one with that value still loads (docs/decisions.md, "Removed settings")
+    RETIRED: ClassVar[dict[str, Any]] = {"category_codes_by": "row", "numeric_frequencies": 0,
+                                          "numeric_frequency_scale": ANY_VALUE}
+
     d_model: int = 256
     n_layers: int = 12
     n_heads: int = 8
@@ -62,17 +67,9 @@ class ModelConfig:
     # > 0: add this multiple of a fixed per-category identity code to each category's text embedding (model.inputs.
     # identity_codes); 0 is seed 002's text embedding alone, the default (docs/decisions.md says why).
     category_codes: float = 0.0
-    # what a category's identity code is keyed by: "row" (its row of the database's category table, the first
-    # measured form) or "value" (its value string: the same string has the same code in every column and task,
-    # so a derived task's answer and the visible cell it copies share a code; docs/decisions.md)
-    category_codes_by: Literal["row", "value"] = "row"
     # > 0: add this multiple of a fixed per-column code (keyed by the column's embedded text: model.inputs.
     # column_keys) to each column's name embedding, so columns whose names embed alike stay apart; 0 is seed 002
     column_codes: float = 0.0
-    # > 0: numbers also enter through F learned periodic features (sin / cos of 2 pi c x, Gorishniy et al. 2022)
-    # added to the seed's linear z-score encoder; 0 is seed 002's linear encoder alone
-    numeric_frequencies: int = 0
-    numeric_frequency_scale: float = 1.0  # std of the frequencies' initialisation (z-units^-1)
     # True: every cell also carries its row's age at the observation time (the batch's `row_age`, days) through
     # a piecewise-linear encoding (model.encoding.age_features), so "within the last 30 days" is one threshold
     # away; False is seed 002 (absolute timestamps only)
@@ -111,9 +108,8 @@ class ModelConfig:
         one_of("compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
         for which, problem in kernel_launch_problems(self.kernel_heads, self.kernel_warps, self.n_heads):
             raise ConfigError(f"kernel_{which}", problem)
-        one_of("category_codes_by", self.category_codes_by, ("row", "value"))
         one_of("copy_numbers", self.copy_numbers, ("mean", "median"))
-        non_negative(self, "category_codes", "numeric_frequencies", "numeric_by_column_init", "column_codes")
+        non_negative(self, "category_codes", "numeric_by_column_init", "column_codes")
 
     @property
     def d_head(self) -> int:

@@ -83,8 +83,6 @@ class ValueEncoder(eqx.Module):
     identifier_emb: jax.Array
     null_emb: jax.Array
     mask_emb: jax.Array
-    numeric_frequencies: jax.Array | None  # [F] learned frequencies of the periodic number embedding (F = 0: None)
-    numeric_periodic: jax.Array | None  # [2F, D]: sin / cos features -> D
     numeric_column_weight: jax.Array | None  # [D_t, D]: column-name embedding -> the column's number direction
     row_age_emb: jax.Array | None  # [A, D]: the row-age features (`age_features`) -> D (row_age off: None)
     child_rank_emb: jax.Array | None  # [N_RANK_BUCKETS, D]: a row per recency-rank bucket (child_rank off: None)
@@ -101,11 +99,6 @@ class ValueEncoder(eqx.Module):
         self.identifier_emb = normal_init(k[6], (d,))
         self.null_emb = normal_init(k[7], (d,))
         self.mask_emb = normal_init(k[8], (d,))
-        f = cfg.numeric_frequencies
-        # Gorishniy et al. 2022 ("periodic" embeddings): sin / cos of 2 pi c x for learned c ~ N(0, sigma), then a
-        # linear map; added to the seed's linear z-score encoder, which stays
-        self.numeric_frequencies = cfg.numeric_frequency_scale * jax.random.normal(k[9], (f,)) if f else None
-        self.numeric_periodic = normal_init(k[10], (2 * f, d)) if f else None
         self.row_age_emb = normal_init(jax.random.fold_in(key, 11), (N_AGE_FEATURES, d)) if cfg.row_age else None
         self.child_rank_emb = (normal_init(jax.random.fold_in(key, 13), (N_RANK_BUCKETS, d))
                                if cfg.child_rank else None)
@@ -156,11 +149,6 @@ class ValueEncoder(eqx.Module):
         ], axis=0)
         h = (col * m(keep) + cat * m(of(SemanticType.CATEGORICAL)) + txt * m(of(SemanticType.TEXT))
              + matmul(coef, rows))
-        if self.numeric_frequencies is not None:
-            x = inputs["numeric_values"].astype(jnp.float32)[..., None] * self.numeric_frequencies.astype(jnp.float32)
-            angle = 2.0 * jnp.pi * x
-            feats = jnp.concatenate([jnp.sin(angle), jnp.cos(angle)], axis=-1).astype(dt)
-            h = h + matmul(feats * m(of(SemanticType.NUMERICAL)), self.numeric_periodic)
         if self.numeric_column_weight is not None:
             # x * (the column's own direction): numbers of different columns stay apart even when attention
             # averages the cells of a row, as categories (embedded with their column's name) already do

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from confluence.batch import SEQ_FIELDS, TrainingBatch
-from confluence.errors import ConfluenceError, StoreError
+from confluence.errors import ConfluenceError
 from confluence.model.config import ModelConfig
 from confluence.stypes import SemanticType
 
@@ -96,13 +96,11 @@ class DbTables:
 
     @classmethod
     def build(cls, name: str, column_embeddings: np.ndarray, categorical_embeddings: np.ndarray, max_k: int,
-              model_max_k: int, category_codes: float = 0.0,
-              category_values: Sequence[str] | None = None, column_codes: float = 0.0,
+              model_max_k: int, category_codes: float = 0.0, column_codes: float = 0.0,
               column_keys: Sequence[str] | None = None) -> DbTables:
         """Pad the tables; raises ValueError naming the database if its max_K exceeds the step's static max_K.
-        `category_codes` > 0 adds that multiple of each category's identity code: keyed by its value string
-        (`value_codes`) when `category_values` (one string per row of the category table) is given, else by its
-        row (`identity_codes`). `column_codes` > 0 adds that multiple of each column's code, the `value_codes`
+        `category_codes` > 0 adds that multiple of each category's identity code (keyed by its row,
+        `identity_codes`). `column_codes` > 0 adds that multiple of each column's code, the `value_codes`
         code of "column:<key>" for its key in `column_keys` (one per row of the column table; `column_keys(store)`)."""
         if column_embeddings.ndim != 2 or categorical_embeddings.ndim != 2:
             raise ValueError(f"database {name!r}: embedding tables must be 2-D [rows, D_t]")
@@ -125,30 +123,24 @@ class DbTables:
                        ).astype(np.float16)
         cat = _pad_rows(categorical_embeddings, pow2_at_least(vc + model_max_k), np.float16)
         if category_codes and vc:
-            if category_values is not None and len(category_values) != vc:
-                raise ValueError(f"database {name!r}: {len(category_values)} category values for a category table "
-                                 f"of {vc} rows")
-            codes = identity_codes(vc, d_t) if category_values is None else value_codes(category_values, d_t)
             cat[:vc] = (categorical_embeddings.astype(np.float32)
-                        + np.float32(category_codes) * codes).astype(np.float16)
+                        + np.float32(category_codes) * identity_codes(vc, d_t)).astype(np.float16)
         return cls(name, col, cat, c, vc, max_k)
 
     @classmethod
     def from_store(cls, store: Any, model_max_k: int, category_codes: float = 0.0,
-                   category_codes_by: str = "row", column_codes: float = 0.0) -> DbTables:
+                   column_codes: float = 0.0) -> DbTables:
         """The padded tables of a processed store (`confluence.store.Store`, or anything with its reader API);
-        `category_codes_by` = "row" | "value" (`ModelConfig.category_codes_by`); `column_codes`:
-        `ModelConfig.column_codes`."""
-        values = category_values(store) if category_codes and category_codes_by == "value" else None
+        `category_codes` / `column_codes`: `ModelConfig`'s."""
         return cls.build(store.name, np.asarray(store.column_embeddings), np.asarray(store.categorical_embeddings),
-                         target_max_k(store), model_max_k, category_codes, values, column_codes,
+                         target_max_k(store), model_max_k, category_codes, column_codes,
                          column_keys(store) if column_codes else None)
 
     @classmethod
     def for_model(cls, store: Any, model_max_k: int, model: ModelConfig) -> DbTables:
         """The tables of `store` as a model of `ModelConfig` `model` reads them (its category and column codes): the
         one call training, inference and scripts share, so they cannot build different inputs for one run."""
-        return cls.from_store(store, model_max_k, model.category_codes, model.category_codes_by, model.column_codes)
+        return cls.from_store(store, model_max_k, model.category_codes, model.column_codes)
 
 
 PAD_ALIKE_MIN_BYTES = 512 << 20  # pad_alike may always use this much memory in all
@@ -227,28 +219,6 @@ def column_keys(store: Any) -> list[str]:
         if 0 <= int(c.column_idx) < n:
             out[int(c.column_idx)] = str(c.text or f"{c.table or c.task}.{c.name}")
     return out
-
-
-def category_values(store: Any) -> list[str]:
-    """The value string of each row of a store's category table (from its columns' and tasks' category lists);
-    raises StoreError naming the store and the row when a row has none (a store the category lists do not cover)."""
-    n = int(np.asarray(store.categorical_embeddings).shape[0])
-    out: list[str | None] = [None] * n
-    stats = [c.stats for c in store.columns] + [t.stats for t in store.tasks]
-    for st in stats:
-        cats = st.get("categories") if isinstance(st, dict) else None
-        if cats is None or "cat_emb_start" not in st:
-            continue
-        start = int(st["cat_emb_start"])
-        for i, v in enumerate(cats):
-            if 0 <= start + i < n:
-                out[start + i] = str(v)
-    missing = [i for i, v in enumerate(out) if v is None]
-    if missing:
-        raise StoreError(f"store {store.name!r}: category-table row {missing[0]} has no value string in the store's "
-                         f"metadata ({len(missing)} rows without one), which model.category_codes_by = 'value' "
-                         "needs; preprocess the database again")
-    return [str(v) for v in out]
 
 
 def target_max_k(store: Any) -> int:

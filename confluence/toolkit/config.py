@@ -104,6 +104,9 @@ def _fit(value: Any, kind: Any, setting: str) -> Any:
     raise TypeError(f"{setting}: unsupported annotation {kind!r}")  # a bug in a config class, not user input
 
 
+ANY_VALUE = object()  # in a config class's RETIRED: the removed setting was moot at any value
+
+
 def overlay(cfg: T, changes: Mapping[str, Any] | None, where: str = "") -> T:
     """`cfg` (a frozen dataclass) with the nested `changes` applied; raises ConfigError naming the setting."""
     if not changes:
@@ -112,8 +115,15 @@ def overlay(cfg: T, changes: Mapping[str, Any] | None, where: str = "") -> T:
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     kw: dict[str, Any] = {}
+    retired = getattr(cls, "RETIRED", {})
     for name, value in changes.items():
         setting = f"{where}.{name}" if where else name
+        if name not in names and name in retired:
+            off = retired[name]
+            if off is ANY_VALUE or value == off:
+                continue  # a removed setting at the value that meant "off": an older checkpoint or recipe loads
+            raise ConfigError(setting, f"was removed after measurement rejected it (docs/decisions.md, \"Removed "
+                                       f"settings\"); only {off!r} (off) can still be read, got {value!r}")
         if name not in names:
             raise ConfigError(setting, f"unknown setting; {where or 'the top level'} has: {', '.join(names)}")
         current = getattr(cfg, name)

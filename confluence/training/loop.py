@@ -108,16 +108,15 @@ def _init_params(cfg: RunConfig, init_from: Path | str, like: Any) -> Any:
 
 # model settings that shape no parameter but change what every cell's input is (the codes added to the name and
 # value embeddings when the tables are built): a checkpoint made with other values loads, its inputs shifted
-INPUT_SETTINGS = ("category_codes", "category_codes_by", "column_codes")
+INPUT_SETTINGS = ("category_codes", "column_codes")
 
 
 def _warn_input_shift(cfg: RunConfig, init_from: Path | str) -> None:
     """Warn when `init_from` was trained with other input codes than this run's (fine-tuning then starts from a
     model whose every column or category input moved: it adapts, but a user should know and can --set them)."""
     saved = RunConfig.from_dict(read_checkpoint(init_from).meta.get("config", {})).model
-    moot = {"category_codes_by"} if not (saved.category_codes or cfg.model.category_codes) else set()
     diffs = [f"model.{n} = {getattr(saved, n)!r} there, {getattr(cfg.model, n)!r} here" for n in INPUT_SETTINGS
-             if n not in moot and getattr(saved, n) != getattr(cfg.model, n)]
+             if getattr(saved, n) != getattr(cfg.model, n)]
     if diffs:
         warnings.warn(f"--init-from {init_from} was trained with other input codes ({'; '.join(diffs)}): its "
                       "inputs shift and fine-tuning has to adapt to them; --set them to the checkpoint's values to "
