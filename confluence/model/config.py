@@ -44,20 +44,20 @@ class ModelConfig:
     RETIRED: ClassVar[dict[str, Any]] = {"category_codes_by": "row", "numeric_frequencies": 0,
                                           "numeric_frequency_scale": ANY_VALUE}
 
-    d_model: int = 256
-    n_layers: int = 12
-    n_heads: int = 8
-    d_t: int = 256
-    d_time: int = D_TIME
-    ffn_multiple: int = 256
-    norm_eps: float = 1e-6
+    d_model: int = 256  # D, the width of every cell's hidden state
+    n_layers: int = 12  # blocks (each: outbound, inbound and column attention, then a SwiGLU FFN)
+    n_heads: int = 8  # attention heads (d_model / n_heads per head)
+    d_t: int = 256  # width of the text embeddings (the store's; set from it)
+    d_time: int = D_TIME  # a timestamp's components: 7 (sin, cos) pairs and the epoch
+    ffn_multiple: int = 256  # the SwiGLU hidden size, 8/3 D, is rounded up to a multiple of this
+    norm_eps: float = 1e-6  # RMSNorm's epsilon
     compute_dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"  # activations / matmuls; params FP32
     attention_impl: str = "reference"  # "reference" | "block_sparse" | "auto" (confluence.model.attention)
     # the block-sparse kernel's launch on a GPU (tuning only: the same results, tested bit for bit in the
     # interpreter): heads computed by one program (a power of two dividing n_heads; its heads share the tile
     # list, the scalar loads and the tile mask) and Triton warps per program (docs/attention_kernel.md)
     kernel_heads: int = KERNEL_HEADS
-    kernel_warps: int = KERNEL_WARPS
+    kernel_warps: int = KERNEL_WARPS  # (see kernel_heads)
     remat: bool = False  # recompute each block's activations in the backward pass (less memory, ~1/3 more FLOPs)
     # True: the blocks run as one `lax.scan` over their stacked parameters, so XLA compiles one block instead of
     # n_layers (the `base` step compiles 24 % faster on the CPU) but runs them without fusion across blocks (the
@@ -124,9 +124,9 @@ class ModelConfig:
 class LossConfig:
     """The loss of seed 004 and its options (`docs/decisions.md`: the median-seeking numeric loss)."""
 
-    huber_delta: float = 1.0
-    ts_scalar_weight: float = 2.0
-    z_loss: float = 1e-4
+    huber_delta: float = 1.0  # Huber's transition (z-units) for numbers and each timestamp component
+    ts_scalar_weight: float = 2.0  # weight of a timestamp's epoch term beside the mean of its 14 cyclic terms
+    z_loss: float = 1e-4  # weight of the categorical logits' log-sum-exp squared
     max_k: int = 128  # static: the categorical block is padded to this many entries
     numeric_loss: Literal["huber", "median"] = "huber"  # "median": smooth L1, minimised by the conditional median
     median_delta: float = 0.05  # the smooth-L1 transition width (z-units) of numeric_loss="median"

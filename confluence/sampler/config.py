@@ -47,7 +47,7 @@ class SamplerConfig:
     batches in the same order, whatever `threads` and `prefetch`."""
 
     batch_size: int = 32  # sequences per batch, over all processes
-    seq_len: int = 1024
+    seq_len: int = 1024  # S, cells per sequence (context and target)
     max_rows: int = 256  # cap on R, the rows of one sequence
     width: int = 16  # at most this many children of a row are followed (uniform subsample)
     recent: int = 0  # of those `width`, the most recent this many are always kept; the rest stay uniform

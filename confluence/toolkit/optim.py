@@ -36,21 +36,21 @@ class OptimConfig:
     The schedule spans `total_steps`, or the run's length when that is None (so changing the number of steps of a
     run rescales it); the warmup is the larger of `warmup_steps` and `warmup_fraction` of the span."""
 
-    lr_muon: float = 0.02
-    lr_adamw: float = 3e-4
-    muon_beta: float = 0.95
-    muon_nesterov: bool = False
-    ns_steps: int = 5
-    adam_b1: float = 0.9
-    adam_b2: float = 0.95
-    adam_eps: float = 1e-8
+    lr_muon: float = 0.02  # peak rate of Muon (the blocks' 2-D matrices)
+    lr_adamw: float = 3e-4  # peak rate of AdamW (encoders, heads, embeddings, norms)
+    muon_beta: float = 0.95  # Muon's momentum
+    muon_nesterov: bool = False  # Nesterov momentum in Muon (the seed has none; the text model's option)
+    ns_steps: int = 5  # Newton-Schulz iterations orthogonalising each Muon update
+    adam_b1: float = 0.9  # AdamW's first-moment decay
+    adam_b2: float = 0.95  # AdamW's second-moment decay
+    adam_eps: float = 1e-8  # AdamW's epsilon
     weight_decay: float = 0.1  # AdamW's, on the parameters labelled ADAMW_DECAY
     muon_weight_decay: float = 0.0  # decoupled decay of the Muon matrices (the seed has none)
-    clip_norm: float = 1.0
-    warmup_steps: int = 2000
-    warmup_fraction: float = 0.0
+    clip_norm: float = 1.0  # global gradient-norm clip
+    warmup_steps: int = 2000  # linear warmup, at least this many steps
+    warmup_fraction: float = 0.0  # ... or this fraction of the schedule's span, whichever is longer
     total_steps: int | None = None  # None: the run's number of steps
-    final_lr_fraction: float = 0.1
+    final_lr_fraction: float = 0.1  # the cosine decay ends at this fraction of the peak rate
 
     def __post_init__(self) -> None:
         positive(self, "lr_muon", "lr_adamw", "ns_steps", "clip_norm", "adam_eps")

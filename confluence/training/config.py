@@ -33,15 +33,15 @@ class LoopConfig:
     # machine); `train` resolves it to a step count before the first step (training/budget.py)
     max_steps: int | str = 100_000
     grad_accum: int = 1  # micro-batches per optimizer step (each its own task draw)
-    val_every: int = 1000
+    val_every: int = 1000  # steps between validations
     val_batches: int = 4  # validation batches per task, their seeds drawn once across the val split
     # validate on at most this many of the training databases (evenly spaced; 0: all). A corpus run validates every
     # task of every database otherwise: at 393 databases that took 141 s on the GPU machine, longer than the steps
     # between two validations. Held-out databases are always validated in full.
     val_databases: int = 0
-    ckpt_every: int = 1000
+    ckpt_every: int = 1000  # steps between checkpoints
     keep_checkpoints: int = 3  # the newest this many are kept (0: all)
-    log_every: int = 10
+    log_every: int = 10  # steps between logged training scalars
     # early stopping: stop after this many validations in a row without a better validation score (0: never);
     # the best validation's checkpoint is kept (`checkpoints/BEST`) and is what evaluate / predict / serve load
     patience: int = 0
