@@ -202,3 +202,23 @@ def test_the_time_reference_trains_and_its_gradient_reaches_every_parameter():
     grads = jax.grad(loss)(model)
     for leaf in jax.tree.leaves(eqx.filter(grads.time_ref, eqx.is_inexact_array)):
         assert np.all(np.isfinite(np.asarray(leaf))) and float(jnp.abs(leaf).sum()) > 0
+
+
+def test_an_open_gate_setting_ignores_the_learned_gate_and_closes_only_without_timestamps():
+    """model.time_reference_gate = "open": whatever the gate's logit, the epoch is the reference plus the offset
+    where a timestamp is visible; with none visible it is the absolute head, as with the learned gate."""
+    opened = dataclasses.replace(REF, time_reference_gate="open")
+    plain = tiny_model(TINY)
+    base, _ = _run(plain)
+    out, inputs = _run(_set(tiny_model(opened), -40.0, offset=2.0))  # a shut learned gate changes nothing
+    want = _with_epoch(base.ts_preds, _mean_over(_eligible(inputs), inputs["timestamp_values"]) + OFFSET_SCALE * 2.0)
+    np.testing.assert_allclose(np.asarray(out.ts_preds), want, rtol=1e-5, atol=1e-5)
+
+    def no_timestamps(i):
+        i = dict(i)
+        i["is_null"] = i["is_null"] | ((i["semantic_types"] == int(SemanticType.TIMESTAMP)) & ~i["is_target"])
+        return i
+
+    out, _ = _run(_set(tiny_model(opened), 30.0), edit=no_timestamps)
+    base, _ = _run(plain, edit=no_timestamps)
+    np.testing.assert_allclose(np.asarray(out.ts_preds), np.asarray(base.ts_preds), rtol=1e-5, atol=1e-5)

@@ -96,6 +96,10 @@ class ModelConfig:
     # scheduled time plus a delay" needs no absolute date carried through the model; False is seed 004's absolute
     # timestamp decoder alone
     time_reference: bool = False
+    # how the time reference's answer mixes with the absolute head's: "learned" (a gate from the target's state,
+    # the first form) or "open" (the reference alone whenever a timestamp is visible: an absolute date learnt on the
+    # training period cannot reach a later split; docs/decisions.md)
+    time_reference_gate: Literal["learned", "open"] = "learned"
     # the attention kinds whose softmax also has a learned per-head sink: a virtual key with a learned logit and a
     # zero value, so a query can attend to "nothing" and the output's size tells how many keys matched (softmax
     # alone averages: 3 matching children and 30 give the same output); () is seed 000's softmax
@@ -109,6 +113,7 @@ class ModelConfig:
         for which, problem in kernel_launch_problems(self.kernel_heads, self.kernel_warps, self.n_heads):
             raise ConfigError(f"kernel_{which}", problem)
         one_of("copy_numbers", self.copy_numbers, ("mean", "median"))
+        one_of("time_reference_gate", self.time_reference_gate, ("learned", "open"))
         non_negative(self, "category_codes", "numeric_by_column_init", "column_codes")
 
     @property

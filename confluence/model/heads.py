@@ -210,14 +210,18 @@ class TimeReference(eqx.Module):
     gate: Linear  # D -> 1
     offset: Linear  # D -> 1, read at OFFSET_SCALE
     same_row: jax.Array  # [] learned bias of the target row's own timestamp cells, in units of 1 / SAME_ROW_RATE
+    # True: the gate is open whenever a timestamp is visible (the absolute head answers only without one), since an
+    # absolute date learnt on the training period cannot extrapolate to a later split (ModelConfig.time_reference_gate)
+    open_gate: bool = eqx.field(static=True, default=False)
 
-    def __init__(self, d: int, *, key: jax.Array):
+    def __init__(self, d: int, *, key: jax.Array, open_gate: bool = False):
         k = jax.random.split(key, 4)
         self.query = Linear(d, d, key=k[0])
         self.key = Linear(d, d, key=k[1])
         self.gate = Linear(d, 1, key=k[2], init="normal", scale=0.1)
         self.offset = Linear(d, 1, key=k[3], init="normal", scale=0.1)
         self.same_row = jnp.zeros((), jnp.float32)
+        self.open_gate = open_gate
 
     def __call__(self, out: ModelOutput, hn: jax.Array, hn_t: jax.Array, inputs: dict[str, jax.Array]) -> ModelOutput:
         """`out`: the heads at the target cells ([B] fields); `hn` [B, S, D], `hn_t` [B, D]: the final-normed
@@ -228,7 +232,7 @@ class TimeReference(eqx.Module):
         same_row = (inputs["seq_row_ids"] == row_t[:, None]).astype(f32)
         a, any_el = pointer(self.query, self.key, hn, hn_t, eligible,
                             SAME_ROW_RATE * self.same_row.astype(f32) * same_row)
-        g = hard_gate(self.gate(hn_t)[:, 0].astype(f32)) * any_el.astype(f32)  # [B]
+        g = any_el.astype(f32) if self.open_gate else hard_gate(self.gate(hn_t)[:, 0].astype(f32)) * any_el.astype(f32)
         ref = jnp.einsum("bs,bs->b", a, inputs["timestamp_values"][..., -1].astype(f32),
                          precision=jax.lax.Precision.HIGHEST)
         fine = ref + OFFSET_SCALE * self.offset(hn_t)[:, 0].astype(f32)

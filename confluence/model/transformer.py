@@ -40,7 +40,8 @@ class RelationalTransformer(eqx.Module):
         self.heads = DecoderHeads(cfg, key=k_heads)
         self.copy = (CopyHead(cfg.d_model, numbers=cfg.copy_numbers, key=jax.random.fold_in(key, 3))
                      if cfg.copy_head else None)
-        self.time_ref = TimeReference(cfg.d_model, key=jax.random.fold_in(key, 4)) if cfg.time_reference else None
+        self.time_ref = (TimeReference(cfg.d_model, key=jax.random.fold_in(key, 4),
+                                       open_gate=cfg.time_reference_gate == "open") if cfg.time_reference else None)
 
     def hidden(
         self, inputs: dict[str, jax.Array], column_table: jax.Array, category_table: jax.Array
