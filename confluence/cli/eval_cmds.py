@@ -140,6 +140,12 @@ def evaluate_cmd(
                                    "CPU, 65,536 cells' worth on a GPU)."),
     threads: int = typer.Option(None, "--threads", min=1, help="Sampler threads (default: 1 on a CPU, the CPUs "
                                 "less 2 on a GPU)."),
+    certify: bool = typer.Option(False, "--certify", help="Also prove the contexts leak nothing: for up to "
+                                 "--certify-seeds seeds a task, rebuild each context with every cell dated after "
+                                 "its observation time and every label not yet known randomized, and require the "
+                                 "model's inputs bit-identical (docs/evaluation.md, \"The leakage certificate\"). "
+                                 "A leak is an error naming the task, anchor, table, row and column."),
+    certify_seeds: int = typer.Option(200, "--certify-seeds", min=1, help="Seeds a task the certificate checks."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar / progress lines."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output file that confluence did not "
                                "write (a Parquet file of an earlier predict is replaced without it)."),
@@ -182,7 +188,7 @@ def evaluate_cmd(
                 by_split[s] = evaluate(model, db, split=s, tasks=task or None, max_seeds=max_seeds or None,
                                        gbdt=gbdt, batch_size=batch_size, threads=threads, progress=rep,
                                        clip_numbers=clip_numbers, keep_rows=bool(relbench_json or report),
-                                       draws=draws, blend=blend)
+                                       draws=draws, blend=blend, certify=certify_seeds if certify else 0)
     except ConfluenceError as exc:
         fail(exc)
     for s in splits:
@@ -193,6 +199,25 @@ def evaluate_cmd(
         typer.echo(f"wrote {write_json(relbench_results(by_split, dataset=store.name), relbench_json)}")
     if report:
         typer.echo(f"wrote {_write_report(report, by_split[split], checkpoint, db, split)}")
+    if certify:
+        _print_certificate(by_split[split])
+
+
+def _print_certificate(results: dict) -> None:
+    """The certificate's verdict per task and its digest; exit 1 naming every leak found (at most 10 a task)."""
+    from confluence.evaluation.certify import Leak
+
+    certs = {t: r["certificate"] for t, r in results.items() if "certificate" in r}
+    leaks = []
+    for t, c in certs.items():
+        verdict = "no leak" if c["passed"] else f"{c['n_leaks']} leaking cell(s)"
+        extra = f" ({c['note']})" if c.get("note") else ""
+        typer.echo(f"certificate {t}: {c['seeds']} contexts rebuilt with the future randomized: {verdict}{extra}")
+        leaks += [Leak(**x) for x in c["leaks"]]
+    digest = next(iter(certs.values()))["digest"] if certs else None
+    typer.echo(f"certificate digest: {digest}")
+    if leaks:
+        fail("the contexts leak:\n" + "\n".join(f"  {x.message()}" for x in leaks))
 
 
 def _write_report(out_dir: Path, results: dict, checkpoint: Path, db: Path, split: str) -> Path:

@@ -85,6 +85,7 @@ def evaluate(
     clip_numbers: bool = True,
     draws: int = DEFAULT_DRAWS,
     blend: str | None = None,
+    certify: int = 0,
 ) -> dict[str, dict[str, Any]]:
     """Evaluate a checkpoint on `split` of the store at `db`.
 
@@ -104,6 +105,9 @@ def evaluate(
     `model_vs_gbdt`), `"validation"` (the headline metric of model, LightGBM and blend on validation, the weight,
     where it came from and a `note` when the weight is a default or the evaluated split is "val" itself) and
     `"ship"` ("model", "LightGBM" or "blend": what validation says to ship).
+    `certify` > 0 also checks that many seeds a task for leakage (`confluence.evaluation.certify`: their contexts
+    bit-identical with the future randomized) and adds `"certificate"` to each task (its summary, the digest of
+    the whole certificate and `passed`); a failed certificate is reported, not raised.
     """
     from confluence.evaluation.blend import check_blend
 
@@ -182,6 +186,14 @@ def evaluate(
                                          train_std=train_std, seed_ids=eval_ids, head=out,
                                          clip_ids=train_ids if clip_numbers else None)
             results[task] = entry
+        if certify:
+            from confluence.evaluation.certify import certify as run_certificate
+
+            cert = run_certificate(store, loaded.config.sampler, names, split, run_seed=loaded.config.seed,
+                                   max_seeds=certify, progress=progress)
+            for task in names:
+                if task in results:
+                    results[task]["certificate"] = {**cert["tasks"][task], "digest": cert["digest"]}
     finally:
         predictor.close()
     return results

@@ -1,0 +1,108 @@
+"""The leakage certificate (`evaluate --certify`, confluence.evaluation.certify): it passes where the sampler keeps
+its rules, and fails naming the culprit on deliberately leaky configurations: a sampler that admits rows dated after
+the observation time, and one that shows labels before their horizon."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from confluence.evaluation.certify import FUTURE_CELL, UNKNOWN_LABEL, certify, certify_task
+from confluence.sampler.config import SamplerConfig
+from confluence.sampler.data import SamplerData
+from confluence.sampler.sampler import Sampler
+from confluence.store.format import STATIC_TIME
+
+CFG = SamplerConfig(batch_size=8, seq_len=96, max_rows=24, labels=4, child_counts="anchor",
+                    child_count_windows=(7, 30), recent=4)
+
+
+def _temporal_tasks(store):
+    return [t.name for t in store.tasks if t.observation_time == "observation_time_column"]
+
+
+def _test_seeds(store, task, n=16):
+    s = Sampler([store], CFG)
+    ids = s.seed_ids("test", task)
+    s.close()
+    return ids[np.linspace(0, ids.size - 1, min(n, ids.size)).astype(int)]
+
+
+def test_the_sampler_leaks_nothing_on_any_task(small_planted_store):
+    store = small_planted_store
+    res = certify(store, CFG, [t.name for t in store.tasks], "test", max_seeds=12)
+    assert res["passed"], {t: c["leaks"][:2] for t, c in res["tasks"].items() if not c["passed"]}
+    temporal = _temporal_tasks(store)
+    assert temporal and all(res["tasks"][t]["seeds"] > 0 and res["tasks"][t]["future_rows"] > 0 for t in temporal)
+    assert len(res["digest"]) == 64
+    assert res == certify(store, CFG, [t.name for t in store.tasks], "test", max_seeds=12)  # deterministic
+
+
+def test_a_sampler_that_admits_future_rows_is_named(small_planted_store):
+    """A sampler whose row times say every row is static walks rows dated after the observation time: the rows the
+    certificate randomizes (by the store's own times) change its contexts, and each leak names the row's table,
+    key and column."""
+    store = small_planted_store
+    task = _temporal_tasks(store)[0]
+    data = SamplerData.from_store(store)
+    static = np.full_like(np.asarray(data.row_time), STATIC_TIME)
+    leaky = dataclasses.replace(data, row_time=static, child_time=np.full_like(np.asarray(data.child_time),
+                                                                              STATIC_TIME))
+    cert = certify_task(store, CFG, task, _test_seeds(store, task), context="test", data=leaky)
+    assert not cert.passed
+    future = [x for x in cert.leaks if x.what == FUTURE_CELL]
+    assert future, cert.leaks[:3]
+    x = future[0]
+    assert x.task == task and x.table in {t.name for t in store.tables} and "=" in x.row and x.column
+    assert x.table in x.message() and x.column in x.message() and task in x.message()
+    # the same seeds with the sampler's own times: no leak
+    assert certify_task(store, CFG, task, _test_seeds(store, task), context="test").passed
+
+
+class _Horizon:
+    """The store, but its metadata says `task`'s labels are known `horizon` after the observation time."""
+
+    def __init__(self, store, task, horizon):
+        self._store = store
+        meta = dict(store.meta)
+        db = dict(meta["database"])
+        db["tasks"] = {**db["tasks"], task: {**db["tasks"][task], "horizon": horizon}}
+        self.meta = {**meta, "database": db}
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+def test_a_label_shown_before_its_horizon_is_named(small_planted_store):
+    """The sampler shows a derived task's labels from their observation time (its metadata: horizon 0); if they
+    were really known only ten years later, every label a context shows is read before it is known: the
+    certificate, judging by the true horizon, names them."""
+    store = small_planted_store
+    task = _temporal_tasks(store)[0]
+    truth = _Horizon(store, task, "3650 days")
+    cert = certify_task(truth, CFG, task, _test_seeds(store, task), context="test",
+                        data=SamplerData.from_store(store))
+    assert not cert.passed
+    labels = [x for x in cert.leaks if x.what == UNKNOWN_LABEL]
+    assert labels and all(x.task == task for x in labels), cert.leaks[:3]
+    assert cert.unknown_labels > 0
+
+
+@pytest.mark.parametrize("what", [FUTURE_CELL, UNKNOWN_LABEL])
+def test_the_cli_fails_naming_the_leak(what, capsys):
+    """`evaluate --certify` prints a verdict per task and exits 1 with each leak named: task, anchor, time, what
+    leaked, table, row and column."""
+    import typer
+
+    from confluence.cli.eval_cmds import _print_certificate
+
+    leak = {"task": "t", "anchor": "customers customer_id=3", "observation_time": 10**15, "table": "orders",
+            "row": "order_id=9", "column": "amount", "what": what}
+    results = {"t": {"certificate": {"passed": False, "seeds": 4, "n_leaks": 1, "leaks": [leak], "digest": "d"}}}
+    with pytest.raises(typer.Exit) as exc:
+        _print_certificate(results)
+    assert exc.value.exit_code == 1
+    out = capsys.readouterr()
+    assert "certificate t: 4 contexts rebuilt with the future randomized: 1 leaking cell(s)" in out.out
+    assert "customers customer_id=3 at 2001-09-09 01:46:40" in out.err and what in out.err
+    assert "orders order_id=9 column 'amount'" in out.err
