@@ -106,3 +106,36 @@ def test_the_cli_fails_naming_the_leak(what, capsys):
     assert "certificate t: 4 contexts rebuilt with the future randomized: 1 leaking cell(s)" in out.out
     assert "customers customer_id=3 at 2001-09-09 01:46:40" in out.err and what in out.err
     assert "orders order_id=9 column 'amount'" in out.err
+
+
+def test_a_target_copied_into_a_same_row_column_is_a_warning(tmp_path):
+    """A column of the anchor row that restates the target (here `orders.rating_copy` = the rating task's target)
+    is what the task's definition lets through: no randomization of the future finds it, the single-column check
+    names it; the honest columns raise nothing."""
+    import pyarrow as pa
+
+    from confluence.evaluation.certify import same_row_warnings
+    from confluence.preprocess.pipeline import preprocess
+    from confluence.store import Store
+    from tests.fixtures.bookstore import (
+        HashEncoder,
+        bookstore_metadata,
+        bookstore_tables,
+        write_bookstore,
+        write_metadata,
+    )
+
+    tables = bookstore_tables("small")
+    orders = tables["orders"]
+    tables["orders"] = orders.append_column("rating_copy", pa.compute.multiply(orders["rating"], 2.0))
+    meta = bookstore_metadata()
+    meta["tables"]["orders"]["columns"]["rating_copy"] = {"stype": "numerical"}
+    store = Store.open(preprocess(write_bookstore(tmp_path, tables=tables), write_metadata(tmp_path, meta),
+                                  tmp_path / "store", encoder=HashEncoder(8), progress=False))
+    s = Sampler([store], CFG)
+    found = same_row_warnings(store, "order_rating", s.seed_ids("train", "order_rating"),
+                              s.seed_ids("val", "order_rating"))
+    assert len(found) == 1 and "orders.rating_copy" in found[0] and "exclude_columns" in found[0], found
+    assert same_row_warnings(store, "order_status", s.seed_ids("train", "order_status"),
+                             s.seed_ids("val", "order_status")) == []
+    s.close()

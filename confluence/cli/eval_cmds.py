@@ -213,6 +213,8 @@ def _print_certificate(results: dict) -> None:
         verdict = "no leak" if c["passed"] else f"{c['n_leaks']} leaking cell(s)"
         extra = f" ({c['note']})" if c.get("note") else ""
         typer.echo(f"certificate {t}: {c['seeds']} contexts rebuilt with the future randomized: {verdict}{extra}")
+        for w in c.get("warnings", []):
+            typer.echo(f"  warning: {w}")
         leaks += [Leak(**x) for x in c["leaks"]]
     digest = next(iter(certs.values()))["digest"] if certs else None
     typer.echo(f"certificate digest: {digest}")

@@ -64,6 +64,8 @@ class TaskCertificate:
     future_rows: int = 0  # rows randomized by the earliest observation time checked
     unknown_labels: int = 0  # labels randomized by the earliest observation time checked
     leaks: list[Leak] = field(default_factory=list)
+    # what the task's own definition lets through (`same_row_warnings`): reported, not failed
+    warnings: list[str] = field(default_factory=list)
     note: str | None = None
 
     @property
@@ -73,7 +75,8 @@ class TaskCertificate:
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"passed": self.passed, "seeds": self.seeds, "times": self.times,
                                "future_rows": self.future_rows, "unknown_labels": self.unknown_labels,
-                               "leaks": [dataclasses.asdict(x) for x in self.leaks[:10]], "n_leaks": len(self.leaks)}
+                               "leaks": [dataclasses.asdict(x) for x in self.leaks[:10]], "n_leaks": len(self.leaks),
+                               "warnings": list(self.warnings)}
         if self.note:
             out["note"] = self.note
         return out
@@ -306,7 +309,8 @@ def certificate_digest(certs: dict[str, TaskCertificate], db_name: str) -> str:
 def certify(store: Any, config: SamplerConfig, tasks: list[str], split: str, *, run_seed: int = 0,
             max_seeds: int = 200, progress: Any = None) -> dict[str, Any]:
     """The certificate of every task in `tasks` on `split` (at most `max_seeds` seeds each, drawn as evaluation
-    draws them): `{"passed", "digest", "seeds_per_task", "tasks": {task: summary}}`."""
+    draws them), with each task's same-row warnings found on its validation split: `{"passed", "digest", "tasks":
+    {task: summary}}`."""
     data = SamplerData.from_store(store)
     sampler = Sampler([data], config, seed=run_seed)
     certs: dict[str, TaskCertificate] = {}
@@ -315,8 +319,101 @@ def certify(store: Any, config: SamplerConfig, tasks: list[str], split: str, *, 
             progress.step(f"{task}: leakage certificate", 1)
         ids = subsample(sampler.seed_ids(split, task), max_seeds)
         certs[task] = certify_task(store, config, task, ids, run_seed=run_seed, context=split, data=data)
+        val = subsample(sampler.seed_ids("val", task), 5000)
+        certs[task].warnings = same_row_warnings(store, task, sampler.seed_ids("train", task), val)
         if progress is not None:
             progress.advance(1)
     sampler.close()
     return {"passed": all(c.passed for c in certs.values()), "digest": certificate_digest(certs, store.name),
             "tasks": {k: v.summary() for k, v in certs.items()}}
+
+
+# ------------------------------------------------------------------------------------- what the task lets through
+
+NEAR_PERFECT = 0.99  # a single same-row column scoring this (accuracy, AUROC) on validation is reported
+NEAR_EXACT = 0.01  # ... or an error below this share of the trivial baseline's (numbers, times)
+
+
+def _column_values(store: Any, table: str, col: Any, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One column's stored values at local `rows` as float64 (a time's epoch component, a category's index, a
+    boolean as 0 / 1) and their validity."""
+    n = store.table(table).num_rows
+    valid = np.unpackbits(np.asarray(store.validity(table, col.name)), count=n, bitorder="little").astype(bool)
+    raw = np.asarray(store.values(table, col.name))
+    st = SemanticType(int(col.stype))
+    if st == SemanticType.BOOLEAN:
+        vals = np.unpackbits(raw, count=n, bitorder="little").astype(np.float64)
+    elif st == SemanticType.TIMESTAMP:
+        vals = raw[:, -1].astype(np.float64)
+    else:
+        vals = raw.astype(np.float64)
+    return vals[rows], valid[rows]
+
+
+def _single_column_score(kind_: Any, categorical_col: bool, x_tr: np.ndarray, y_tr: np.ndarray, x_ev: np.ndarray,
+                         y_ev: np.ndarray) -> tuple[float, float] | None:
+    """(the column's headline score as a one-column predictor, the trivial baseline's) on the evaluated rows: a
+    category column through its train majority class per value, a number through a least-squares line (booleans:
+    the value itself as a score)."""
+    metric, _ = kind_.headline
+    if x_tr.size < 10 or x_ev.size < 10:
+        return None
+    if kind_.has_classes or kind_.stype == SemanticType.BOOLEAN:
+        if categorical_col:
+            k = int(max(y_tr.max(initial=0), y_ev.max(initial=0))) + 1
+            table: dict[float, np.ndarray] = {}
+            for v, y in zip(x_tr, y_tr.astype(np.int64), strict=True):
+                table.setdefault(v, np.zeros(k))[y] += 1
+            prior = np.bincount(y_tr.astype(np.int64), minlength=k) + 1e-3
+            probs = np.stack([(table.get(v, prior) + 1e-3) / (table.get(v, prior) + 1e-3).sum() for v in x_ev])
+            pred = probs if kind_.has_classes else probs[:, 1] if k > 1 else probs[:, 0]
+        elif kind_.has_classes:
+            return None
+        else:
+            pred = x_ev
+    else:
+        a = np.vstack([x_tr, np.ones_like(x_tr)]).T
+        coef, *_ = np.linalg.lstsq(a, y_tr, rcond=None)
+        pred = x_ev * coef[0] + coef[1]
+    score = kind_.metrics(y_ev, pred)[metric]
+    trivial = next(iter(kind_.trivial_predictions(y_tr, y_ev.size, int(y_ev.max(initial=0)) + 1
+                                                  if kind_.has_classes else None).values()))
+    return float(score), float(kind_.metrics(y_ev, trivial)[metric])
+
+
+def same_row_warnings(store: Any, task: str, train_ids: np.ndarray, eval_ids: np.ndarray) -> list[str]:
+    """The anchor table's columns (the ones a context shows of the anchor row) that alone predict the target almost
+    exactly on the evaluated rows: a restated or later-known target the task's `exclude_columns` should hide. Each
+    a sentence naming the column and the scores; a warning, since a column can be that good legitimately."""
+    from confluence.targets import decode_targets, kind
+
+    info = store.task(task)
+    k = kind(info.target_stype)
+    table = store.table(info.anchor_table)
+    hidden = set(info.exclude_column_idxs) | {int(info.target_column_idx)}
+    arrays = store.task_arrays(task)
+    rows = np.asarray(arrays.anchor_row, np.int64) - int(table.row_offset)
+    tr, ev = decode_targets(store, task, train_ids), decode_targets(store, task, eval_ids)
+    out = []
+    for col in table.columns:
+        st = SemanticType(int(col.stype))
+        if int(col.column_idx) in hidden or st in (SemanticType.IDENTIFIER, SemanticType.TEXT, SemanticType.IGNORED):
+            continue
+        x_tr, ok_tr = _column_values(store, table.name, col, rows[train_ids])
+        x_ev, ok_ev = _column_values(store, table.name, col, rows[eval_ids])
+        keep_tr, keep_ev = ok_tr & ~tr.is_null, ok_ev & ~ev.is_null
+        scored = _single_column_score(k, st == SemanticType.CATEGORICAL, x_tr[keep_tr], tr.values[keep_tr],
+                                      x_ev[keep_ev], ev.values[keep_ev])
+        if scored is None:
+            continue
+        score, trivial = scored
+        metric, higher = k.headline
+        if higher:
+            hit = score >= NEAR_PERFECT or (k.stype == SemanticType.BOOLEAN and score <= 1 - NEAR_PERFECT)
+        else:
+            hit = trivial > 0 and score <= NEAR_EXACT * trivial
+        if hit:
+            out.append(f"column {table.name}.{col.name} alone predicts {task!r} almost exactly on these rows "
+                       f"({metric} {score:.4g}; the trivial baseline {trivial:.4g}): if it restates the target or "
+                       f"is known only after the observation time, add it to the task's exclude_columns")
+    return out
