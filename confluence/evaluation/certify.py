@@ -358,7 +358,7 @@ def _single_column_score(kind_: Any, categorical_col: bool, x_tr: np.ndarray, y_
     metric, _ = kind_.headline
     if x_tr.size < 10 or x_ev.size < 10:
         return None
-    if kind_.has_classes or kind_.stype == SemanticType.BOOLEAN:
+    if kind_.classifies:
         if categorical_col:
             k = int(max(y_tr.max(initial=0), y_ev.max(initial=0))) + 1
             table: dict[float, np.ndarray] = {}
@@ -408,8 +408,10 @@ def same_row_warnings(store: Any, task: str, train_ids: np.ndarray, eval_ids: np
             continue
         score, trivial = scored
         metric, higher = k.headline
+        if metric == "auroc":
+            score = max(score, 1.0 - score)  # a column that ranks the classes the other way round tells as much
         if higher:
-            hit = score >= NEAR_PERFECT or (k.stype == SemanticType.BOOLEAN and score <= 1 - NEAR_PERFECT)
+            hit = score >= NEAR_PERFECT
         else:
             hit = trivial > 0 and score <= NEAR_EXACT * trivial
         if hit:

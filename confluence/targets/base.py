@@ -57,6 +57,7 @@ class TargetKind:
     plot: ClassVar[str]
     relbench_type: ClassVar[str | None] = None  # RelBench's task type, None when RelBench has none for this kind
     has_classes: ClassVar[bool] = False  # predictions are [n, K] class probabilities
+    classifies: ClassVar[bool] = False  # the target is a class (boolean or categorical), not a quantity
 
     @property
     def label(self) -> str:

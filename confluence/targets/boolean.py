@@ -37,6 +37,7 @@ class Boolean(TargetKind):
     headline = ("auroc", True)
     plot = "calibration"
     relbench_type = "binary_classification"
+    classifies = True
 
     def decode(self, store: Any, task: Any, raw: np.ndarray, n: int, ids: np.ndarray) -> np.ndarray:
         return unpack_bits(raw, n)[ids]

@@ -61,6 +61,7 @@ class Categorical(TargetKind):
     plot = "confusion"
     relbench_type = "multiclass_classification"
     has_classes = True
+    classifies = True
 
     def decode(self, store: Any, task: Any, raw: np.ndarray, n: int, ids: np.ndarray) -> np.ndarray:
         return np.asarray(raw[ids], dtype=np.int64) - int(task.cat_block_start)
