@@ -139,3 +139,17 @@ def test_a_target_copied_into_a_same_row_column_is_a_warning(tmp_path):
     assert same_row_warnings(store, "order_status", s.seed_ids("train", "order_status"),
                              s.seed_ids("val", "order_status")) == []
     s.close()
+
+
+def test_the_report_shows_the_certificate():
+    from confluence.evaluation.report import certificate_html
+
+    cert = {"passed": False, "seeds": 12, "n_leaks": 1, "digest": "abc123",
+            "leaks": [{"task": "t", "anchor": "customers customer_id=3", "observation_time": 0, "table": "orders",
+                       "row": "order_id=9", "column": "amount", "what": FUTURE_CELL}],
+            "warnings": ["column orders.copy alone predicts 't' almost exactly"]}
+    page = certificate_html(cert)
+    assert "1 leaking cell(s)" in page and "orders order_id=9 column &#x27;amount&#x27;" in page
+    assert "warning: column orders.copy" in page and "digest abc123" in page
+    assert certificate_html(None) == ""
+    assert "no leak" in certificate_html({**cert, "passed": True, "leaks": [], "n_leaks": 0})

@@ -508,7 +508,22 @@ def _task_section(task: str, r: Mapping[str, Any], stype: SemanticType | None, d
     head += f'<div class="dim">{" · ".join(f for f in facts if f)}</div>'
     plot = task_plot(stype, r["rows"]) if stype is not None and r.get("rows") is not None else None
     img = _img(plot[0], f"{task}: {plot[1]}") if plot else ""
-    return f'<div class="task">{head}{img}{task_metrics_html(r, stype)}</div>'
+    return f'<div class="task">{head}{img}{task_metrics_html(r, stype)}{certificate_html(r.get("certificate"))}</div>'
+
+
+def certificate_html(cert: Mapping[str, Any] | None) -> str:
+    """A task's leakage certificate (`evaluate --certify`): the verdict, what was compared, the leaks and warnings,
+    and the certificate's digest; empty without one."""
+    if not cert:
+        return ""
+    verdict = ("no leak" if cert.get("passed") else f"<b>{int(cert.get('n_leaks', 0))} leaking cell(s)</b>")
+    lines = [f"<b>leakage certificate</b>: {int(cert.get('seeds', 0)):,} contexts rebuilt with every later cell and "
+             f"unknown label randomized: {verdict}" + (f" ({html.escape(cert['note'])})" if cert.get("note") else "")]
+    lines += [html.escape(f"leak: {x['table']} {x['row']} column {x['column']!r} ({x['what']}), anchor "
+                          f"{x['anchor']}") for x in cert.get("leaks", [])]
+    lines += [html.escape(f"warning: {w}") for w in cert.get("warnings", [])]
+    lines.append(f'<span class="dim">digest {html.escape(str(cert.get("digest", "")))}</span>')
+    return '<div class="cert">' + "<br>".join(lines) + "</div>"
 
 
 def render_report(
