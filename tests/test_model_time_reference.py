@@ -48,6 +48,13 @@ def _run(model, seed: int = 0, edit=None, task: int = TS):
     return out, inputs
 
 
+def _no_timestamps(i):
+    """Inputs with every timestamp cell but the target NULL: nothing to point at, the gate closes."""
+    i = dict(i)
+    i["is_null"] = i["is_null"] | ((i["semantic_types"] == int(SemanticType.TIMESTAMP)) & ~i["is_target"])
+    return i
+
+
 def _eligible(inputs) -> np.ndarray:
     return (~inputs["is_padding"] & ~inputs["is_null"] & ~inputs["is_target"]
             & (inputs["semantic_types"] == int(SemanticType.TIMESTAMP)))
@@ -107,13 +114,8 @@ def test_a_shut_gate_or_no_visible_timestamp_is_the_model_without_it():
     out, _ = _run(_set(tiny_model(REF), -40.0, uniform=False))
     np.testing.assert_allclose(np.asarray(out.ts_preds), np.asarray(base.ts_preds), rtol=1e-5, atol=1e-5)
 
-    def no_timestamps(i):  # every timestamp cell but the target NULL: nothing to point at, the gate closes
-        i = dict(i)
-        i["is_null"] = i["is_null"] | ((i["semantic_types"] == int(SemanticType.TIMESTAMP)) & ~i["is_target"])
-        return i
-
-    out, inputs = _run(_set(tiny_model(REF), 30.0), edit=no_timestamps)
-    base, _ = _run(plain, edit=no_timestamps)
+    out, inputs = _run(_set(tiny_model(REF), 30.0), edit=_no_timestamps)
+    base, _ = _run(plain, edit=_no_timestamps)
     assert not _eligible(inputs).any()
     np.testing.assert_allclose(np.asarray(out.ts_preds), np.asarray(base.ts_preds), rtol=1e-5, atol=1e-5)
 
@@ -214,11 +216,6 @@ def test_an_open_gate_setting_ignores_the_learned_gate_and_closes_only_without_t
     want = _with_epoch(base.ts_preds, _mean_over(_eligible(inputs), inputs["timestamp_values"]) + OFFSET_SCALE * 2.0)
     np.testing.assert_allclose(np.asarray(out.ts_preds), want, rtol=1e-5, atol=1e-5)
 
-    def no_timestamps(i):
-        i = dict(i)
-        i["is_null"] = i["is_null"] | ((i["semantic_types"] == int(SemanticType.TIMESTAMP)) & ~i["is_target"])
-        return i
-
-    out, _ = _run(_set(tiny_model(opened), 30.0), edit=no_timestamps)
-    base, _ = _run(plain, edit=no_timestamps)
+    out, _ = _run(_set(tiny_model(opened), 30.0), edit=_no_timestamps)
+    base, _ = _run(plain, edit=_no_timestamps)
     np.testing.assert_allclose(np.asarray(out.ts_preds), np.asarray(base.ts_preds), rtol=1e-5, atol=1e-5)
