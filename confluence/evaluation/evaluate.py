@@ -86,6 +86,7 @@ def evaluate(
     draws: int = DEFAULT_DRAWS,
     blend: str | None = None,
     certify: int = 0,
+    importance: int = 0,
 ) -> dict[str, dict[str, Any]]:
     """Evaluate a checkpoint on `split` of the store at `db`.
 
@@ -108,6 +109,9 @@ def evaluate(
     `certify` > 0 also checks that many seeds a task for leakage (`confluence.evaluation.certify`: their contexts
     bit-identical with the future randomized) and adds `"certificate"` to each task (its summary, the digest of
     the whole certificate and `passed`); a failed certificate is reported, not raised.
+    `importance` > 0 adds `"importance"` to each task: the model's permutation importance of each column on that
+    many validation seeds (`confluence.evaluation.importance`, the ten largest) and, with `gbdt`, LightGBM's gain
+    share of each column, side by side.
     """
     from confluence.evaluation.blend import check_blend
 
@@ -168,6 +172,8 @@ def evaluate(
                     blended = _blend_entry(entry, predictor, task, split, val_ids, g.val_predictions,
                                            (eval_ids, out), truth.values[keep], pred, g.predictions, train_ids,
                                            train_std, clip_numbers, progress)
+            if importance:
+                entry["importance"] = _importance(predictor, task, importance, g.model if gbdt else None)
             if reference is not None:
                 entry.update(reference(task, eval_ids, store))
             entry["info"] = {"stype": stype.label, "split": split, "n_eval": int(len(eval_ids)),
@@ -238,6 +244,22 @@ def _blend_entry(entry: dict[str, Any], predictor: Predictor, task: str, split: 
                                                 "judge it on --split test"])
     entry["ship"] = fit.ship
     return blended
+
+
+def _importance(predictor: Predictor, task: str, n_seeds: int, gbdt_model: Any) -> dict[str, Any]:
+    """A task's column importance (`evaluate(importance=...)`): the model's on validation seeds, LightGBM's gain
+    share beside it (same columns first)."""
+    from confluence.evaluation.importance import gbdt_importance, model_importance
+
+    ids = subsample(predictor.seed_ids("val", task), n_seeds)
+    if len(ids) == 0:
+        return {"note": "no validation seeds"}
+    out: dict[str, Any] = {"model": model_importance(predictor, task, ids, context="val", top=10)}
+    if gbdt_model is not None:
+        gains = gbdt_importance(gbdt_model)
+        shown = list(out["model"]["columns"]) + [c for c in gains if c not in out["model"]["columns"]][:5]
+        out["gbdt_gain_share"] = {c: round(gains.get(c, 0.0), 4) for c in shown}
+    return out
 
 
 def no_labels_note(split: str) -> str:

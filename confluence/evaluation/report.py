@@ -508,7 +508,23 @@ def _task_section(task: str, r: Mapping[str, Any], stype: SemanticType | None, d
     head += f'<div class="dim">{" · ".join(f for f in facts if f)}</div>'
     plot = task_plot(stype, r["rows"]) if stype is not None and r.get("rows") is not None else None
     img = _img(plot[0], f"{task}: {plot[1]}") if plot else ""
-    return f'<div class="task">{head}{img}{task_metrics_html(r, stype)}{certificate_html(r.get("certificate"))}</div>'
+    return f'<div class="task">{head}{img}{task_metrics_html(r, stype)}{importance_html(r.get("importance"))}{certificate_html(r.get("certificate"))}</div>'
+
+
+def importance_html(imp: Mapping[str, Any] | None) -> str:
+    """A task's column importance (`evaluate --importance`): per column the model's loss of its headline metric
+    when the column is shuffled, beside LightGBM's gain share; empty without one."""
+    if not imp or "model" not in imp:
+        return ""
+    m = imp["model"]
+    gbdt = imp.get("gbdt_gain_share") or {}
+    cols = list(m["columns"]) + [c for c in gbdt if c not in m["columns"]]
+    head = (f"<tr><th>column</th><th>model: {html.escape(m['metric'])} lost when shuffled</th>"
+            + ("<th>LightGBM: gain share</th>" if gbdt else "") + "</tr>")
+    rows = "".join(f"<tr><td>{html.escape(c)}</td><td>{_fmt(m['columns'].get(c, math.nan))}</td>"
+                   + (f"<td>{_fmt(gbdt.get(c, 0.0))}</td>" if gbdt else "") + "</tr>" for c in cols)
+    return (f'<div class="imp"><b>what it relies on</b> ({int(m.get("seeds", 0)):,} validation seeds; '
+            f"{html.escape(m['metric'])} {_fmt(m['base'])} unshuffled)<table>{head}{rows}</table></div>")
 
 
 def certificate_html(cert: Mapping[str, Any] | None) -> str:
