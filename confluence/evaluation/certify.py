@@ -1,16 +1,18 @@
 """The leakage certificate (`evaluate --certify`): proof, for one database and its tasks, that no context the model
 answers from can read a cell dated after its observation time or a label not yet known at it.
 
-For a sample of each task's seeds (grouped by observation time T, a few times spread over the split), the contexts
-are built twice with the run's sampler settings: once from the database as it is, once from a copy in which every
-cell of every row dated after T (rows of temporal tables; a row whose time is NULL counts as after every T) holds a
-random value of its column (the value and NULL-ness of a random row of that column), and every label of the task
-not known at T (observation time + horizon after T) holds a random other seed's. A context that reads nothing
+For a sample of each task's seeds, each seed's context (observation time T) is built twice with the run's sampler
+settings: once from the database as it is, once from a copy in which every non-key cell of every row dated after T
+(rows of temporal tables; a row whose time is NULL counts as after every T) holds a random value of its column (the
+value and NULL-ness of another row of that column), and every label of the task not known at T (observation time +
+horizon after T) holds a random other seed's. Seeds are taken latest T first, so one copy serves them all, each step
+randomizing the rows between two times. A context that reads nothing
 from the future is the same array for array, so the model's inputs, and its predictions, are bit-identical; any
 difference is a leak, reported with the task, the anchor, the table, row and column it came through.
 
 What it does not prove: the task's own definition (a same-row column that restates the target, a SQL task that
-counts events at its observation time) is data the database holds at T, so no perturbation reveals it; and the
+counts events at its observation time) is data the database holds at T, so no perturbation reveals it (the
+same-row part is reported as warnings, `same_row_warnings`); and the
 structure of the future (how many rows will exist) is left as it is: child rows after T are never walked, which the
 sampler's property tests check (tests/test_sampler_walk.py).
 """
