@@ -82,3 +82,18 @@ def test_a_type_no_target_can_have_is_refused_by_name():
     for st in (SemanticType.TEXT, SemanticType.IDENTIFIER, SemanticType.IGNORED):
         with pytest.raises(ValueError, match=st.label):
             kind(st)
+
+
+def test_a_kind_must_answer_every_required_question():
+    """The interface's required methods are abstract: a kind that leaves one out cannot be made."""
+    from confluence.targets.base import TargetKind
+    from confluence.targets.numerical import Numerical
+
+    class Partial(TargetKind):
+        stype = SemanticType.NUMERICAL
+        headline = ("mae", False)
+        plot = "predicted_vs_actual"
+        decode = Numerical.decode
+
+    with pytest.raises(TypeError, match="abstract"):
+        Partial()

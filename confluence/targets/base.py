@@ -15,6 +15,7 @@ Predictions travel between these methods in one form per kind ("the units of the
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 import numpy as np
@@ -46,7 +47,7 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
-class TargetKind:
+class TargetKind(ABC):
     """One kind of target. Subclasses set the class attributes and implement the methods; `confluence.targets.kind`
     finds the kind of a semantic type."""
 
@@ -64,30 +65,30 @@ class TargetKind:
         return self.stype.label
 
     # -- stored targets -> the user's units
+    @abstractmethod
     def decode(self, store: Any, task: Any, raw: np.ndarray, n: int, ids: np.ndarray) -> np.ndarray:
         """The stored targets `raw` of a task's `n` seeds, at `ids`, in the units of the metrics."""
-        raise NotImplementedError
 
     def num_classes(self, store: Any, task: Any) -> int:
         """K of a categorical target; 0 otherwise."""
         return 0
 
     # -- heads -> predictions
+    @abstractmethod
     def model_predictions(self, store: Any, task: str, out: Any, keep: np.ndarray,
                           train_ids: np.ndarray | None) -> np.ndarray:
         """The heads' outputs `out` (`inference.HeadOutputs`) on rows `keep`, in the units of the metrics;
         `train_ids`: the train seeds whose targets bound a number (None: not bounded)."""
-        raise NotImplementedError
 
     def empty_predictions(self, num_classes: int) -> np.ndarray:
         """Predictions of no rows, shaped as this kind's."""
         return np.zeros(0)
 
     # -- metrics
+    @abstractmethod
     def metrics(self, y: np.ndarray, pred: np.ndarray, target_std: float | None = None) -> dict[str, float]:
         """Every metric of one predictor on the non-null targets `y` (a flat `{metric: float}`, NaN where a metric
         is undefined on these rows, plus `n`)."""
-        raise NotImplementedError
 
     def per_row_scores(self, y: np.ndarray, pred: np.ndarray) -> np.ndarray | None:
         """Per-row terms whose mean is the headline metric; None when it does not decompose (AUROC)."""
@@ -98,9 +99,9 @@ class TargetKind:
         return None
 
     # -- baselines and blends
+    @abstractmethod
     def trivial_predictions(self, train: np.ndarray, n: int, num_classes: int | None) -> dict[str, np.ndarray]:
         """The constant predictors fitted on the train targets, for `n` rows, by name."""
-        raise NotImplementedError
 
     def row_baselines(self, store: Any, task: str, train_ids: np.ndarray, eval_ids: np.ndarray, train: Any,
                       evaluated: Any) -> dict[str, np.ndarray]:
@@ -113,11 +114,11 @@ class TargetKind:
         return weight * np.asarray(model, np.float64) + (1.0 - weight) * np.asarray(gbdt, np.float64)
 
     # -- LightGBM
+    @abstractmethod
     def gbdt_target(self, values: np.ndarray, obs: np.ndarray | None, num_classes: int
                     ) -> tuple[np.ndarray, dict[str, Any], dict[str, Any]]:
         """The label LightGBM fits, its objective parameters, and what `gbdt_output` needs to read its raw output
         back (a scale, a reference time); `obs`: the rows' observation times (None when not built)."""
-        raise NotImplementedError
 
     def gbdt_output(self, raw: np.ndarray, n: int, num_classes: int, fit: dict[str, Any],
                     obs: np.ndarray | None) -> np.ndarray:
@@ -125,15 +126,15 @@ class TargetKind:
         return raw
 
     # -- what users receive
+    @abstractmethod
     def output_columns(self, store: Any, task: Any, out: Any, p_null: np.ndarray, is_null: np.ndarray,
                        train_ids: np.ndarray | None, top_k: int) -> dict[str, pa.Array]:
         """`predict`'s columns for this kind (`prediction` first), before `p_null`."""
-        raise NotImplementedError
 
+    @abstractmethod
     def blend_columns(self, store: Any, task: Any, gbdt: np.ndarray, blended: np.ndarray, p_null: np.ndarray,
                       is_null: np.ndarray) -> dict[str, pa.Array]:
         """`predict --blend gbdt`'s extra columns: LightGBM's and the blend's prediction (and their probability)."""
-        raise NotImplementedError
 
     def relbench_metrics(self, y: np.ndarray, pred: np.ndarray, train_std: float | None) -> dict[str, float]:
         """RelBench's metrics of one predictor (its names and definitions)."""
