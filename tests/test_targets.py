@@ -97,3 +97,18 @@ def test_a_kind_must_answer_every_required_question():
 
     with pytest.raises(TypeError, match="abstract"):
         Partial()
+
+
+def test_what_each_kind_explains():
+    """`TargetKind.explained`: a number as it is, a class as the log-odds of the class predicted in the
+    reference (true for a boolean), a time in days; an explanation's effects are differences of these."""
+    num = kind(SemanticType.NUMERICAL)
+    np.testing.assert_array_equal(num.explained(np.array([1.5, -2.0]), np.array([0.0, 0.0])), [1.5, -2.0])
+    boolean = kind(SemanticType.BOOLEAN)
+    np.testing.assert_allclose(boolean.explained(np.array([0.5, 0.9]), np.array([0.5, 0.9])), [0.0, np.log(9.0)])
+    cat = kind(SemanticType.CATEGORICAL)
+    ref = np.array([[0.2, 0.8], [0.6, 0.4]])
+    np.testing.assert_allclose(cat.explained(np.array([[0.5, 0.5], [0.9, 0.1]]), ref), [0.0, np.log(9.0)])
+    ts = kind(SemanticType.TIMESTAMP)
+    np.testing.assert_allclose(ts.explained(np.array([2.0 * US_PER_DAY]), np.zeros(1)), [2.0])
+    assert np.isfinite(boolean.explained(np.array([0.0, 1.0]), np.zeros(2))).all()  # clipped, never infinite

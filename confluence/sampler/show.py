@@ -58,19 +58,22 @@ class CellDecoder:
             cc = data.child_counts(True, data.count_windows or (), count_stats)
             self.counts = {int(c): (float(m), float(sd)) for c, m, sd in zip(cc.col, cc.mean, cc.std, strict=True)}
 
-    def number(self, col: int, z: float) -> str:
-        """A numerical cell as the data holds it (a count as a whole number), its z-score beside."""
+    def number(self, col: int, z: float, plain: bool = False) -> str:
+        """A numerical cell as the data holds it (a count as a whole number), its z-score beside (not if
+        `plain`)."""
         if col in self.counts:
             m, sd = self.counts[col]
-            return f"{round(float(np.expm1(z * sd + m)))} (count; z={z:.3g})"
+            n = round(float(np.expm1(z * sd + m)))
+            return f"{n}" if plain else f"{n} (count; z={z:.3g})"
         st = self.columns[col].stats if col in self.columns else {}
         if "mean" in st and "std" in st:
-            return f"{column_value(z, float(st['mean']), float(st['std']) or 1.0)} (z={z:.3g})"
+            v = column_value(z, float(st["mean"]), float(st["std"]) or 1.0)
+            return v if plain else f"{v} (z={z:.3g})"
         return f"z={z:.4g}"
 
-    def time(self, z: float) -> str:
+    def time(self, z: float, plain: bool = False) -> str:
         us = int(round((z * self.ts_std + self.ts_mean) / 1e6)) * 1_000_000  # float32 z: about a second's precision
-        return f"{_time(us)[:-1]} (z={z:.3g})"
+        return _time(us)[:-1] if plain else f"{_time(us)[:-1]} (z={z:.3g})"
 
     def category(self, cat_id: int) -> str:
         name = self.categories.get(cat_id)
@@ -84,7 +87,13 @@ class CellDecoder:
         return f"{info.primary_key}={keys[local].as_py()!r}"
 
 
-def _value(res: BuildResult, b: int, p: int, dec: CellDecoder | None = None) -> str:
+def cell_value(res: BuildResult, b: int, p: int, dec: CellDecoder) -> str:
+    """Cell `p` of sequence `b` as the user knows the value (a number, a date, a category's string; "(text)" for
+    a text, whose string the store does not keep), without the model's input beside it."""
+    return _value(res, b, p, dec, plain=True)
+
+
+def _value(res: BuildResult, b: int, p: int, dec: CellDecoder | None = None, plain: bool = False) -> str:
     x = res.batch
     if x.is_null[b, p]:
         return "NULL"
@@ -94,16 +103,16 @@ def _value(res: BuildResult, b: int, p: int, dec: CellDecoder | None = None) -> 
         return "(present)"
     if st == SemanticType.NUMERICAL:
         z = float(x.numeric_values[b, p])
-        return dec.number(col, z) if dec is not None else f"z={z:.4g}"
+        return dec.number(col, z, plain) if dec is not None else f"z={z:.4g}"
     if st == SemanticType.TIMESTAMP:
         z = float(x.timestamp_values[b, p, -1])
-        return dec.time(z) if dec is not None else f"z={z:.4g}"
+        return dec.time(z, plain) if dec is not None else f"z={z:.4g}"
     if st == SemanticType.BOOLEAN:
         return str(bool(x.bool_values[b, p]))
     if st == SemanticType.CATEGORICAL:
         cid = int(x.categorical_embed_ids[b, p])
         return dec.category(cid) if dec is not None else f"cat#{cid}"
-    return f"text#{int(x.text_embed_ids[b, p])} (embedded)"
+    return "(text)" if plain else f"text#{int(x.text_embed_ids[b, p])} (embedded)"
 
 
 def _row(data: SamplerData, dec: CellDecoder | None, g: int) -> str:

@@ -38,6 +38,13 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-np.asarray(x, dtype=np.float64)))
 
 
+def log_odds(p: np.ndarray, eps: float = 1e-12) -> np.ndarray:
+    """log(p / (1 - p)) in float64, p kept within [eps, 1 - eps] (a probability's changes near 0 or 1 read as
+    changes of evidence, not as vanishing differences)."""
+    q = np.clip(np.asarray(p, dtype=np.float64), eps, 1.0 - eps)
+    return np.log(q) - np.log1p(-q)
+
+
 def softmax(x: np.ndarray) -> np.ndarray:
     """Row-wise softmax in float64 (class probabilities from [n, K] logits; K = 0 stays empty)."""
     x = np.asarray(x, dtype=np.float64)
@@ -135,6 +142,17 @@ class TargetKind(ABC):
     def blend_columns(self, store: Any, task: Any, gbdt: np.ndarray, blended: np.ndarray, p_null: np.ndarray,
                       is_null: np.ndarray) -> dict[str, pa.Array]:
         """`predict --blend gbdt`'s extra columns: LightGBM's and the blend's prediction (and their probability)."""
+
+    # -- explanations
+    def explained(self, pred: np.ndarray, reference: np.ndarray) -> np.ndarray:
+        """The one number per row whose changes an explanation reports (`inference.explain`), from predictions in
+        the units of the metrics; `reference`: the unoccluded predictions of the same rows. Numbers as they are;
+        a class as the log-odds of the class predicted in `reference` (true for a boolean)."""
+        return np.asarray(pred, np.float64)
+
+    def explained_quantity(self, store: Any, task: Any, reference: np.ndarray) -> list[str]:
+        """What `explained` is, per row, in words (e.g. "P(true)", "P('K1')", "dep_delay")."""
+        return [self.label] * len(reference)
 
     def relbench_metrics(self, y: np.ndarray, pred: np.ndarray, train_std: float | None) -> dict[str, float]:
         """RelBench's metrics of one predictor (its names and definitions)."""

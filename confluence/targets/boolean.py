@@ -13,7 +13,7 @@ from sklearn import metrics as skm
 
 from confluence.store.format import unpack_bits
 from confluence.stypes import SemanticType
-from confluence.targets.base import TargetKind, safe, sigmoid
+from confluence.targets.base import TargetKind, log_odds, safe, sigmoid
 
 EPS = 1e-7
 
@@ -48,6 +48,12 @@ class Boolean(TargetKind):
 
     def metrics(self, y: np.ndarray, pred: np.ndarray, target_std: float | None = None) -> dict[str, float]:
         return binary_metrics(y, pred)
+
+    def explained(self, pred: np.ndarray, reference: np.ndarray) -> np.ndarray:
+        return log_odds(pred)
+
+    def explained_quantity(self, store: Any, task: Any, reference: np.ndarray) -> list[str]:
+        return ["log-odds of true"] * len(reference)
 
     def trivial_predictions(self, train: np.ndarray, n: int, num_classes: int | None) -> dict[str, np.ndarray]:
         tr = np.asarray(train)

@@ -14,7 +14,7 @@ from scipy.stats import rankdata
 from sklearn import metrics as skm
 
 from confluence.stypes import SemanticType
-from confluence.targets.base import TargetKind, safe, softmax
+from confluence.targets.base import TargetKind, log_odds, safe, softmax
 from confluence.targets.decode import task_categories
 
 EPS = 1e-7
@@ -81,6 +81,15 @@ class Categorical(TargetKind):
 
     def per_row_scores(self, y: np.ndarray, pred: np.ndarray) -> np.ndarray:
         return (np.asarray(pred).argmax(axis=1) == np.asarray(y, dtype=np.int64)).astype(np.float64)
+
+    def explained(self, pred: np.ndarray, reference: np.ndarray) -> np.ndarray:
+        pred = np.asarray(pred, np.float64)
+        return log_odds(pred[np.arange(pred.shape[0]), np.asarray(reference).argmax(axis=1)])
+
+    def explained_quantity(self, store: Any, task: Any, reference: np.ndarray) -> list[str]:
+        names = task_categories(store, task)
+        return [f"log-odds of {names[int(c)]!r}" if int(c) < len(names) else f"log-odds of class {int(c)}"
+                for c in np.asarray(reference).argmax(axis=1)]
 
     def trivial_predictions(self, train: np.ndarray, n: int, num_classes: int | None) -> dict[str, np.ndarray]:
         tr = np.asarray(train)

@@ -71,6 +71,9 @@ class Numerical(TargetKind):
     def target_std(self, train_values: np.ndarray) -> float | None:
         return float(np.std(train_values)) if np.size(train_values) else None
 
+    def explained_quantity(self, store: Any, task: Any, reference: np.ndarray) -> list[str]:
+        return [task.name] * len(reference)
+
     def trivial_predictions(self, train: np.ndarray, n: int, num_classes: int | None) -> dict[str, np.ndarray]:
         return mean_and_median(train, n)
 

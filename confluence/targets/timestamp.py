@@ -123,6 +123,12 @@ class Timestamp(TargetKind):
     def per_row_scores(self, y: np.ndarray, pred: np.ndarray) -> np.ndarray:
         return np.abs(np.asarray(pred, np.float64) - np.asarray(y, np.float64)) / US_PER_DAY
 
+    def explained(self, pred: np.ndarray, reference: np.ndarray) -> np.ndarray:
+        return np.asarray(pred, np.float64) / US_PER_DAY  # days: an effect reads "+3.2 days"
+
+    def explained_quantity(self, store: Any, task: Any, reference: np.ndarray) -> list[str]:
+        return [f"{task.name} (days)"] * len(reference)
+
     def trivial_predictions(self, train: np.ndarray, n: int, num_classes: int | None) -> dict[str, np.ndarray]:
         return mean_and_median(train, n)
 
