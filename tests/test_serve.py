@@ -439,3 +439,28 @@ def test_bench_serve_measures_a_real_server_with_its_draws(run, tiny_store):
     assert res["draws"] == 2 and res["batch_size"] == 16
     assert level["requests"] == 8 and level["anchors"] == 8 and level["model_calls"] >= 1
     assert level["latency_ms"]["p50"] > 0
+
+
+def test_explain_answers_what_predict_explain_writes(server, run, tiny_store, tmp_path):
+    """`POST /explain` explains the anchors as `predict --explain` does for the same anchors (an anchors file),
+    names a bad field, and refuses more anchors than --max-explain-anchors (16)."""
+    anchors = [{"key": 101, "observation_time": "2020-01-04T00:00:00"}, {"key": 103}]
+    status, body = server.post("/explain", {"task": "order_status", "anchors": anchors, "rows": 3})
+    assert status == 200, body
+    assert body["task"] == "order_status" and len(body["explanations"]) == 2
+    path = tmp_path / "anchors.csv"
+    pacsv.write_csv(pa.table({"key": [101, 103], "observation_time": pa.array(["2020-01-04T00:00:00", None],
+                                                                               pa.string())}), path)
+    table = predict(run, tiny_store, "order_status", anchors=path, observation_time="row", explain=3,
+                    batch_size=SERVER_BATCH)
+    want = [json.loads(t) for t in table.column("explanation").to_pylist()]
+    for got, w in zip(body["explanations"], want, strict=True):
+        assert got["anchor"] == w["anchor"] and got["quantity"] == w["quantity"]
+        assert [(r["table"], r["key"]) for r in got["rows"]] == [(r["table"], r["key"]) for r in w["rows"]]
+        assert math.isclose(got["prediction"], w["prediction"], rel_tol=1e-5, abs_tol=1e-6)
+    status, body = server.post("/explain", {"task": "order_status", "anchors": anchors, "rows": 0})
+    assert status == 422 and "rows" in body["detail"], body
+    status, body = server.post("/explain", {"task": "nope", "anchors": anchors})
+    assert status == 422 and "no task 'nope'" in body["detail"], body
+    status, body = server.post("/explain", {"task": "order_status", "anchors": [{"key": 101}] * 17})
+    assert status == 413 and "--max-explain-anchors" in body["detail"], body

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import textwrap
 from pathlib import Path
@@ -285,12 +286,16 @@ def predict_cmd(
     blend: str = typer.Option(None, "--blend", metavar="gbdt", help="Also LightGBM's and the blend's columns "
                               "(gbdt_prediction, blend_prediction, ...): LightGBM fitted on the train seeds, the "
                               "blend weight chosen on at most --max-seeds (0: 5,000) validation seeds."),
+    explain: int = typer.Option(0, "--explain", min=0, metavar="ROWS", help="Also say why: a column "
+                                "'explanation' holding, per prediction, the ROWS context rows that moved it most "
+                                "(table, key, time, effect) and the cells of the first three, as JSON; the "
+                                "first one is printed. Costs one model call per context row and cell."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar / progress lines on stderr."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output file that confluence did not "
                                "write (a Parquet file of an earlier predict is replaced without it)."),
 ) -> None:
     """Write a table of anchor key, observation time, prediction, p_null and the target type's extra columns
-    (docs/evaluation.md)."""
+    (docs/evaluation.md); with --explain, why each prediction is what it is (docs/guide.md)."""
     from confluence.errors import ConfluenceError
     from confluence.evaluation.blend import check_blend
     from confluence.evaluation.predict import blend_summary, predict, table_format
@@ -308,10 +313,15 @@ def predict_cmd(
                             threads=threads, max_seeds=max_seeds or None, top_k=top_k, progress=rep,
                             clip_numbers=clip_numbers, draws=draws, context_labels=context_labels,
                             observation_time=observation_time, blend=blend,
-                            blend_max_val=max_seeds or 5000)
+                            blend_max_val=max_seeds or 5000, explain=explain)
     except (ConfluenceError, OSError) as exc:
         fail(exc)
     typer.echo(f"wrote {table.num_rows} predictions to {out}")
+    if explain and table.num_rows:
+        from confluence.inference.explain import Explanation
+
+        typer.echo("why the first one:\n" + Explanation.from_dict(json.loads(table.column("explanation")[0].as_py()))
+                   .text())
     summary = blend_summary(table)
     if summary is not None:
         typer.echo(textwrap.fill(ship_text({"ship": summary["ship"], "validation": summary}), 78,

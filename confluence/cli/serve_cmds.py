@@ -66,6 +66,9 @@ def serve_cmd(
                                       "long for more to batch with it (unless the batch is full)."),
     max_anchors: int = typer.Option(1000, "--max-anchors", min=1, help="Most anchors in one request (more: "
                                     "HTTP 413)."),
+    max_explain_anchors: int = typer.Option(16, "--max-explain-anchors", min=1, help="Most anchors in one POST "
+                                            "/explain request (each costs a model call per context row; more: "
+                                            "HTTP 413)."),
     max_body_bytes: int = typer.Option(None, "--max-body-bytes", min=1024, help="Most bytes in a request body; "
                                        "more is refused (HTTP 413) unparsed and unkept (default: 64 KiB + 512 "
                                        "bytes per --max-anchors anchor: 577,536 for 1000)."),
@@ -125,7 +128,7 @@ def serve_cmd(
         app = create_app(checkpoint, db, batch_size=batch_size, max_wait_ms=max_wait_ms, max_anchors=max_anchors,
                          top_k=top_k, clip_numbers=clip_numbers, warm_up=warm_up, draws=draws,
                          max_body_bytes=max_body_bytes, token=token, docs=docs, model_details=model_details,
-                         blend=blend)
+                         blend=blend, max_explain_anchors=max_explain_anchors)
     except (ConfluenceError, OSError, UnicodeDecodeError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None

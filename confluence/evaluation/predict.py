@@ -308,6 +308,7 @@ def predict(
     observation_time: str | None = None,
     blend: str | None = None,
     blend_max_val: int = 5000,
+    explain: int = 0,
 ) -> pa.Table:
     """Predictions for a split of a task's seeds, or for the anchors in a file. Writes `out` (.parquet / .csv)
     atomically when given; returns the table. `progress`: a `Reporter`-like object (`step(desc, total)`,
@@ -321,12 +322,13 @@ def predict(
     `blend="gbdt"`: also LightGBM's and the blend's columns (`blend_columns`), LightGBM fitted on the train
     seeds and the weight chosen on at most `blend_max_val` validation seeds (`confluence.evaluation.blend`); the
     table's schema metadata `confluence.blend` holds the fit (weight, validation scores, what to ship).
-    Bad arguments (output suffix, task, split, anchors file, label scope) are refused before the model loads."""
+    `explain` > 0 adds the column `explanation`: per row, JSON of the context rows that moved the prediction most
+    (that many) and their cells (`confluence.inference.explain`). Bad arguments (output suffix, task, split, anchors file, label scope) are refused before the model loads."""
     out_path = None if out is None else Path(out)
     if out_path is not None:
         table_format(out_path)
     for name, value, least in (("top_k", top_k, 0), ("max_seeds", max_seeds, 1), ("batch_size", batch_size, 1),
-                               ("threads", threads, 1), ("draws", draws, 1)):
+                               ("threads", threads, 1), ("draws", draws, 1), ("explain", explain, 0)):
         if value is not None and value < least:
             raise ConfluenceError(f"{name} (--{name.replace('_', '-')}) must be {least} or more, not {value}")
     from confluence.evaluation.blend import check_blend
@@ -359,6 +361,9 @@ def predict(
             targets = (ids, None) if anchors is None else (rows, obs)
             blend_cols, fit = blend_for_rows(predictor, task, targets, head, max_val=blend_max_val,
                                              clip_numbers=clip_numbers, progress=progress)
+        if explain:
+            explained = explanation_column(predictor, task, explain, (ids, None) if anchors is None else (rows, obs),
+                                           context, progress)
     finally:
         predictor.close()
     if anchors is None:
@@ -375,9 +380,26 @@ def predict(
 
         meta = dict(table.schema.metadata or {}) | {BLEND_METADATA_KEY: json.dumps(clean_json(summary)).encode()}
         table = table.replace_schema_metadata(meta)
+    if explain:
+        table = table.append_column("explanation", explained)
     if out_path is not None:
         write_table_atomic(table, out_path)
     return table
+
+
+def explanation_column(predictor: Predictor, task: str, top: int, targets: tuple[np.ndarray, np.ndarray | None],
+                       context: str, progress: Any = None) -> pa.Array:
+    """`predict(explain=...)`'s column: each row's explanation as JSON text (`Explanation.to_dict`), for
+    (seed ids, None) of the task or (global anchor rows, observation times)."""
+    from confluence.inference.explain import Explainer
+
+    ex = Explainer(predictor, task, top=top)
+    ids, obs = targets
+    if progress is not None:
+        progress.step(f"explain {task}", len(ids))
+    advance = None if progress is None else progress.advance
+    out = ex.seeds(ids, context, advance) if obs is None else ex.anchors(ids, obs, context, advance)
+    return pa.array([json.dumps(e.to_dict()) for e in out], pa.string())
 
 
 BLEND_METADATA_KEY = b"confluence.blend"  # schema metadata of a `predict(blend=...)` table: the blend's fit, JSON

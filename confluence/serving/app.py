@@ -33,6 +33,7 @@ from confluence.serving.service import PredictionService, RequestError, ServeSet
 log = logging.getLogger("confluence.serving")
 
 MAX_TOP_K = 100
+MAX_EXPLAIN_ROWS = 64  # rows per explanation a request may ask for
 EXCERPT = 100  # most characters of one input value an error message repeats
 MAX_ERRORS = 10  # validation errors listed in one answer (the count of the rest follows)
 # a refused body of up to this many bytes is read and dropped (for up to DISCARD_S) before the 413, so that a client
@@ -84,6 +85,25 @@ class PredictRequest(BaseModel):
                            "(all, the default), or those an evaluation of that split reads (test: train and "
                            "validation labels): with 'test', a test seed's answer is exactly the one `confluence "
                            "evaluate` scored and `predict --split test` wrote.")
+
+
+class ExplainRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    task: StrictStr = Field(description="A task of the store (`GET /tasks`).", examples=["flights.dep_delay"])
+    anchors: list[Anchor] = Field(min_length=1, description="The anchors, explained in this order (at most the "
+                                                            "server's --max-explain-anchors).")
+    rows: int = Field(8, ge=1, le=MAX_EXPLAIN_ROWS, description="Context rows listed per explanation, those that "
+                                                                 "moved the prediction most first.")
+    context_labels: Literal["train", "val", "test", "all"] = Field(
+        "all", description="Whose labels a labelled context may show, as for /predict.")
+
+
+class ExplainResponse(BaseModel):
+    task: str
+    explanations: list[dict[str, Any]] = Field(description="One per anchor, in request order: the anchor, the "
+                                                           "explained quantity and its value, and the context rows "
+                                                           "(table, key, role, time, effect, cells) that moved it "
+                                                           "most (docs/guide.md, 'Why this prediction').")
 
 
 class PredictResponse(BaseModel):
@@ -215,7 +235,8 @@ class InvalidBody(RequestError):
         self.errors = errors
 
 
-def parse_request(body: bytes, max_anchors: int) -> PredictRequest:
+def parse_request(body: bytes, max_anchors: int, model: type[BaseModel] = PredictRequest,
+                  option: str = "--max-anchors") -> Any:
     """A `POST /predict` body checked: JSON (NaN and infinities refused, naming the field), at most `max_anchors`
     anchors (counted before each is validated), and the schema. RequestError (413 or 422) otherwise. Runs on a
     worker thread: a large body never holds the event loop."""
@@ -233,9 +254,9 @@ def parse_request(body: bytes, max_anchors: int) -> PredictRequest:
     anchors = data.get("anchors") if isinstance(data, dict) else None
     if isinstance(anchors, list) and len(anchors) > max_anchors:
         raise RequestError(f"anchors: {len(anchors)} anchors, at most {max_anchors} per request (the server's "
-                           f"--max-anchors)", status=413)
+                           f"{option})", status=413)
     try:
-        return PredictRequest.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         raise InvalidBody(*_public_errors(exc.errors())) from None
 
@@ -353,7 +374,7 @@ def create_app(checkpoint: str | Path, db: str | Path, *, batch_size: int | None
                max_anchors: int = 1000, top_k: int = 3, clip_numbers: bool = True, threads: int | None = None,
                warm_up: bool = True, draws: int = DEFAULT_DRAWS, max_body_bytes: int | None = None,
                token: str | None = None, docs: bool = False, model_details: bool = False,
-               blend: str | None = None) -> FastAPI:
+               blend: str | None = None, max_explain_anchors: int = 16) -> FastAPI:
     """The ASGI app serving `checkpoint` on the store `db`. Both load here (a ConfluenceError for a bad path, so a
     server can refuse to start before it binds); the batching worker starts with the app (its lifespan) and
     compiles the model (for every batch shape, unless `warm_up` is off) before `/health` says ready. The other
@@ -361,13 +382,15 @@ def create_app(checkpoint: str | Path, db: str | Path, *, batch_size: int | None
     settings = ServeSettings(batch_size=batch_size, max_wait_ms=max_wait_ms, max_anchors=max_anchors, top_k=top_k,
                              clip_numbers=clip_numbers, threads=threads, warm_up=warm_up, draws=draws,
                              max_body_bytes=max_body_bytes, token=token, docs=docs, model_details=model_details,
-                             blend=blend)
+                             blend=blend, max_explain_anchors=max_explain_anchors)
     service = PredictionService(checkpoint, db, settings)
     return build_app(service)
 
 
 _PREDICT_BODY = {"requestBody": {"required": True, "content": {"application/json": {
     "schema": {"$ref": "#/components/schemas/PredictRequest"}}}}}
+_EXPLAIN_BODY = {"requestBody": {"required": True, "content": {"application/json": {
+    "schema": {"$ref": "#/components/schemas/ExplainRequest"}}}}}
 
 
 def build_app(service: PredictionService) -> FastAPI:
@@ -390,13 +413,15 @@ def build_app(service: PredictionService) -> FastAPI:
     app.add_middleware(Guard, token=settings.token, max_body=settings.body_limit)
 
     def openapi() -> dict[str, Any]:
-        """FastAPI's schema, with the request body /predict reads itself (PredictRequest) and the bearer token."""
+        """FastAPI's schema, with the request bodies /predict and /explain read themselves (PredictRequest,
+        ExplainRequest) and the bearer token."""
         if app.openapi_schema is None:
             spec = get_openapi(title=app.title, version=app.version, description=app.description,
                                routes=app.routes)
-            schema = PredictRequest.model_json_schema(ref_template="#/components/schemas/{model}")
             components = spec.setdefault("components", {})
-            components.setdefault("schemas", {}).update({**schema.pop("$defs", {}), "PredictRequest": schema})
+            for model in (PredictRequest, ExplainRequest):
+                schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.setdefault("schemas", {}).update({**schema.pop("$defs", {}), model.__name__: schema})
             if settings.token is not None:
                 components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
                 spec["security"] = [{"bearer": []}]
@@ -477,5 +502,31 @@ def build_app(service: PredictionService) -> FastAPI:
                                 headers={"retry-after": "5"})
         content = await run_in_threadpool(_render, req.task, service.key_column(req.task), table)
         return Response(content, media_type="application/json")
+
+    @app.post("/explain", response_model=ExplainResponse, summary="Why: the context rows and cells that moved "
+                                                                   "each prediction most",
+              openapi_extra=_EXPLAIN_BODY,
+              responses={401: {"model": Error, "description": "The server needs a bearer token"},
+                         413: {"model": Error, "description": "More anchors than the server's "
+                                                              "--max-explain-anchors"},
+                         422: {"model": Error, "description": "A field is wrong; `detail` names it"},
+                         500: {"model": Error}})
+    async def explain(request: Request) -> Response:
+        try:
+            req = await run_in_threadpool(parse_request, await request.body(), settings.max_explain_anchors,
+                                          ExplainRequest, "--max-explain-anchors")
+        except InvalidBody as exc:
+            return JSONResponse({"detail": str(exc), "errors": exc.errors}, status_code=exc.status)
+        except RequestError as exc:
+            return JSONResponse({"detail": str(exc)}, status_code=exc.status)
+        keys = [a.key for a in req.anchors]
+        times = [a.observation_time for a in req.anchors]
+        try:
+            out = await run_in_threadpool(service.explain, req.task, keys,
+                                          None if all(t is None for t in times) else times, req.rows,
+                                          req.context_labels)
+        except RequestError as exc:
+            return JSONResponse({"detail": shorten(str(exc), [req.task, *keys, *times])}, status_code=exc.status)
+        return JSONResponse({"task": req.task, "explanations": out})
 
     return app

@@ -65,7 +65,8 @@ class ServeSettings:
     /docs (its assets come from a CDN); `model_details`: /model shows absolute paths and the training machine's
     environment (else basenames only); `blend`: "gbdt" fits LightGBM and a blend weight per task at start-up
     (on at most `blend_max_val` validation seeds) and answers with LightGBM's and the blend's columns too, as
-    `predict --blend gbdt --anchors`."""
+    `predict --blend gbdt --anchors`. `max_explain_anchors`: anchors per `POST /explain` request (each costs a
+    model call per context row and cell)."""
 
     batch_size: int | None = None
     max_wait_ms: float = 5.0
@@ -81,6 +82,7 @@ class ServeSettings:
     model_details: bool = False
     blend: str | None = None
     blend_max_val: int = 5000
+    max_explain_anchors: int = 16
 
     @property
     def body_limit(self) -> int:
@@ -94,7 +96,8 @@ class ServeSettings:
                                    ("max_anchors", self.max_anchors, 1), ("top_k", self.top_k, 0),
                                    ("threads", self.threads, 1), ("draws", self.draws, 1),
                                    ("max_body_bytes", self.max_body_bytes, 1024),
-                                   ("blend_max_val", self.blend_max_val, 1)):
+                                   ("blend_max_val", self.blend_max_val, 1),
+                                   ("max_explain_anchors", self.max_explain_anchors, 1)):
             if value is not None and value < least:
                 raise ConfluenceError(f"{name} (--{name.replace('_', '-')}) must be {least} or more, not {value}")
         if self.token is not None and (not self.token or any(c.isspace() for c in self.token)):
@@ -213,6 +216,8 @@ class PredictionService:
         self._builder_lock = threading.Lock()
         if self.settings.blend:
             self._fit_blends()
+        self._explain_lock = threading.Lock()  # one explanation at a time (`explain`)
+        self._explainers: dict[str, Any] = {}
         self.compiled = (0, 0)  # batch shapes compiled, of those to compile before ready
         self.batcher = Batcher(self.predictor, max_wait_s=self.settings.max_wait_ms / 1000.0,
                                warm_up=self._warm_up)
@@ -307,26 +312,9 @@ class PredictionService:
             context_labels: str = "all") -> Job:
         """A request checked and resolved (RequestError naming the field otherwise), ready for the batcher;
         `context_labels`: whose labels its contexts may show (`predict --context-labels`)."""
-        if task not in self._train_ids:
-            raise RequestError(f"task: no task {task!r} in store '{self.store.name}'; tasks: "
-                               f"{', '.join(t.name for t in self.store.tasks)} (GET /tasks)")
-        if not keys:
-            raise RequestError("anchors: give at least one anchor")
-        if len(keys) > self.settings.max_anchors:
-            raise RequestError(f"anchors: {len(keys)} anchors, at most {self.settings.max_anchors} per request "
-                               f"(the server's --max-anchors)", status=413)
+        self._check(task, keys, self.settings.max_anchors, "--max-anchors")
         k = self.settings.top_k if top_k is None else top_k
-        for i, key in enumerate(keys):
-            if isinstance(key, int) and not -(2**63) <= key < 2**63:
-                raise RequestError(f"anchors[{i}]: key {key} is out of the 64-bit integer range")
-        try:
-            key_arr = pa.array(keys) if all(isinstance(x, int) for x in keys) else pa.array([str(x) for x in keys])
-            time_arr = None if times is None else pa.array(times, pa.string())
-            rows, obs, cast_keys = resolve_anchors(self.store, task, key_arr, time_arr, lambda i: f"anchors[{i}]",
-                                                   null_time_default=True,
-                                                   index=self._indexes.get(self.store.task(task).anchor_table))
-        except ConfluenceError as exc:
-            raise RequestError(str(exc)) from None
+        rows, obs, cast_keys = self._anchors(task, keys, times)
         train_ids = self._train_ids[task]
         blend = self.blends.get(task)
         gbdt_pred = None
@@ -342,6 +330,47 @@ class PredictionService:
             return table
 
         return Job(task, rows, obs, finish, context=context_labels)
+
+    def _check(self, task: str, keys: list[Any], most: int, option: str) -> None:
+        if task not in self._train_ids:
+            raise RequestError(f"task: no task {task!r} in store '{self.store.name}'; tasks: "
+                               f"{', '.join(t.name for t in self.store.tasks)} (GET /tasks)")
+        if not keys:
+            raise RequestError("anchors: give at least one anchor")
+        if len(keys) > most:
+            raise RequestError(f"anchors: {len(keys)} anchors, at most {most} per request (the server's {option})",
+                               status=413)
+
+    def _anchors(self, task: str, keys: list[Any], times: list[str | None] | None
+                 ) -> tuple[np.ndarray, np.ndarray, pa.Array]:
+        """A request's anchors resolved: (global rows, observation times, keys cast to the key column's type);
+        RequestError naming the anchor otherwise."""
+        for i, key in enumerate(keys):
+            if isinstance(key, int) and not -(2**63) <= key < 2**63:
+                raise RequestError(f"anchors[{i}]: key {key} is out of the 64-bit integer range")
+        try:
+            key_arr = pa.array(keys) if all(isinstance(x, int) for x in keys) else pa.array([str(x) for x in keys])
+            time_arr = None if times is None else pa.array(times, pa.string())
+            rows, obs, cast_keys = resolve_anchors(self.store, task, key_arr, time_arr, lambda i: f"anchors[{i}]",
+                                                   null_time_default=True,
+                                                   index=self._indexes.get(self.store.task(task).anchor_table))
+        except ConfluenceError as exc:
+            raise RequestError(str(exc)) from None
+        return rows, obs, cast_keys
+
+    def explain(self, task: str, keys: list[Any], times: list[str | None] | None, rows: int,
+                context_labels: str = "all") -> list[dict[str, Any]]:
+        """`POST /explain`: why the model answers these anchors as it does (`inference.explain`), one explanation
+        at a time (each costs a model call per context row, on the request's thread: /predict keeps answering)."""
+        from confluence.inference.explain import Explainer
+
+        self._check(task, keys, self.settings.max_explain_anchors, "--max-explain-anchors")
+        grows, obs, _ = self._anchors(task, keys, times)
+        with self._explain_lock:
+            if task not in self._explainers or self._explainers[task].top != rows:
+                self._explainers[task] = Explainer(self.predictor, task, top=rows)
+            out = self._explainers[task].anchors(grows, obs, context_labels)
+        return [e.to_dict() for e in out]
 
     def key_column(self, task: str) -> str:
         return self.store.table(self.store.task(task).anchor_table).primary_key or "anchor"
