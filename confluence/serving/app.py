@@ -393,6 +393,29 @@ _EXPLAIN_BODY = {"requestBody": {"required": True, "content": {"application/json
     "schema": {"$ref": "#/components/schemas/ExplainRequest"}}}}}
 
 
+async def _parsed(request: Request, most: int, model: type[BaseModel], option: str) -> Any:
+    """The request's body as `model` (`parse_request`, on a worker thread), or the error response naming the
+    field."""
+    try:
+        return await run_in_threadpool(parse_request, await request.body(), most, model, option)
+    except InvalidBody as exc:
+        return JSONResponse({"detail": str(exc), "errors": exc.errors}, status_code=exc.status)
+    except RequestError as exc:
+        return JSONResponse({"detail": str(exc)}, status_code=exc.status)
+
+
+def _keys_and_times(req: Any) -> tuple[list[Any], list[str | None] | None]:
+    """A request's anchor keys, and their observation times (None when no anchor gives one)."""
+    times = [a.observation_time for a in req.anchors]
+    return [a.key for a in req.anchors], None if all(t is None for t in times) else times
+
+
+def _refused(exc: RequestError, req: Any) -> JSONResponse:
+    """A request the service refused: its message, with at most an excerpt of each long value it repeats."""
+    values = [req.task, *(a.key for a in req.anchors), *(a.observation_time for a in req.anchors)]
+    return JSONResponse({"detail": shorten(str(exc), values)}, status_code=exc.status)
+
+
 def build_app(service: PredictionService) -> FastAPI:
     """The FastAPI app around a loaded `PredictionService` (started and stopped with the app), behind `Guard`."""
     settings = service.settings
@@ -481,20 +504,14 @@ def build_app(service: PredictionService) -> FastAPI:
                          500: {"model": Error},
                          503: {"model": Error, "description": "The server is shutting down"}})
     async def predict(request: Request) -> Response:
+        req = await _parsed(request, settings.max_anchors, PredictRequest, "--max-anchors")
+        if isinstance(req, Response):
+            return req
+        keys, times = _keys_and_times(req)
         try:
-            req = await run_in_threadpool(parse_request, await request.body(), settings.max_anchors)
-        except InvalidBody as exc:
-            return JSONResponse({"detail": str(exc), "errors": exc.errors}, status_code=exc.status)
+            job = await run_in_threadpool(service.job, req.task, keys, times, req.top_k, req.context_labels)
         except RequestError as exc:
-            return JSONResponse({"detail": str(exc)}, status_code=exc.status)
-        keys = [a.key for a in req.anchors]
-        times = [a.observation_time for a in req.anchors]
-        try:
-            job = await run_in_threadpool(service.job, req.task, keys,
-                                          None if all(t is None for t in times) else times, req.top_k,
-                                          req.context_labels)
-        except RequestError as exc:
-            return JSONResponse({"detail": shorten(str(exc), [req.task, *keys, *times])}, status_code=exc.status)
+            return _refused(exc, req)
         try:
             table = await asyncio.wrap_future(service.batcher.submit(job))
         except Unavailable as exc:
@@ -512,21 +529,14 @@ def build_app(service: PredictionService) -> FastAPI:
                          422: {"model": Error, "description": "A field is wrong; `detail` names it"},
                          500: {"model": Error}})
     async def explain(request: Request) -> Response:
+        req = await _parsed(request, settings.max_explain_anchors, ExplainRequest, "--max-explain-anchors")
+        if isinstance(req, Response):
+            return req
+        keys, times = _keys_and_times(req)
         try:
-            req = await run_in_threadpool(parse_request, await request.body(), settings.max_explain_anchors,
-                                          ExplainRequest, "--max-explain-anchors")
-        except InvalidBody as exc:
-            return JSONResponse({"detail": str(exc), "errors": exc.errors}, status_code=exc.status)
+            out = await run_in_threadpool(service.explain, req.task, keys, times, req.rows, req.context_labels)
         except RequestError as exc:
-            return JSONResponse({"detail": str(exc)}, status_code=exc.status)
-        keys = [a.key for a in req.anchors]
-        times = [a.observation_time for a in req.anchors]
-        try:
-            out = await run_in_threadpool(service.explain, req.task, keys,
-                                          None if all(t is None for t in times) else times, req.rows,
-                                          req.context_labels)
-        except RequestError as exc:
-            return JSONResponse({"detail": shorten(str(exc), [req.task, *keys, *times])}, status_code=exc.status)
+            return _refused(exc, req)
         return JSONResponse({"task": req.task, "explanations": out})
 
     return app
