@@ -151,8 +151,13 @@ class TargetKind(ABC):
         return np.asarray(pred, np.float64)
 
     def explained_quantity(self, store: Any, task: Any, reference: np.ndarray) -> list[str]:
-        """What `explained` is, per row, in words (e.g. "P(true)", "P('K1')", "dep_delay")."""
+        """What `explained` is, per row, in words (e.g. "log-odds of true", "log-odds of 'K1'", "dep_delay")."""
         return [self.label] * len(reference)
+
+    def value_text(self, store: Any, task: Any, value: Any) -> str:
+        """One target (in the units of the metrics) as a user reads it: a number, true / false, a class's name, an
+        ISO time."""
+        return f"{float(value):.6g}"
 
     def relbench_metrics(self, y: np.ndarray, pred: np.ndarray, train_std: float | None) -> dict[str, float]:
         """RelBench's metrics of one predictor (its names and definitions)."""

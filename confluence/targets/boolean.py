@@ -55,6 +55,9 @@ class Boolean(TargetKind):
     def explained_quantity(self, store: Any, task: Any, reference: np.ndarray) -> list[str]:
         return ["log-odds of true"] * len(reference)
 
+    def value_text(self, store: Any, task: Any, value: Any) -> str:
+        return "true" if bool(value) else "false"
+
     def trivial_predictions(self, train: np.ndarray, n: int, num_classes: int | None) -> dict[str, np.ndarray]:
         tr = np.asarray(train)
         return {"majority": np.full(n, float(tr.astype(bool).mean()) if tr.size else 0.5)}

@@ -91,6 +91,10 @@ class Categorical(TargetKind):
         return [f"log-odds of {names[int(c)]!r}" if int(c) < len(names) else f"log-odds of class {int(c)}"
                 for c in np.asarray(reference).argmax(axis=1)]
 
+    def value_text(self, store: Any, task: Any, value: Any) -> str:
+        names = task_categories(store, task)
+        return repr(names[int(value)]) if 0 <= int(value) < len(names) else f"class {int(value)}"
+
     def trivial_predictions(self, train: np.ndarray, n: int, num_classes: int | None) -> dict[str, np.ndarray]:
         tr = np.asarray(train)
         k = int(num_classes if num_classes is not None else int(tr.max(initial=0)) + 1)

@@ -129,6 +129,9 @@ class Timestamp(TargetKind):
     def explained_quantity(self, store: Any, task: Any, reference: np.ndarray) -> list[str]:
         return [f"{task.name} (days)"] * len(reference)
 
+    def value_text(self, store: Any, task: Any, value: Any) -> str:
+        return str(np.datetime64(int(value), "us").astype("datetime64[s]"))
+
     def trivial_predictions(self, train: np.ndarray, n: int, num_classes: int | None) -> dict[str, np.ndarray]:
         return mean_and_median(train, n)
 
