@@ -160,3 +160,21 @@ def test_predict_explain_on_the_command_line(planted, tmp_path):
         assert e.anchor == f"customers customer_id={key!r}" and len(e.rows) == 3
         effects = [abs(r.effect) for r in e.rows]
         assert effects == sorted(effects, reverse=True)
+
+
+def test_evaluate_explains_example_rows_in_the_json_and_the_report(planted):
+    """`evaluate(explain=3)`: three evaluated rows of the task explained, each with its truth, and the report shows
+    them (the anchor, the truth, the rows)."""
+    from confluence.evaluation.evaluate import evaluate
+    from confluence.evaluation.report import explanations_html
+
+    store, run, _ = planted
+    res = evaluate(run, store, split="test", tasks=[TASK], max_seeds=40, explain=3, draws=1)
+    ex = res[TASK]["explanations"]
+    assert len(ex) == 3 and all(e["truth"].startswith("'P") and e["rows"] for e in ex)
+    page = explanations_html(ex)
+    assert "why these predictions" in page and ex[0]["anchor"] in page and "stores store_id=" in page
+    from confluence.evaluation.report import render_report
+
+    full = render_report(res)
+    assert "why these predictions" in full and "<th>explanations</th>" not in full  # not a scorer's column

@@ -153,6 +153,9 @@ def evaluate_cmd(
                                    "loss), beside LightGBM's gain share with --gbdt; in the JSON and the report "
                                    "(0: off; a forward pass per column: 256 seeds took about 50 s a task on 2 busy CPU "
                                    "cores)."),
+    explain: int = typer.Option(0, "--explain", min=0, metavar="ROWS", help="Also explain this many evaluated "
+                                "rows a task (spread over the split): the context rows and cells that moved each "
+                                "answer most, with its truth; in the JSON and the report (0: off)."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar / progress lines."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output file that confluence did not "
                                "write (a Parquet file of an earlier predict is replaced without it)."),
@@ -196,7 +199,7 @@ def evaluate_cmd(
                                        gbdt=gbdt, batch_size=batch_size, threads=threads, progress=rep,
                                        clip_numbers=clip_numbers, keep_rows=bool(relbench_json or report),
                                        draws=draws, blend=blend, certify=certify_seeds if certify else 0,
-                                       importance=importance)
+                                       importance=importance, explain=explain)
     except ConfluenceError as exc:
         fail(exc)
     for s in splits:
@@ -286,6 +289,12 @@ def predict_cmd(
     blend: str = typer.Option(None, "--blend", metavar="gbdt", help="Also LightGBM's and the blend's columns "
                               "(gbdt_prediction, blend_prediction, ...): LightGBM fitted on the train seeds, the "
                               "blend weight chosen on at most --max-seeds (0: 5,000) validation seeds."),
+    certify: bool = typer.Option(False, "--certify", help="Also prove these predictions saw nothing from the "
+                                 "future: up to --certify-seeds of the anchors get their contexts rebuilt with every "
+                                 "later cell and every label not yet known randomized, which must leave the model's "
+                                 "inputs bit-identical; the certificate goes into the table's metadata "
+                                 "(confluence.certificate) and a leak exits 1 naming it."),
+    certify_seeds: int = typer.Option(200, "--certify-seeds", min=1, help="Anchors the certificate checks."),
     explain: int = typer.Option(0, "--explain", min=0, metavar="ROWS", help="Also say why: a column "
                                 "'explanation' holding, per prediction, the ROWS context rows that moved it most "
                                 "(table, key, time, effect) and the cells of the first three, as JSON; the "
@@ -313,19 +322,24 @@ def predict_cmd(
                             threads=threads, max_seeds=max_seeds or None, top_k=top_k, progress=rep,
                             clip_numbers=clip_numbers, draws=draws, context_labels=context_labels,
                             observation_time=observation_time, blend=blend,
-                            blend_max_val=max_seeds or 5000, explain=explain)
+                            blend_max_val=max_seeds or 5000, explain=explain,
+                            certify=certify_seeds if certify else 0)
     except (ConfluenceError, OSError) as exc:
         fail(exc)
     typer.echo(f"wrote {table.num_rows} predictions to {out}")
+    summary = blend_summary(table)
+    if summary is not None:
+        typer.echo(textwrap.fill(ship_text({"ship": summary["ship"], "validation": summary}), 78,
+                                 subsequent_indent="  "))
     if explain and table.num_rows:
         from confluence.inference.explain import Explanation
 
         typer.echo("why the first one:\n" + Explanation.from_dict(json.loads(table.column("explanation")[0].as_py()))
                    .text())
-    summary = blend_summary(table)
-    if summary is not None:
-        typer.echo(textwrap.fill(ship_text({"ship": summary["ship"], "validation": summary}), 78,
-                                 subsequent_indent="  "))
+    if certify:
+        from confluence.evaluation.predict import certificate_of
+
+        _print_certificate({task: {"certificate": certificate_of(table)}})
 
 
 def baseline_cmd(

@@ -87,6 +87,7 @@ def evaluate(
     blend: str | None = None,
     certify: int = 0,
     importance: int = 0,
+    explain: int = 0,
 ) -> dict[str, dict[str, Any]]:
     """Evaluate a checkpoint on `split` of the store at `db`.
 
@@ -112,6 +113,9 @@ def evaluate(
     `importance` > 0 adds `"importance"` to each task: the model's permutation importance of each column on that
     many validation seeds (`confluence.evaluation.importance`, the ten largest) and, with `gbdt`, LightGBM's gain
     share of each column, side by side.
+    `explain` > 0 adds `"explanations"` to each task: that many evaluated seeds (with a label, spread over the
+    split) explained (`confluence.inference.explain`: the context rows that moved each answer most), each with
+    its `truth`.
     """
     from confluence.evaluation.blend import check_blend
 
@@ -174,6 +178,9 @@ def evaluate(
                                            train_std, clip_numbers, progress)
             if importance:
                 entry["importance"] = _importance(predictor, task, importance, g.model if gbdt else None)
+            if explain:
+                entry["explanations"] = _explanations(predictor, task, eval_ids[keep], truth.values[keep], explain,
+                                                      split, progress)
             if reference is not None:
                 entry.update(reference(task, eval_ids, store))
             entry["info"] = {"stype": stype.label, "split": split, "n_eval": int(len(eval_ids)),
@@ -260,6 +267,21 @@ def _importance(predictor: Predictor, task: str, n_seeds: int, gbdt_model: Any) 
         shown = list(out["model"]["columns"]) + [c for c in gains if c not in out["model"]["columns"]][:5]
         out["gbdt_gain_share"] = {c: round(gains.get(c, 0.0), 4) for c in shown}
     return out
+
+
+def _explanations(predictor: Predictor, task: str, ids: np.ndarray, truth: np.ndarray, n: int, split: str,
+                  progress: Any) -> list[dict[str, Any]]:
+    """`n` of the evaluated seeds explained (`evaluate(explain=...)`), each with its true value as a user reads it."""
+    from confluence.inference.explain import Explainer
+
+    k = kind(predictor.store.task(task).target_stype)
+    at = np.unique(np.linspace(0, ids.size - 1, min(n, ids.size)).astype(np.int64)) if ids.size else ids
+    if progress is not None:
+        progress.step(f"{task}: explanations", at.size)
+    out = Explainer(predictor, task).seeds(ids[at], split, None if progress is None else progress.advance)
+    info = predictor.store.task(task)
+    return [{**e.to_dict(), "truth": k.value_text(predictor.store, info, truth[j])} for e, j in zip(out, at,
+                                                                                                  strict=True)]
 
 
 def no_labels_note(split: str) -> str:

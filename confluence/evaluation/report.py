@@ -28,8 +28,10 @@ if TYPE_CHECKING:
     from confluence.evaluation.evaluate import EvalRows
     from confluence.store import Store
 
-# entries of a task's results that are not a predictor's metrics (`--blend gbdt` adds the last three)
-_META_KEYS = ("info", "model_vs_gbdt", "rows", "blend_vs_gbdt", "validation", "ship")
+# entries of a task's results that are not a predictor's metrics (`--blend gbdt` adds "blend_vs_gbdt",
+# "validation" and "ship"; `--importance`, `--certify` and `--explain` the last three)
+_META_KEYS = ("info", "model_vs_gbdt", "rows", "blend_vs_gbdt", "validation", "ship", "importance", "certificate",
+              "explanations")
 _TRIVIAL = ("majority", "mean", "median", "median_offset")  # the constant predictors (baselines.run_baselines)
 _NOT_PREDICTORS = ("model", "baseline", *_META_KEYS)
 _MAX_CLASSES = 10  # confusion matrix: the most frequent true classes, the rest pooled as "other"
@@ -478,6 +480,7 @@ table.headline td:last-child{text-align:left}
 .meh{color:#8a6d00} .dim{color:#777;font-weight:normal;font-size:.9em}
 .tasks{display:grid;grid-template-columns:repeat(auto-fill,minmax(560px,1fr));gap:14px}
 .task{border:1px solid #ddd;border-radius:6px;padding:10px 12px}
+.why{font-size:.85em;margin-top:.5em} .why pre{font-size:.95em;overflow-x:auto;margin:.3em 0}
 .task img{max-width:100%;display:block;margin:4px 0} table.all{font-size:.8em}
 """
 
@@ -508,7 +511,7 @@ def _task_section(task: str, r: Mapping[str, Any], stype: SemanticType | None, d
     head += f'<div class="dim">{" · ".join(f for f in facts if f)}</div>'
     plot = task_plot(stype, r["rows"]) if stype is not None and r.get("rows") is not None else None
     img = _img(plot[0], f"{task}: {plot[1]}") if plot else ""
-    return f'<div class="task">{head}{img}{task_metrics_html(r, stype)}{importance_html(r.get("importance"))}{certificate_html(r.get("certificate"))}</div>'
+    return f'<div class="task">{head}{img}{task_metrics_html(r, stype)}{importance_html(r.get("importance"))}{certificate_html(r.get("certificate"))}{explanations_html(r.get("explanations"))}</div>'
 
 
 def importance_html(imp: Mapping[str, Any] | None) -> str:
@@ -525,6 +528,23 @@ def importance_html(imp: Mapping[str, Any] | None) -> str:
                    + (f"<td>{_fmt(gbdt.get(c, 0.0))}</td>" if gbdt else "") + "</tr>" for c in cols)
     return (f'<div class="imp"><b>what it relies on</b> ({int(m.get("seeds", 0)):,} validation seeds; '
             f"{html.escape(m['metric'])} {_fmt(m['base'])} unshuffled)<table>{head}{rows}</table></div>")
+
+
+def explanations_html(explanations: list[Mapping[str, Any]] | None) -> str:
+    """Example predictions of a task explained (`evaluate --explain`): per prediction its truth and the context rows
+    (and cells) that moved it most, as `predict --explain` prints them, folded; empty without any."""
+    if not explanations:
+        return ""
+    from confluence.inference.explain import Explanation
+
+    items = []
+    for d in explanations:
+        e = Explanation.from_dict({k: v for k, v in d.items() if k != "truth"})
+        items.append(f"<details><summary>{html.escape(e.anchor)}: {html.escape(e.quantity)} "
+                     f"{_fmt(e.prediction)}, truth {html.escape(str(d.get('truth')))}</summary>"
+                     f"<pre>{html.escape(e.text())}</pre></details>")
+    return (f'<div class="why"><b>why these predictions</b> ({len(items)} evaluated rows; effect = the prediction '
+            f"minus the prediction with the row's values replaced){''.join(items)}</div>")
 
 
 def certificate_html(cert: Mapping[str, Any] | None) -> str:
