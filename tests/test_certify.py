@@ -153,3 +153,40 @@ def test_the_report_shows_the_certificate():
     assert "warning: column orders.copy" in page and "digest abc123" in page
     assert certificate_html(None) == ""
     assert "no leak" in certificate_html({**cert, "passed": True, "leaks": [], "n_leaks": 0})
+
+
+def test_predict_certifies_its_own_anchors(small_planted_store, tmp_path):
+    """`predict(certify=...)` checks the predicted seeds (and anchors from a file) and carries the certificate in the
+    table's metadata; a sampler that admits future rows fails it through the same function (`certify_task` with
+    anchors), naming the row."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    from confluence.evaluation.predict import certificate_of, predict
+    from confluence.training.loop import open_stream, train
+    from tests.fixtures.model import tiny_run_config
+
+    store = small_planted_store
+    task = _temporal_tasks(store)[0]
+    cfg = tiny_run_config(model={"d_t": 16}, sampler={"batch_size": 8, "seq_len": 96, "max_rows": 24, "labels": 4})
+    with open_stream([store.path], cfg) as stream:
+        train(cfg, stream, tmp_path / "run", progress=False)
+    table = predict(tmp_path / "run", store.path, task, split="test", max_seeds=12, certify=8, draws=1)
+    cert = certificate_of(table)
+    assert cert["passed"] and cert["seeds"] > 0 and len(cert["digest"]) == 64
+    arrays = store.task_arrays(task)
+    info = store.table(store.task(task).anchor_table)
+    keys = store.keys(info.name)
+    rows = arrays.anchor_row[:6] - info.row_offset
+    times = [str(np.datetime64(int(t), "us")) for t in arrays.obs_time[:6]]
+    path = tmp_path / "anchors.csv"
+    pacsv.write_csv(pa.table({"key": keys.take(pa.array(rows)), "observation_time": times}), path)
+    table = predict(tmp_path / "run", store.path, task, anchors=path, certify=6, draws=1)
+    assert certificate_of(table)["passed"]
+    data = SamplerData.from_store(store)
+    leaky = dataclasses.replace(data, row_time=np.full_like(np.asarray(data.row_time), STATIC_TIME),
+                                child_time=np.full_like(np.asarray(data.child_time), STATIC_TIME))
+    later = np.full(6, np.asarray(arrays.obs_time[:6]).min(), np.int64)  # earlier cut-offs: more rows after them
+    cert = certify_task(store, CFG, task, np.arange(6), context="all", data=leaky,
+                        anchors=(np.asarray(arrays.anchor_row[:6]), later))
+    assert not cert.passed and any(x.what == FUTURE_CELL for x in cert.leaks)

@@ -261,27 +261,35 @@ def _leaks(store: Any, data: SamplerData, task: str, ref: Any, pert: Any, cutoff
 
 
 def certify_task(store: Any, config: SamplerConfig, task: str, seed_ids: np.ndarray, *, run_seed: int = 0,
-                 context: str = "test", data: SamplerData | None = None, seed: int = 0) -> TaskCertificate:
+                 context: str = "test", data: SamplerData | None = None, seed: int = 0,
+                 anchors: tuple[np.ndarray, np.ndarray] | None = None) -> TaskCertificate:
     """The certificate of one task on `seed_ids` (its seeds to check): each seed's context is compared with the one
     built after every row dated after its observation time and every label unknown then was randomized. Seeds are
     taken latest observation time first, so each step randomizes only the rows between two of their times. `data`:
     what the sampler under test reads (default: the store's, as evaluation builds it); the future and the labels
-    are judged by the store's own times and the task's declared horizon, whatever `data` says."""
+    are judged by the store's own times and the task's declared horizon, whatever `data` says. `anchors`: (global
+    anchor rows, observation times) to check instead of seeds (`predict --anchors --certify`; `seed_ids` then
+    index them)."""
     data = data or SamplerData.from_store(store)
     cert = TaskCertificate(task)
     sampler = Sampler([data], config, seed=run_seed)
     entry = sampler.entry(task)
-    obs = np.asarray(entry.task.obs_time, np.int64)
+    seed_obs = np.asarray(entry.task.obs_time, np.int64)
+    obs = seed_obs if anchors is None else np.asarray(anchors[1], np.int64)
     ids = np.asarray(seed_ids, np.int64)
     real = ids[obs[ids] != NO_CUTOFF]
     if real.size == 0:
         cert.note = "no seed has an observation time (a static task): nothing is after it"
+        sampler.close()
         return cert
     row_time = np.asarray(store.row_time, np.int64)
     horizon = task_horizon(store, task)
-    known = label_times(obs, bool(entry.task.is_derived), 0 if horizon is None else horizon, task)
+    known = label_times(seed_obs, bool(entry.task.is_derived), 0 if horizon is None else horizon, task)
     future = Future(data, row_time, seed)
     other = Sampler([future.data], config, seed=run_seed)
+    target: Any = task  # the anchors re-rooted once; each sampler reads its own rows and labels for them
+    if anchors is not None:
+        target = sampler.anchor_task(task, np.asarray(anchors[0], np.int64), obs)
     cutoffs = np.unique(obs[real])[::-1]  # latest first: each step randomizes the rows between two cut-offs
     for cutoff in cutoffs.tolist():
         cert.future_rows += future.after(cutoff)
@@ -291,8 +299,8 @@ def certify_task(store: Any, config: SamplerConfig, task: str, seed_ids: np.ndar
         at = np.sort(real[obs[real] == cutoff])
         for lo in range(0, at.size, config.batch_size):
             part = at[lo:lo + config.batch_size]
-            ref = sampler.build(task, part, context=context)
-            pert = other.build(task, part, context=context)
+            ref = sampler.build(target, part, context=context)
+            pert = other.build(target, part, context=context)
             cert.leaks.extend(_leaks(store, data, task, ref, pert, cutoff, row_time))
         cert.seeds += int(at.size)
         cert.times += 1

@@ -309,6 +309,7 @@ def predict(
     blend: str | None = None,
     blend_max_val: int = 5000,
     explain: int = 0,
+    certify: int = 0,
 ) -> pa.Table:
     """Predictions for a split of a task's seeds, or for the anchors in a file. Writes `out` (.parquet / .csv)
     atomically when given; returns the table. `progress`: a `Reporter`-like object (`step(desc, total)`,
@@ -323,12 +324,16 @@ def predict(
     seeds and the weight chosen on at most `blend_max_val` validation seeds (`confluence.evaluation.blend`); the
     table's schema metadata `confluence.blend` holds the fit (weight, validation scores, what to ship).
     `explain` > 0 adds the column `explanation`: per row, JSON of the context rows that moved the prediction most
-    (that many) and their cells (`confluence.inference.explain`). Bad arguments (output suffix, task, split, anchors file, label scope) are refused before the model loads."""
+    (that many) and their cells (`confluence.inference.explain`). `certify` > 0 checks up to that many of the
+    predicted anchors for leakage (`confluence.evaluation.certify.certify_task`: their contexts rebuilt with every
+    later cell and every unknown label randomized must be bit-identical) and puts the certificate in the table's
+    schema metadata `confluence.certificate` (`certificate_of`); a leak is reported there, not raised. Bad arguments (output suffix, task, split, anchors file, label scope) are refused before the model loads."""
     out_path = None if out is None else Path(out)
     if out_path is not None:
         table_format(out_path)
     for name, value, least in (("top_k", top_k, 0), ("max_seeds", max_seeds, 1), ("batch_size", batch_size, 1),
-                               ("threads", threads, 1), ("draws", draws, 1), ("explain", explain, 0)):
+                               ("threads", threads, 1), ("draws", draws, 1), ("explain", explain, 0),
+                               ("certify", certify, 0)):
         if value is not None and value < least:
             raise ConfluenceError(f"{name} (--{name.replace('_', '-')}) must be {least} or more, not {value}")
     from confluence.evaluation.blend import check_blend
@@ -382,6 +387,11 @@ def predict(
         table = table.replace_schema_metadata(meta)
     if explain:
         table = table.append_column("explanation", explained)
+    if certify:
+        cert = _certificate(loaded, store, task, certify, context,
+                            (ids, None) if anchors is None else (rows, obs), progress)
+        meta = dict(table.schema.metadata or {}) | {CERTIFICATE_METADATA_KEY: json.dumps(cert).encode()}
+        table = table.replace_schema_metadata(meta)
     if out_path is not None:
         write_table_atomic(table, out_path)
     return table
@@ -400,6 +410,33 @@ def explanation_column(predictor: Predictor, task: str, top: int, targets: tuple
     advance = None if progress is None else progress.advance
     out = ex.seeds(ids, context, advance) if obs is None else ex.anchors(ids, obs, context, advance)
     return pa.array([json.dumps(e.to_dict()) for e in out], pa.string())
+
+
+CERTIFICATE_METADATA_KEY = b"confluence.certificate"  # schema metadata of a `predict(certify=...)` table, JSON
+
+
+def _certificate(loaded: LoadedModel, store: Store, task: str, most: int, context: str,
+                 targets: tuple[np.ndarray, np.ndarray | None], progress: Any = None) -> dict[str, Any]:
+    """The leakage certificate of up to `most` of the predicted anchors (spread over them): its summary, digest and
+    `passed`."""
+    from confluence.evaluation.certify import certificate_digest, certify_task
+
+    ids, obs = targets
+    at = subsample(np.arange(len(ids), dtype=np.int64), most)
+    if progress is not None:
+        progress.step(f"{task}: leakage certificate", 1)
+    cfg = loaded.config
+    if obs is None:
+        cert = certify_task(store, cfg.sampler, task, np.asarray(ids)[at], run_seed=cfg.seed, context=context)
+    else:
+        cert = certify_task(store, cfg.sampler, task, at, run_seed=cfg.seed, context=context, anchors=(ids, obs))
+    return {**cert.summary(), "passed": cert.passed, "digest": certificate_digest({task: cert}, store.name)}
+
+
+def certificate_of(table: pa.Table) -> dict[str, Any] | None:
+    """The certificate a `predict(certify=...)` table carries (None without one)."""
+    raw = (table.schema.metadata or {}).get(CERTIFICATE_METADATA_KEY)
+    return None if raw is None else json.loads(raw)
 
 
 BLEND_METADATA_KEY = b"confluence.blend"  # schema metadata of a `predict(blend=...)` table: the blend's fit, JSON

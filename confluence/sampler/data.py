@@ -199,6 +199,8 @@ class SamplerData:
     # the store's metadata (its tasks' horizons and splits), so a sampler built from SamplerData alone (the
     # sampler benchmark) reads what one built from the store reads
     meta: dict[str, Any] | None = None
+    # the store's timestamp z-score (mean, std), so observation-time cells of new anchors encode alike from either
+    timestamp_stats: tuple[float, float] | None = None
     _segments: dict[bool, ChildSegments] = field(default_factory=dict, repr=False)
     _counts: dict[tuple[bool, tuple[int, ...]], ChildCounts] = field(default_factory=dict, repr=False)
 
@@ -389,6 +391,7 @@ class SamplerData:
             count_windows=None if old_counts else tuple(sorted(windows)),
             has_foreign_keys=any(getattr(c, "foreign_key", None) for c in store.columns),
             meta=getattr(store, "meta", None),
+            timestamp_stats=tuple(float(x) for x in store.timestamp_stats),
         )
 
 
