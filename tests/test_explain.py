@@ -94,6 +94,7 @@ def test_an_explanation_depends_on_its_anchor_alone_and_explains_the_answer(plan
            [(r.table, r.key, [c.column for c in r.cells]) for r in b.rows]
     np.testing.assert_allclose([r.effect for r in a.rows], [r.effect for r in b.rows], rtol=1e-3, atol=1e-4)
     assert all(e.contexts == 2 for e in together)
+    assert all(e.answer.startswith("'P") for e in together)  # the class predicted, as predict states it
     head = p.task_outputs(TASK, ids, context="test")
     probs = np.exp(head.cat_logits - head.cat_logits.max(1, keepdims=True))
     probs /= probs.sum(1, keepdims=True)

@@ -112,3 +112,20 @@ def test_what_each_kind_explains():
     ts = kind(SemanticType.TIMESTAMP)
     np.testing.assert_allclose(ts.explained(np.array([2.0 * US_PER_DAY]), np.zeros(1)), [2.0])
     assert np.isfinite(boolean.explained(np.array([0.0, 1.0]), np.zeros(2))).all()  # clipped, never infinite
+
+
+def test_each_kind_states_an_answer_as_a_user_reads_it():
+    """`point` then `value_text`: the class's name, true / false, the number, the ISO time."""
+
+    class _Store:
+        columns = []
+
+    class _Task:
+        stats = {"categories": ["red", "blue"]}
+
+    cat = kind(SemanticType.CATEGORICAL)
+    assert cat.value_text(_Store(), _Task(), cat.point(np.array([[0.2, 0.8]]))[0]) == "'blue'"
+    boolean = kind(SemanticType.BOOLEAN)
+    assert [boolean.value_text(None, None, v) for v in boolean.point(np.array([0.7, 0.2]))] == ["true", "false"]
+    assert kind(SemanticType.NUMERICAL).value_text(None, None, 2.5) == "2.5"
+    assert kind(SemanticType.TIMESTAMP).value_text(None, None, 86_400_000_000) == "1970-01-02T00:00:00"

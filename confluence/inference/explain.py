@@ -92,6 +92,7 @@ class Explanation:
     rows_seen: int
     contexts: int
     method: str = "replace"  # what "without the row" meant (`HOWS`)
+    answer: str = ""  # the prediction as `predict` states it (a value, a class, true / false, a time)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -105,7 +106,8 @@ class Explanation:
         """The explanation in a few lines, as the CLI prints it."""
         when = f" at {self.observation_time}" if self.observation_time else ""
         prob = f" (P = {1.0 / (1.0 + math.exp(-self.prediction)):.3g})" if self.quantity.startswith("log-odds") else ""
-        out = [f"{self.task} for {self.anchor}{when}: {self.quantity} = {_num(self.prediction)}{prob} "
+        said = f"{self.answer}; " if self.answer and not _restates(self.answer, self.prediction) else ""
+        out = [f"{self.task} for {self.anchor}{when}: {said}{self.quantity} = {_num(self.prediction)}{prob} "
                f"(the {len(self.rows)} of {self.rows_seen} context rows that moved it most; effect = prediction "
                f"minus the prediction {WITHOUT.get(self.method, 'without the row')})"]
         for r in self.rows:
@@ -113,6 +115,14 @@ class Explanation:
             for c in r.cells[:CELLS_SHOWN]:
                 out.append(f"  {'':>10}    {_signed(c.effect):>10}  {c.column} = {c.value}")
         return "\n".join(out)
+
+
+def _restates(answer: str, value: float) -> bool:
+    """Whether `answer` is the explained number itself (a numerical target's), so the text says it once."""
+    try:
+        return math.isclose(float(answer), value, rel_tol=1e-5, abs_tol=1e-6)
+    except ValueError:
+        return False
 
 
 def _num(x: float) -> str:
@@ -436,6 +446,7 @@ class Explainer:
             cells.setdefault((i, k), []).append(
                 CellEffect(col, cell_value(ch.builds[d0], i, p, self.decoder), float(e)))
         quantity = ch.kind.explained_quantity(self.predictor.store, self.info, ch.base_pred)
+        answers = ch.kind.point(ch.base_pred)
         first = ch.builds[0].batch
         out = []
         for i in range(ch.n):
@@ -448,7 +459,8 @@ class Explainer:
             t = self.data.table_of_row(g)
             anchor = f"{self.data.table_names[t]} {self.decoder.row(self.data.table_names[t], g - int(self.data.tab_row_off[t]))}"
             out.append(Explanation(self.task, anchor, _iso(int(first.obs_times[i])), quantity[i],
-                                   float(ch.base_value[i]), rows, len(keys[i]), len(ch.builds), self.how))
+                                   float(ch.base_value[i]), rows, len(keys[i]), len(ch.builds), self.how,
+                                   ch.kind.value_text(self.predictor.store, self.info, answers[i])))
         return out
 
     def _row(self, ch: _Chunk, i: int, k: Key, effect: float) -> RowEffect:

@@ -154,6 +154,11 @@ class TargetKind(ABC):
         """What `explained` is, per row, in words (e.g. "log-odds of true", "log-odds of 'K1'", "dep_delay")."""
         return [self.label] * len(reference)
 
+    def point(self, pred: np.ndarray) -> np.ndarray:
+        """The answer itself of predictions in the units of the metrics (a class, true / false, the value), in the
+        units `value_text` reads."""
+        return np.asarray(pred)
+
     def value_text(self, store: Any, task: Any, value: Any) -> str:
         """One target (in the units of the metrics) as a user reads it: a number, true / false, a class's name, an
         ISO time."""

@@ -55,6 +55,9 @@ class Boolean(TargetKind):
     def explained_quantity(self, store: Any, task: Any, reference: np.ndarray) -> list[str]:
         return ["log-odds of true"] * len(reference)
 
+    def point(self, pred: np.ndarray) -> np.ndarray:
+        return np.asarray(pred, np.float64) > 0.5
+
     def value_text(self, store: Any, task: Any, value: Any) -> str:
         return "true" if bool(value) else "false"
 

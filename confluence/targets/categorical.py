@@ -91,6 +91,9 @@ class Categorical(TargetKind):
         return [f"log-odds of {names[int(c)]!r}" if int(c) < len(names) else f"log-odds of class {int(c)}"
                 for c in np.asarray(reference).argmax(axis=1)]
 
+    def point(self, pred: np.ndarray) -> np.ndarray:
+        return np.asarray(pred).argmax(axis=1)
+
     def value_text(self, store: Any, task: Any, value: Any) -> str:
         names = task_categories(store, task)
         return repr(names[int(value)]) if 0 <= int(value) < len(names) else f"class {int(value)}"
