@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from confluence.evaluation.certify import FUTURE_CELL, UNKNOWN_LABEL, certify, certify_task
-from confluence.sampler.config import SamplerConfig
 from confluence.sampler.data import SamplerData
 from confluence.sampler.sampler import Sampler
 from confluence.store.format import STATIC_TIME
+from tests.fixtures.configs import seed_sampler
 
-CFG = SamplerConfig(batch_size=8, seq_len=96, max_rows=24, labels=4, child_counts="anchor",
+CFG = seed_sampler(batch_size=8, seq_len=96, max_rows=24, labels=4, child_counts="anchor",
                     child_count_windows=(7, 30), recent=4)
 
 

@@ -26,6 +26,7 @@ from confluence.corpus.spec import CORPUS_FILE, is_heldout
 from confluence.outputs import OutputError
 from confluence.store import Store
 from tests.fixtures.bookstore import HashEncoder, bookstore_metadata, write_bookstore, write_metadata
+from tests.fixtures.configs import seed_sampler
 
 ROWS = 0.05  # tiny databases: about 1-1,600 rows each
 N = 3
@@ -237,13 +238,13 @@ def test_tpch_members_are_train_and_resumable(tmp_path):
     assert {t.name for t in store.tables} >= {"lineitem", "orders", "customer"} and store.num_rows > 80_000
     # pretraining reads 8 labelled rows per context (`pretrain-small`): every derived task must say when its
     # labels become known; the TPC-H next-90-days count once did not, and the first pretraining run over it stopped
-    from confluence.sampler import Sampler, SamplerConfig
+    from confluence.sampler import Sampler
     from confluence.sampler.labels import task_horizon
     from confluence.stypes import US_PER_DAY
 
     tasks = store.meta["database"]["tasks"]
     assert {n: task_horizon(store, n) for n in tasks}["customer_orders_next_90d"] == 90 * US_PER_DAY
-    cfg = SamplerConfig(batch_size=4, seq_len=128, labels=8, prefetch=0)
+    cfg = seed_sampler(batch_size=4, seq_len=128, labels=8, prefetch=0)
     with Sampler([store], cfg, seed=0) as sampler:
         for name in tasks:
             e = sampler.entry(name)

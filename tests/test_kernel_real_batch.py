@@ -7,6 +7,7 @@ import pytest
 
 from confluence.model.attention import MASK_KINDS
 from confluence.model.kernels.synthetic import batch_structure
+from tests.fixtures.configs import seed_sampler
 from tests.fixtures.kernel import assert_close_to_reference, random_qkv, run_both
 from tests.test_kernel_attention import empty_queries
 
@@ -27,10 +28,9 @@ def demo_store(tmp_path_factory):
 
 def sample(store, task: str, seq_len: int, batch_size: int, max_rows: int):
     """One sampler batch; a small `max_rows` leaves the sequences short, so they end in padding."""
-    from confluence.sampler.config import SamplerConfig
     from confluence.sampler.sampler import Sampler
 
-    cfg = SamplerConfig(
+    cfg = seed_sampler(
         batch_size=batch_size, seq_len=seq_len, tasks=(task,), max_rows=max_rows, row_buckets=(max_rows,)
     )
     with Sampler([store], cfg) as sampler:

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from confluence.errors import ConfigError
-from confluence.model.config import ModelConfig
 from confluence.model.inputs import DbTables, identity_codes, value_codes
+from tests.fixtures.configs import seed_model
 
 
 def test_codes_are_fixed_unit_rows_and_prefix_stable():
@@ -41,7 +41,7 @@ def test_codes_make_near_identical_category_embeddings_distinct():
 
 def test_negative_scale_is_a_config_error():
     with pytest.raises(ConfigError, match="category_codes"):
-        ModelConfig(category_codes=-1.0)
+        seed_model(category_codes=-1.0)
 
 
 def test_value_codes_follow_the_string_not_the_row():

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from confluence.errors import ConfigError
-from confluence.model.config import ModelConfig
 from confluence.model.inputs import DbTables, column_keys, value_codes
+from tests.fixtures.configs import seed_model
 
 
 def _near_identical(n: int, d: int, seed: int = 0) -> np.ndarray:
@@ -64,7 +64,7 @@ def test_missing_or_short_keys_are_an_error_naming_the_database():
 
 def test_negative_scale_is_a_config_error():
     with pytest.raises(ConfigError, match="column_codes"):
-        ModelConfig(column_codes=-0.5)
+        seed_model(column_codes=-0.5)
 
 
 def test_store_keys_are_the_embedded_texts_and_tell_the_planted_columns_apart(tmp_path):
@@ -90,7 +90,7 @@ def test_store_keys_are_the_embedded_texts_and_tell_the_planted_columns_apart(tm
     plain = np.asarray(store.column_embeddings, np.float32)
     np.testing.assert_allclose(coded - plain, value_codes([f"column:{k}" for k in keys], 64), atol=4e-3)
     # training, inference and scripts build a run's tables through one call that reads the model's settings
-    model = ModelConfig(category_codes=1.0, column_codes=1.0)
+    model = seed_model(category_codes=1.0, column_codes=1.0)
     via_model = DbTables.for_model(store, 128, model)
     direct = DbTables.from_store(store, 128, 1.0, 1.0)
     np.testing.assert_array_equal(via_model.column_embeddings, direct.column_embeddings)

@@ -4,6 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from confluence.stypes import SemanticType as ST
+from tests.fixtures.configs import seed_model
 from tests.fixtures.model import D_T, TINY, tiny_model
 
 COL = np.random.default_rng(0).standard_normal((6, D_T)).astype(np.float16)
@@ -145,7 +146,6 @@ def test_numeric_by_column_init_scales_the_projection_and_zero_starts_as_the_see
     import pytest
 
     from confluence.errors import ConfigError
-    from confluence.model.config import ModelConfig
 
     one = tiny_model(dataclasses.replace(TINY, numeric_by_column=True)).encoder
     half = tiny_model(dataclasses.replace(TINY, numeric_by_column=True, numeric_by_column_init=0.5)).encoder
@@ -155,4 +155,4 @@ def test_numeric_by_column_init_scales_the_projection_and_zero_starts_as_the_see
     seed = tiny_model().encoder(inp, jnp.asarray(COL), jnp.asarray(CAT))
     np.testing.assert_array_equal(np.asarray(zero(inp, jnp.asarray(COL), jnp.asarray(CAT))), np.asarray(seed))
     with pytest.raises(ConfigError, match="numeric_by_column_init"):
-        ModelConfig(numeric_by_column_init=-1.0)
+        seed_model(numeric_by_column_init=-1.0)

@@ -6,13 +6,14 @@ import jax
 import numpy as np
 import pytest
 
-from confluence.model.config import ModelConfig, ffn_hidden_dim
+from confluence.model.config import ffn_hidden_dim
 from confluence.model.transformer import RelationalTransformer, count_params
+from tests.fixtures.configs import seed_model as seed_config
 
 
 @pytest.fixture(scope="module")
 def seed_model():
-    return RelationalTransformer(ModelConfig(d_model=256, n_layers=2, n_heads=8, d_t=256), key=jax.random.key(0))
+    return RelationalTransformer(seed_config(d_model=256, n_layers=2, n_heads=8, d_t=256), key=jax.random.key(0))
 
 
 def test_value_encoding_has_203264_parameters(seed_model):
@@ -75,4 +76,4 @@ def test_bad_config_is_rejected_with_a_clear_message():
     from confluence.errors import ConfigError
 
     with pytest.raises(ConfigError, match="'d_model': 30 is not divisible by n_heads"):
-        ModelConfig(d_model=30, n_heads=4)
+        seed_config(d_model=30, n_heads=4)

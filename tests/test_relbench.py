@@ -27,7 +27,7 @@ from confluence.evaluation.evaluate import evaluate
 from confluence.evaluation.relbench import relbench_results
 from confluence.inference.predictor import load_model
 from confluence.preprocess.pipeline import preprocess
-from confluence.sampler import Sampler, SamplerConfig, SplitConfig
+from confluence.sampler import Sampler, SplitConfig
 from confluence.schema.draft import draft_metadata
 from confluence.schema.metadata import parse_metadata, parse_time, save_metadata
 from confluence.schema.validate import validate_against_data
@@ -36,6 +36,7 @@ from confluence.store import Store
 from confluence.stypes import SemanticType
 from confluence.training.loop import open_stream, train
 from tests.fixtures.bookstore import HashEncoder
+from tests.fixtures.configs import seed_sampler
 from tests.fixtures.model import tiny_run_config
 
 D_T = 16
@@ -225,7 +226,7 @@ def test_task_tables_never_become_tables_of_the_graph(dataset):
 def test_every_row_lands_in_the_split_of_its_file(dataset):
     store = Store.open(dataset["store"])
     # the run's configured split (hash) is overridden by the task's own
-    sampler = Sampler([store], SamplerConfig(split=SplitConfig(mode="hash")))
+    sampler = Sampler([store], seed_sampler(split=SplitConfig(mode="hash")))
     for task in RB_TASKS:
         files = _file_rows(dataset["root"], task)
         arrays = store.task_arrays(task)

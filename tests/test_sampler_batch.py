@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 
 from confluence.errors import ConfluenceError
-from confluence.sampler.config import SamplerConfig, bucket_size
+from confluence.sampler.config import bucket_size
 from confluence.sampler.sampler import Sampler
 from confluence.stypes import SemanticType
+from tests.fixtures.configs import seed_sampler
 from tests.fixtures.graphs import local_row, random_store, walk_example
 
-CFG = SamplerConfig(batch_size=8, seq_len=96, width=3, max_rows=32, row_buckets=(8, 16, 32), text_buckets=(8, 32))
+CFG = seed_sampler(batch_size=8, seq_len=96, width=3, max_rows=32, row_buckets=(8, 16, 32), text_buckets=(8, 32))
 
 
 def _check_perm(perm, n_real, s_len):
@@ -144,7 +145,7 @@ def test_text_dedup_round_trip():
 
 def test_row_bucket_and_cap():
     store = walk_example(extra_orders=40)
-    cfg = SamplerConfig(batch_size=2, seq_len=2048, width=50, max_rows=20, row_buckets=(8, 16, 32))
+    cfg = seed_sampler(batch_size=2, seq_len=2048, width=50, max_rows=20, row_buckets=(8, 16, 32))
     res = Sampler([store], cfg).build("country", np.array([0]))
     assert res.nrows.max() == 20  # capped
     assert res.batch.fk_adj.shape == (2, 20, 20)  # bucket 32 is above the cap, so R = the cap
@@ -159,7 +160,7 @@ def test_determinism_across_runs_and_threads():
     store = random_store(11, n_tables=5, max_rows=80)
     out = []
     for threads in (1, 2, 3):
-        cfg = SamplerConfig(batch_size=8, seq_len=64, width=2, max_rows=32, row_buckets=(8, 32), threads=threads)
+        cfg = seed_sampler(batch_size=8, seq_len=64, width=2, max_rows=32, row_buckets=(8, 32), threads=threads)
         with Sampler([store], cfg, seed=5) as s:
             out.append([_arrays(s.batch_for_seeds(e.task.name, np.arange(min(8, e.task.num_seeds)), epoch=1))
                         for e in s.entries])
@@ -168,7 +169,7 @@ def test_determinism_across_runs_and_threads():
             for k in a:
                 np.testing.assert_array_equal(a[k], b[k], err_msg=k)
     # another epoch or sampling seed changes the walks
-    cfg = SamplerConfig(batch_size=8, seq_len=64, width=2, max_rows=32, row_buckets=(8, 32))
+    cfg = seed_sampler(batch_size=8, seq_len=64, width=2, max_rows=32, row_buckets=(8, 32))
     for seed, epoch in ((5, 2), (6, 1)):
         s = Sampler([store], cfg, seed=seed)
         other = [_arrays(s.batch_for_seeds(e.task.name, np.arange(min(8, e.task.num_seeds)), epoch=epoch))
@@ -188,7 +189,7 @@ def test_batch_for_seeds_partial_and_errors():
     with pytest.raises(ConfluenceError, match="not served"):
         s.batch_for_seeds("nope", np.array([0]))
     with pytest.raises(ConfluenceError, match="seq_len"):
-        SamplerConfig(seq_len=1)
+        seed_sampler(seq_len=1)
 
 
 def test_render_text():
@@ -206,9 +207,9 @@ def test_parallel_text_gather_matches_serial(monkeypatch):
 
     store = random_store(21, n_tables=4, max_rows=60)
     base = dict(batch_size=8, seq_len=128, width=3, max_rows=32, row_buckets=(32,), text_buckets=(8,))
-    serial = Sampler([store], SamplerConfig(**base, threads=1))
+    serial = Sampler([store], seed_sampler(**base, threads=1))
     monkeypatch.setattr(builder, "_PARALLEL_GATHER_MIN", 1)
-    with Sampler([store], SamplerConfig(**base, threads=2)) as par:
+    with Sampler([store], seed_sampler(**base, threads=2)) as par:
         for e in serial.entries:
             ids = np.arange(min(8, e.task.num_seeds))
             a, b = serial.batch_for_seeds(e.task.name, ids), par.batch_for_seeds(e.task.name, ids)

@@ -13,15 +13,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from confluence.batch import CHILD_RANK_UNKNOWN
-from confluence.sampler import Sampler, SamplerConfig
+from confluence.sampler import Sampler
 from confluence.sampler.labels import VIA_LABEL
 from confluence.sampler.walk import VIA_CHILD
 from confluence.store import Store
 from confluence.store.format import NO_CUTOFF, NULL_TIME, STATIC_TIME
 from confluence.stypes import SemanticType
+from tests.fixtures.configs import seed_sampler
 from tests.fixtures.graphs import random_store
 
-CFG = SamplerConfig(batch_size=8, seq_len=256, max_rows=48, recent=8, child_rank=True)
+CFG = seed_sampler(batch_size=8, seq_len=256, max_rows=48, recent=8, child_rank=True)
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +103,7 @@ def test_ranks_are_off_unless_asked_for_and_a_model_that_reads_them_asks(store):
     assert RunConfig(model=ModelConfig(child_rank=True), sampler=off).sampler.child_rank
     assert not RunConfig(sampler=off).sampler.child_rank
     with pytest.raises(Exception, match="child_rank"):
-        SamplerConfig(child_rank="yes")
+        seed_sampler(child_rank="yes")
 
 
 def test_timestamp_cell_tasks_and_labels_have_no_ranks(store):
@@ -122,7 +123,7 @@ def test_timestamp_cell_tasks_and_labels_have_no_ranks(store):
 @given(seed=st.integers(0, 23), width=st.integers(1, 4), recent=st.integers(0, 1), per_fk=st.booleans())
 def test_ranks_equal_brute_force_on_random_databases(seed, width, recent, per_fk):
     store = random_store(seed)
-    cfg = SamplerConfig(batch_size=6, seq_len=128, width=width, recent=min(recent, width), max_rows=64,
+    cfg = seed_sampler(batch_size=6, seq_len=128, width=width, recent=min(recent, width), max_rows=64,
                         row_buckets=(8, 64), text_buckets=(8,), width_per_fk=per_fk, child_rank=True)
     s = Sampler([store], cfg)
     rng = np.random.default_rng(seed)

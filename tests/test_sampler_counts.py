@@ -14,14 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from confluence.errors import ConfigError, StoreError
-from confluence.sampler.config import SamplerConfig
 from confluence.sampler.sampler import Sampler
 from confluence.store.format import NO_CUTOFF
 from confluence.stypes import US_PER_DAY, SemanticType
+from tests.fixtures.configs import seed_sampler
 from tests.fixtures.graphs import local_row, random_store, walk_example
 from tests.test_sampler_walk import _check_walk
 
-CFG = SamplerConfig(batch_size=4, seq_len=128, width=16, max_rows=32, row_buckets=(8, 16, 32), text_buckets=(4, 16),
+CFG = seed_sampler(batch_size=4, seq_len=128, width=16, max_rows=32, row_buckets=(8, 16, 32), text_buckets=(4, 16),
                     child_counts="all")
 
 

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from confluence.errors import ConfigError, ConfluenceError
-from confluence.sampler import BatchStream, Sampler, SamplerConfig, SplitConfig
+from confluence.sampler import BatchStream, Sampler, SplitConfig
 from confluence.sampler.labels import VIA_LABEL, label_times
 from confluence.sampler.splits import split_seed_ids, task_split
 from confluence.schema.metadata import parse_horizon
@@ -24,9 +24,10 @@ from confluence.store.format import NO_CUTOFF
 from confluence.stypes import US_PER_DAY
 from confluence.stypes import SemanticType as ST
 from tests.fixtures.bookstore import build_bookstore
+from tests.fixtures.configs import seed_sampler
 from tests.fixtures.graphs import DAY, Col, Tab, TaskSpec, build_store, random_store
 
-BASE = SamplerConfig(batch_size=8, seq_len=64, width=2, max_rows=32, row_buckets=(8, 32), text_buckets=(8, 32),
+BASE = seed_sampler(batch_size=8, seq_len=64, width=2, max_rows=32, row_buckets=(8, 32), text_buckets=(8, 32),
                      split=SplitConfig(fractions=(0.6, 0.3, 0.1)))
 HORIZON = "10 days"
 # the rule, written out (not read from the module under test): which splits' labels each phase may show

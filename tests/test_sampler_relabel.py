@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 
 from confluence.errors import ConfigError
-from confluence.sampler import Sampler, SamplerConfig, SplitConfig
+from confluence.sampler import Sampler, SplitConfig
 from confluence.store import Store
 from confluence.stypes import SemanticType as ST
 from tests.fixtures.bookstore import build_bookstore
+from tests.fixtures.configs import seed_sampler
 
-CFG = SamplerConfig(batch_size=8, seq_len=96, width=2, max_rows=32, row_buckets=(8, 32), text_buckets=(8, 32),
+CFG = seed_sampler(batch_size=8, seq_len=96, width=2, max_rows=32, row_buckets=(8, 32), text_buckets=(8, 32),
                     split=SplitConfig(fractions=(0.6, 0.3, 0.1)), labels=4)
 ANSWERS = ("categorical_embed_ids", "bool_values", "numeric_values")
 
@@ -97,4 +98,4 @@ def test_the_draw_is_deterministic_and_a_share(store):
 
 def test_share_is_validated():
     with pytest.raises(ConfigError, match="relabel"):
-        SamplerConfig(relabel=1.5)
+        seed_sampler(relabel=1.5)

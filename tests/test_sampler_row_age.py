@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 
 from confluence.batch import ROW_AGE_UNKNOWN
-from confluence.sampler import Sampler, SamplerConfig
+from confluence.sampler import Sampler
 from confluence.store import Store
 from confluence.store.format import NO_CUTOFF, NULL_TIME, STATIC_TIME
 from confluence.stypes import SemanticType
+from tests.fixtures.configs import seed_sampler
 
-CFG = SamplerConfig(batch_size=8, seq_len=256, max_rows=48, recent=8)
+CFG = seed_sampler(batch_size=8, seq_len=256, max_rows=48, recent=8)
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,12 @@ from typer.testing import CliRunner
 
 from confluence.cli.main import app
 from confluence.preprocess.pipeline import preprocess
-from confluence.sampler.config import SamplerConfig
 from confluence.sampler.data import SamplerData
 from confluence.sampler.sampler import Sampler
 from confluence.store import Store
 from confluence.stypes import SemanticType
 from tests.fixtures.bookstore import HashEncoder, bookstore_files
+from tests.fixtures.configs import seed_sampler
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def _bit(bits, i):
 def test_every_task_of_the_preprocessed_bookstore(bookstore_path):
     store = Store.open(bookstore_path)
     data = SamplerData.from_store(store)
-    s = Sampler([data], SamplerConfig(batch_size=4, seq_len=48, max_rows=16, row_buckets=(16,), text_buckets=(8,)))
+    s = Sampler([data], seed_sampler(batch_size=4, seq_len=48, max_rows=16, row_buckets=(16,), text_buckets=(8,)))
     for info in store.tasks:
         arrs = store.task_arrays(info.name)
         ids = np.arange(min(4, info.num_seeds))
@@ -69,7 +69,7 @@ def test_order_status_excludes_rating_and_book(bookstore_path):
     store = Store.open(bookstore_path)
     info = store.task("order_status")
     assert info.exclude_column_idxs  # rating, book_id
-    b = Sampler([store], SamplerConfig(batch_size=2, seq_len=64, max_rows=16, row_buckets=(16,))).batch_for_seeds(
+    b = Sampler([store], seed_sampler(batch_size=2, seq_len=64, max_rows=16, row_buckets=(16,))).batch_for_seeds(
         "order_status", np.array([0, 1]))
     for i in range(2):
         anchor_cols = b.column_ids[i][(b.seq_row_ids[i] == 0) & ~b.is_padding[i]]
@@ -139,7 +139,7 @@ def test_nycflights13_demo_store(tmp_path):
     raw = build_nycflights13(tmp_path / "nycflights13")
     path = preprocess(raw, demo_metadata_path(), tmp_path / "store", encoder=StaticEncoder(), progress=False)
     store = Store.open(path)
-    s = Sampler([store], SamplerConfig(batch_size=8, seq_len=1024, threads=2))
+    s = Sampler([store], seed_sampler(batch_size=8, seq_len=1024, threads=2))
     rng = np.random.default_rng(0)
     for e in s.entries:
         ids = rng.integers(0, e.task.num_seeds, 8)
@@ -162,7 +162,7 @@ def test_observation_time_cell(bookstore_path):
 
     store = Store.open(bookstore_path)
     ts = store.meta["timestamp_stats"]
-    s = Sampler([store], SamplerConfig(batch_size=4, seq_len=64, max_rows=16, row_buckets=(16,)))
+    s = Sampler([store], seed_sampler(batch_size=4, seq_len=64, max_rows=16, row_buckets=(16,)))
     info = store.task("orders_next_30d")
     assert info.obs_column_idx >= 0
     col = store.columns[info.obs_column_idx]

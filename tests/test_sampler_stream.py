@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from confluence.errors import ConfluenceError
-from confluence.sampler import BatchStream, Sampler, SamplerConfig, SplitConfig
+from confluence.sampler import BatchStream, Sampler, SplitConfig
+from tests.fixtures.configs import seed_sampler
 from tests.fixtures.graphs import DAY, random_store
 
-STREAM = SamplerConfig(batch_size=8, seq_len=64, width=2, max_rows=32, row_buckets=(8, 32), text_buckets=(8, 32),
+STREAM = seed_sampler(batch_size=8, seq_len=64, width=2, max_rows=32, row_buckets=(8, 32), text_buckets=(8, 32),
                        split=SplitConfig(fractions=(0.6, 0.3, 0.1)))
 
 

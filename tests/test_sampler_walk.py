@@ -7,13 +7,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from confluence.preprocess.encode import encode_timestamp
-from confluence.sampler.config import SamplerConfig
 from confluence.sampler.sampler import Sampler
 from confluence.sampler.walk import VIA_CHILD, VIA_PARENT, VIA_SEED
 from confluence.stypes import SemanticType
+from tests.fixtures.configs import seed_sampler
 from tests.fixtures.graphs import DAY, local_row, random_store, walk_example
 
-CFG = SamplerConfig(batch_size=4, seq_len=128, width=16, max_rows=32, row_buckets=(8, 16, 32), text_buckets=(4, 16))
+CFG = seed_sampler(batch_size=4, seq_len=128, width=16, max_rows=32, row_buckets=(8, 16, 32), text_buckets=(4, 16))
 
 
 def _local_of(res, b):
@@ -124,7 +124,7 @@ def test_categorical_target_block():
 
 def test_width_bound():
     store = walk_example(extra_orders=60)
-    res = Sampler([store], SamplerConfig(batch_size=1, seq_len=4096, width=5, max_rows=256)).build(
+    res = Sampler([store], seed_sampler(batch_size=1, seq_len=4096, width=5, max_rows=256)).build(
         "country", np.array([0])
     )
     # the customer is the seed (no cut-off): 5 of its 65 orders, then book 42 (their parent) and 5 of its orders
@@ -197,7 +197,7 @@ def _check_walk(store, res, seq_len, width, max_rows, cut=frozenset(), per_fk=Fa
 def test_walk_properties_random_databases(seed, width, seq_len, recent, per_fk):
     store = random_store(seed)
     recent = min(recent, width)
-    cfg = SamplerConfig(batch_size=6, seq_len=seq_len, width=width, recent=recent, max_rows=64, row_buckets=(8, 64),
+    cfg = seed_sampler(batch_size=6, seq_len=seq_len, width=width, recent=recent, max_rows=64, row_buckets=(8, 64),
                         text_buckets=(8,), width_per_fk=per_fk)
     s = Sampler([store], cfg)
     segs = s.data[0].child_segments(per_fk)
@@ -269,9 +269,9 @@ def test_fk_segments_split_children_by_column_keeping_time_order():
 def test_width_per_fk_segments_partition_each_rows_children_by_table():
     """Per column, a row's children are split into time-sorted segments, one per child foreign-key column (here one
     per child table), that together hold exactly the row's children."""
-    seed = next(k for k in range(100) if Sampler([random_store(k)], SamplerConfig()).data[0]
+    seed = next(k for k in range(100) if Sampler([random_store(k)], seed_sampler()).data[0]
                 .child_segments(True).max_segs >= 2)
-    data = Sampler([random_store(seed)], SamplerConfig()).data[0]
+    data = Sampler([random_store(seed)], seed_sampler()).data[0]
     per_row, per_col = data.child_segments(False), data.child_segments(True)
     assert per_row.max_segs == 1 and per_col.max_segs >= 2
     for r in range(data.num_rows):
@@ -290,7 +290,7 @@ def test_excluded_foreign_key_cuts_the_anchor_parent_edge():
     """spec/metadata.md: an excluded foreign-key column also cuts that parent edge of the anchor row."""
     store = walk_example(extra_orders=8)
     cust23, book42 = local_row(store, "customers", 23), local_row(store, "books", 42)
-    cfg = SamplerConfig(batch_size=16, seq_len=512, width=16, max_rows=64)
+    cfg = seed_sampler(batch_size=16, seq_len=512, width=16, max_rows=64)
     res = Sampler([store], cfg).build("whose_order", np.arange(13))
     reached_otherwise = 0
     for b in range(13):
@@ -321,7 +321,7 @@ def test_recent_children_are_the_latest_before_the_observation_time():
     kids = cidx[cptr[cust] : cptr[cust + 1]]
     kid_time = ctime[cptr[cust] : cptr[cust + 1]]
     for recent in (0, 2, 5):
-        cfg = SamplerConfig(batch_size=1, seq_len=4096, width=5, recent=recent, max_rows=256)
+        cfg = seed_sampler(batch_size=1, seq_len=4096, width=5, recent=recent, max_rows=256)
         res = Sampler([store], cfg).build("country", np.array([0]))
         n = res.nrows[0]
         got = set(res.rows[0, :n][(res.via[0, :n] == VIA_CHILD) & (res.src[0, :n] == 0)].tolist())
@@ -339,14 +339,14 @@ def test_recent_zero_is_the_uniform_walk_and_recent_is_validated():
 
     store = random_store(3)
     task = store.tasks[0].name
-    a = Sampler([store], SamplerConfig(batch_size=8, seq_len=64, width=3, max_rows=32)).build(task, np.arange(8))
-    b = Sampler([store], SamplerConfig(batch_size=8, seq_len=64, width=3, recent=0, max_rows=32)).build(
+    a = Sampler([store], seed_sampler(batch_size=8, seq_len=64, width=3, max_rows=32)).build(task, np.arange(8))
+    b = Sampler([store], seed_sampler(batch_size=8, seq_len=64, width=3, recent=0, max_rows=32)).build(
         task, np.arange(8))
     np.testing.assert_array_equal(a.rows, b.rows)
     with pytest.raises(ConfluenceError, match="recent"):
-        SamplerConfig(width=4, recent=5)
+        seed_sampler(width=4, recent=5)
     with pytest.raises(ConfluenceError, match="width_per_fk"):
-        SamplerConfig(width_per_fk="yes")
+        seed_sampler(width_per_fk="yes")
 
 
 def test_task_recent_overrides_recent_per_task():
@@ -367,11 +367,11 @@ def test_task_recent_overrides_recent_per_task():
         return set(res.rows[0, :n][(res.via[0, :n] == VIA_CHILD) & (res.src[0, :n] == 0)].tolist())
 
     base = dict(batch_size=1, seq_len=4096, width=5, max_rows=256)
-    assert reached(SamplerConfig(**base, task_recent={"country": 5})) == latest
-    assert reached(SamplerConfig(**base, recent=5, task_recent={"walk_example/country": 0})) != latest
-    assert reached(SamplerConfig(**base, recent=5, task_recent={"rating": 0})) == latest  # another task's setting
-    cfg = SamplerConfig(**base, recent=1, task_recent={"country": 3, "walk_example/rating": 2})
+    assert reached(seed_sampler(**base, task_recent={"country": 5})) == latest
+    assert reached(seed_sampler(**base, recent=5, task_recent={"walk_example/country": 0})) != latest
+    assert reached(seed_sampler(**base, recent=5, task_recent={"rating": 0})) == latest  # another task's setting
+    cfg = seed_sampler(**base, recent=1, task_recent={"country": 3, "walk_example/rating": 2})
     assert (recent_for(cfg, "walk_example", "country"), recent_for(cfg, "walk_example", "rating"),
             recent_for(cfg, "other", "rating"), recent_for(cfg, "walk_example", "next_order_at")) == (3, 2, 1, 1)
     with pytest.raises(ConfluenceError, match="task_recent"):
-        SamplerConfig(width=4, task_recent={"country": 9})
+        seed_sampler(width=4, task_recent={"country": 9})

@@ -21,7 +21,6 @@ from typer.testing import CliRunner
 from confluence.cli.main import app
 from confluence.errors import ConfigError, ConfluenceError
 from confluence.preprocess.pipeline import preprocess
-from confluence.sampler.config import SamplerConfig
 from confluence.sampler.sampler import Sampler
 from confluence.schema.metadata import parse_horizon
 from confluence.schema.validate import load_and_validate
@@ -29,8 +28,9 @@ from confluence.sources import open_source
 from confluence.store import Store
 from confluence.stypes import SemanticType
 from confluence.synth.random_db import TOPOLOGIES, RandomSpec, generate_random, write_random
+from tests.fixtures.configs import seed_sampler
 
-CONFIG = SamplerConfig(batch_size=4, seq_len=96, max_rows=24, row_buckets=(24,), text_buckets=(64,))
+CONFIG = seed_sampler(batch_size=4, seq_len=96, max_rows=24, row_buckets=(24,), text_buckets=(64,))
 
 
 @pytest.fixture(scope="module")

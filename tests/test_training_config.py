@@ -137,3 +137,31 @@ def test_runs_saved_before_the_windowed_count_scaling_keep_the_inputs_they_were_
     del saved["sampler"]["window_count_stats"]
     assert RunConfig.from_dict(saved).sampler.window_count_stats == "at_child"
     assert RunConfig.from_dict(small.to_dict()).sampler.window_count_stats == "before"
+
+
+def test_defaults_are_what_ships_and_the_seed_is_a_recipe():
+    """The configuration classes default to the inputs `small` ships (what `confluence train` uses); the seeds'
+    exact model is the recipe `seed` (`base` starts from it); a saved config that does not name an input (saved
+    before it existed) reads it at the seed's value, so an old checkpoint loads as it was trained."""
+    from confluence.model.config import ModelConfig
+    from confluence.model.transformer import RelationalTransformer, count_params
+
+    small, default, seed = load_config("small"), RunConfig(), load_config("seed")
+    for name in ModelConfig.SEED:
+        assert getattr(default.model, name) == getattr(small.model, name), name
+        assert getattr(seed.model, name) == ModelConfig.SEED[name], name
+    for name in SamplerConfig.SEED:
+        assert getattr(default.sampler, name) == getattr(small.sampler, name), name
+        assert getattr(seed.sampler, name) == SamplerConfig.SEED[name], name
+    assert RunConfig.from_dict({}) == seed  # an old checkpoint's config: the seed's inputs where it names none
+    assert load_config("base").model == replace(seed.model, attention_impl="auto")
+    # seed 000's dimensions (B, S, D_t, D) and seed 001's SwiGLU width (8/3 D rounded up to 256)
+    m = seed.model
+    assert (seed.sampler.batch_size, seed.sampler.seq_len, m.d_t, m.d_model, m.d_ff) == (32, 1024, 256, 256, 768)
+    # ... and the seeds' heads exactly (seed 004: 70,418 parameters at D = 256), none of the heads added since
+    import jax
+
+    one_layer = RelationalTransformer(replace(m, n_layers=1), key=jax.random.key(0))
+    assert count_params(one_layer.heads) == 70_418
+    shipped = RelationalTransformer(replace(default.model, n_layers=1), key=jax.random.key(0))
+    assert count_params(shipped) > count_params(one_layer)  # the shipped inputs add the copy head, the time reference
