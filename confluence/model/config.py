@@ -43,6 +43,11 @@ class ModelConfig:
     # that names one with that value still loads (docs/decisions.md, "Removed settings")
     RETIRED: ClassVar[dict[str, Any]] = {"category_codes_by": "row", "numeric_frequencies": 0,
                                           "numeric_frequency_scale": ANY_VALUE}
+    # The inputs beyond seeds 000-004 that the defaults turn on (the `small` recipe's, what users get), at the
+    # seeds' values: a saved config that does not name one (saved before it existed) was trained without it, and
+    # configs/seed.toml sets them so (docs/decisions.md, "Defaults are what ships").
+    SEED: ClassVar[dict[str, Any]] = {"category_codes": 0.0, "column_codes": 0.0, "row_age": False,
+                                       "numeric_by_column": False, "copy_head": False, "time_reference": False}
 
     d_model: int = 256  # D, the width of every cell's hidden state
     n_layers: int = 12  # blocks (each: outbound, inbound and column attention, then a SwiGLU FFN)
@@ -65,15 +70,15 @@ class ModelConfig:
     # checkpoints either way (docs/decisions.md, "Training speed": blocks scanned)
     scan_layers: bool = False
     # > 0: add this multiple of a fixed per-category identity code to each category's text embedding (model.inputs.
-    # identity_codes); 0 is seed 002's text embedding alone, the default (docs/decisions.md says why).
-    category_codes: float = 0.0
+    # identity_codes); 0 is seed 002's text embedding alone (docs/decisions.md says why 1.0 ships).
+    category_codes: float = 1.0
     # > 0: add this multiple of a fixed per-column code (keyed by the column's embedded text: model.inputs.
     # column_keys) to each column's name embedding, so columns whose names embed alike stay apart; 0 is seed 002
-    column_codes: float = 0.0
+    column_codes: float = 1.0
     # True: every cell also carries its row's age at the observation time (the batch's `row_age`, days) through
     # a piecewise-linear encoding (model.encoding.age_features), so "within the last 30 days" is one threshold
     # away; False is seed 002 (absolute timestamps only)
-    row_age: bool = False
+    row_age: bool = True
     # True: every cell of a row reached as a child also carries its recency rank among its parent's children
     # through that foreign key (the batch's `child_rank`: 0 = the latest at the observation time), as a learned
     # row of a small table of rank buckets (model.encoding.rank_buckets), so "the latest order" is one lookup
@@ -81,12 +86,12 @@ class ModelConfig:
     child_rank: bool = False
     # True: a number also moves its cell along a direction of its own column (x times a learned projection of the
     # column-name embedding), beside the seed's direction shared by every numerical column; False is seed 002
-    numeric_by_column: bool = False
+    numeric_by_column: bool = True
     numeric_by_column_init: float = 1.0  # scale of that projection's initialisation (0: starts as the seed's encoder)
     # True: a copy head (model.heads.CopyHead) mixes into each prediction the values of the context's visible cells
     # of the target's column (labels of labelled task rows, the column's other values), by a pointer attention and
     # a gate per type; False is seed 004's heads alone
-    copy_head: bool = False
+    copy_head: bool = True
     # what the copy head copies of numbers: "mean" (the pointer's weighted mean of the z-scores, the first form) or
     # "median" (their soft weighted median, model.heads.soft_weighted_median: the answer an MAE-scored task wants
     # from a skewed column's labels; docs/decisions.md, "The copy head's numbers")
@@ -95,7 +100,7 @@ class ModelConfig:
     # cells plus a finely read offset, gated against the seed's head (model.heads.TimeReference), so "the
     # scheduled time plus a delay" needs no absolute date carried through the model; False is seed 004's absolute
     # timestamp decoder alone
-    time_reference: bool = False
+    time_reference: bool = True
     # how the time reference's answer mixes with the absolute head's: "learned" (a gate from the target's state,
     # the first form) or "open" (the reference alone whenever a timestamp is visible: an absolute date learnt on the
     # training period cannot reach a later split; docs/decisions.md)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from confluence.errors import ConfigError
 from confluence.store.format import COUNT_WINDOWS_DAYS
@@ -46,13 +46,18 @@ class SamplerConfig:
     """Everything that shapes the batches and the batch stream. The same config, stores and seed give the same
     batches in the same order, whatever `threads` and `prefetch`."""
 
+    # The settings beyond seed 000's walk that the defaults turn on (the `small` recipe's), at the seed's values:
+    # a saved config that does not name one was built without it; configs/seed.toml sets them so
+    SEED: ClassVar[dict[str, Any]] = {"recent": 0, "width_per_fk": False, "child_counts": "none",
+                                       "child_count_windows": ()}
+
     batch_size: int = 32  # sequences per batch, over all processes
     seq_len: int = 1024  # S, cells per sequence (context and target)
     max_rows: int = 256  # cap on R, the rows of one sequence
     width: int = 16  # at most this many children of a row are followed (uniform subsample)
-    recent: int = 0  # of those `width`, the most recent this many are always kept; the rest stay uniform
+    recent: int = 16  # of those `width`, the most recent this many are always kept; the rest stay uniform
     task_recent: dict[str, int] | None = None  # "task" or "db/task" -> `recent` for that task's sequences
-    width_per_fk: bool = False  # `width` (and `recent`) per row and child foreign-key column, not per row
+    width_per_fk: bool = True  # `width` (and `recent`) per row and child foreign-key column, not per row
     # labelled task rows per context (in-context learning, `confluence.sampler.labels`): 0 keeps contexts without
     # labels; k reserves room for k rows of 1-2 cells each at the end of the sequence
     labels: int = 0
@@ -75,11 +80,11 @@ class SamplerConfig:
     # permutation of the classes, swapped booleans, an affine map of z-scored numbers: `confluence.sampler.relabel`),
     # so that only the context's labelled rows say what the answers are; 0 = never
     relabel: float = 0.0
-    child_counts: Literal["none", "anchor", "all"] = "none"  # "anchor" / "all": the anchor / every row also shows,
+    child_counts: Literal["none", "anchor", "all"] = "anchor"  # "anchor" / "all": the anchor / every row also shows,
     # per foreign key pointing at its table, how many rows referenced it by the observation time
     # and, with child counts on, how many did within each of these windows (days, from the store's
     # `COUNT_WINDOWS_DAYS`) before the observation time, for the foreign keys of temporal tables; () = none
-    child_count_windows: tuple[int, ...] = ()
+    child_count_windows: tuple[int, ...] = COUNT_WINDOWS_DAYS
     # the distribution a windowed count's z-score is fitted on: "at_child", the count at each child's own time,
     # itself counted (never 0, so a count of 0 in the last day is z = -19 to -198 on f1db: an extreme value that
     # also reads as "nothing recent"); "before", the count each child's parent showed just before that child (zeros
@@ -129,7 +134,9 @@ class SamplerConfig:
         if self.width < 0:
             raise ConfigError("width", f"must be >= 0, got {self.width}")
         if not 0 <= self.recent <= self.width:
-            raise ConfigError("recent", f"must be in 0..width ({self.width}), got {self.recent}")
+            raise ConfigError("recent", f"must be in 0..width ({self.width}), got {self.recent}"
+                                        + (" (the default keeps the 16 most recent children: with a smaller width, "
+                                           "set recent too)" if self.recent == 16 else ""))
         for key, k in (self.task_recent or {}).items():
             if not isinstance(k, int) or not 0 <= k <= self.width:
                 raise ConfigError(f"task_recent[{key!r}]", f"must be an integer in 0..width ({self.width}), got {k!r}")

@@ -85,11 +85,12 @@ class RunConfig:
         before `sampler.perm_tile` existed keeps the row orders it was trained on (seed 000's: 0), so it resumes
         with the same batches."""
         d = migrate(d)
+        seed = overlay(cls(), {"model": ModelConfig.SEED, "sampler": SamplerConfig.SEED})  # what was not named
         if isinstance(d.get("sampler"), Mapping) and "perm_tile" not in d["sampler"]:
             d["sampler"] = {**d["sampler"], "perm_tile": 0}
         if isinstance(d.get("sampler"), Mapping) and "window_count_stats" not in d["sampler"]:
             d["sampler"] = {**d["sampler"], "window_count_stats": "at_child"}  # the inputs it was trained on
-        return overlay(cls(), d)
+        return overlay(seed, d)
 
     def steps_or(self, default: int) -> int:
         """The run length in steps, or `default` while it is still "auto" / a duration (benches and tools that
