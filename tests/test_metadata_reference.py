@@ -21,7 +21,8 @@ def _named(text: str) -> set[str]:
 def test_the_reference_names_every_field_the_parser_accepts():
     text = PAGE.read_text(encoding="utf-8")
     named = _named(text)
-    accepted = {*M.DATABASE_FIELDS, *M.TABLE_FIELDS, *M.COLUMN_FIELDS, *M.TASK_FIELDS, *M.SPLIT_FIELDS}
+    accepted = {*M.DATABASE_FIELDS, *M.TABLE_FIELDS, *M.COLUMN_FIELDS, *M.TASK_FIELDS, *M.LINK_TASK_FIELDS,
+                *M.SPLIT_FIELDS}
     assert accepted - named == set(), f"fields the parser accepts but {PAGE.name} does not describe"
     stypes = {t.label for t in SemanticType}
     assert stypes - named == set(), f"stypes {PAGE.name} does not describe"
@@ -39,9 +40,10 @@ def test_the_complete_example_parses_and_uses_every_field():
         used |= set(table)
         for column in table["columns"].values():
             used |= set(column)
-    for task in example["tasks"].values():
+    for task in [*example["tasks"].values(), *example.get("link_tasks", {}).values()]:
         used |= set(task) | set(task.get("split", {}))
-    accepted = {*M.DATABASE_FIELDS, *M.TABLE_FIELDS, *M.COLUMN_FIELDS, *M.TASK_FIELDS, *M.SPLIT_FIELDS}
+    accepted = {*M.DATABASE_FIELDS, *M.TABLE_FIELDS, *M.COLUMN_FIELDS, *M.TASK_FIELDS, *M.LINK_TASK_FIELDS,
+                *M.SPLIT_FIELDS}
     assert accepted - used == set(), "the complete example leaves fields out"
     assert {c.stype.label for t in meta.tables.values() for c in t.columns.values()} == {t.label for t in SemanticType}
     kinds = {name: task.is_cell_masking(meta) for name, task in meta.tasks.items()}

@@ -114,6 +114,44 @@ def print_results(results: dict, title: str) -> None:
         console.print(line, soft_wrap=True)
 
 
+def link_results_lines(results: dict, title: str) -> list[str]:
+    """Link tasks' results as lines: per task its k and rows scored, then MAP@k (the headline), precision, recall
+    and NDCG at k, one column per ranker, the best baseline marked."""
+    from confluence.targets.link import METRICS
+
+    def num(v) -> str:
+        return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4f}"
+
+    lines = [f"[bold]{title}[/]"]
+    for task, r in results.items():
+        info = r.get("info", {})
+        rankers = [n for n in ("model", "gbdt", "popularity", "recent_popularity", "past_targets") if n in r]
+        lines += ["", f"[bold]{task}[/] (link to {info.get('target_table', '?')}, k = {info.get('k', '?')}, "
+                  f"n = {info.get('n_eval', '?')})"]
+        if not rankers:
+            lines.append(f"    {info.get('note', 'not evaluated')}")
+            continue
+        best = (r.get("baseline") or {}).get("name")
+        short = {"popularity": "popular", "recent_popularity": "recent", "past_targets": "past", "gbdt": "GBDT"}
+        lines.append(f"    {'metric@k':<12}" + "".join(f"{short.get(n, n) + ('*' if n == best else ''):>10}"
+                                                       for n in rankers))
+        for m in METRICS:
+            lines.append(f"    {m + (' ↑' if m == 'map' else ''):<12}" + "".join(f"{num(r[n].get(m)):>10}"
+                                                                             for n in rankers))
+        lines.append("    (* the best baseline by MAP@k; popular: most linked rows known at the observation "
+                     "time; recent: the same over the last horizon; past: the anchor's own earlier targets)")
+    return lines
+
+
+def print_link_results(results: dict, title: str) -> None:
+    """Print `link_results_lines`."""
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    for line in link_results_lines(results, title):
+        console.print(line, soft_wrap=True)
+
+
 def evaluate_cmd(
     checkpoint: Path = typer.Option(..., "--checkpoint", help="Run directory or checkpoint directory."),
     db: Path = typer.Option(..., "--db", help="Processed store (need not be one the model was trained on)."),
@@ -357,17 +395,31 @@ def baseline_cmd(
     from confluence.errors import ConfluenceError
     from confluence.evaluation.baselines import run_baselines
     from confluence.evaluation.evaluate import write_json
+    from confluence.evaluation.links import run_link_baselines
+    from confluence.store import Store
     from confluence.toolkit.progress import Reporter
 
     try:
         if json_out is not None:
             outputs.claim_file(json_out, force=force)
-        with Reporter(enabled=not no_progress) as rep:
-            results = run_baselines(db, tasks=task or None, split=split, max_train=max_train,
-                                    max_seeds=max_seeds or None, progress=rep)
+        store = Store.open(db)
+        links = {t.name for t in store.link_tasks}
+        cells = [t for t in task or [] if t not in links]
+        results = {}
+        if not task or cells:
+            with Reporter(enabled=not no_progress) as rep:
+                results = run_baselines(store, tasks=cells or None, split=split, max_train=max_train,
+                                        max_seeds=max_seeds or None, progress=rep)
+        link_results = run_link_baselines(store, tasks=[t for t in task or [] if t in links] or None,
+                                          split=split, max_seeds=max_seeds or None) \
+            if links and (not task or any(t in links for t in task)) else {}
     except ConfluenceError as exc:
         fail(exc)
-    print_results(results, f"{db} — baselines, split {split}")
+    if results:
+        print_results(results, f"{db} — baselines, split {split}")
+    if link_results:
+        print_link_results(link_results, f"{db} — link tasks' baselines, split {split}")
+    results = {**results, **link_results}
     if json_out:
         typer.echo(f"wrote {write_json(results, json_out)}")
 

@@ -80,7 +80,8 @@ def validate_metadata_cmd(
         _warn(found)
         fail(exc)
     note = _warn(found)
-    typer.echo(f"{metadata}: OK ({len(meta.tables)} tables, {len(meta.tasks)} tasks){note}")
+    links = f", {len(meta.link_tasks)} link tasks" if meta.link_tasks else ""
+    typer.echo(f"{metadata}: OK ({len(meta.tables)} tables, {len(meta.tasks)} tasks{links}){note}")
 
 
 def demo_data_cmd(

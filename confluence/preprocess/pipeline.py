@@ -35,6 +35,7 @@ from confluence.preprocess.embeddings import (
     encoder_info,
 )
 from confluence.preprocess.graph import build_graph, table_edges
+from confluence.preprocess.links import materialize_link
 from confluence.preprocess.progress import Reporter
 from confluence.preprocess.source import open_raw
 from confluence.preprocess.stats import MomentStats
@@ -189,6 +190,7 @@ def _run(db: DatabaseMeta, con: duckdb.DuckDBPyConnection, writer: StoreWriter, 
 
     task_entries, derived_columns = _tasks(db, con, writer, tables, columns, row_time, ts_mean, ts_std,
                                            cat_texts, rep)
+    link_entries = _link_tasks(db, con, writer, by_name, rep)
     temporal = {tp.meta.name for tp in tables if tp.meta.temporal_column is not None}
     derived_columns += child_count_columns(columns, len(columns) + len(derived_columns), temporal)
     num_edges = _graph(writer, tables, num_rows, np.asarray(row_time), rep)
@@ -197,8 +199,12 @@ def _run(db: DatabaseMeta, con: duckdb.DuckDBPyConnection, writer: StoreWriter, 
     col_texts = [column_text(c.meta.name, c.table, c.meta.description) for c in columns]
     col_texts += [d["text"] for d in derived_columns]
     _embeddings(writer, encoder, cache, col_texts, cat_texts, texts, rep)
-    return _metadata(db, encoder, tables, columns, derived_columns, task_entries, col_texts, cat_texts, texts,
+    meta = _metadata(db, encoder, tables, columns, derived_columns, task_entries, col_texts, cat_texts, texts,
                      ts_all, num_edges)
+    if link_entries:  # after "tasks": a store without link tasks is byte-for-byte what it was before they existed
+        meta = {**{k: v for k, v in meta.items() if k != "database"}, "link_tasks": link_entries,
+                "database": meta["database"]}
+    return meta
 
 
 OBS_COLUMN_NAME = "observation time"
@@ -264,6 +270,29 @@ def _tasks(db: DatabaseMeta, con: duckdb.DuckDBPyConnection, writer: StoreWriter
                 "text": column_text(OBS_COLUMN_NAME, entry["name"], OBS_COLUMN_DESCRIPTION), "stats": {},
             })
     return task_entries, derived_columns
+
+
+def _link_tasks(db: DatabaseMeta, con: duckdb.DuckDBPyConnection, writer: StoreWriter,
+                by_name: dict[str, TablePlan], rep: Reporter) -> list[dict[str, Any]]:
+    """Materialize every link task (`preprocess.links`): its seeds and, per seed, the target rows. Returns the
+    metadata.json entries."""
+    entries: list[dict[str, Any]] = []
+    if not db.link_tasks:
+        return entries
+    rep.step("link tasks", len(db.link_tasks))
+    for task in db.link_tasks.values():
+        anchor, target = by_name[task.anchor_table], by_name[task.target_table]
+        res = materialize_link(con, task, anchor_index=anchor.keys, anchor_offset=anchor.row_offset,
+                               target_index=target.keys, target_offset=target.row_offset)
+        for name, arr in (("anchor_row", res.anchor_row), ("obs_time", res.obs_time),
+                          ("link.offsets", res.offsets), ("link.targets", res.targets)):
+            writer.save(fmt.task_file(task.name, name), arr)
+        entries.append({"name": task.name, "anchor_table": task.anchor_table, "target_table": task.target_table,
+                        "horizon_us": task.horizon_us, "k": task.k, "split": task.split.to_json(),
+                        "num_seeds": len(res.anchor_row), "num_links": len(res.targets),
+                        "query_rows": res.query_rows, "duplicate_links": res.duplicates})
+        rep.advance(1)
+    return entries
 
 
 def child_count_columns(columns: list[ColumnPlan], first_idx: int, temporal: Collection[str] = ()

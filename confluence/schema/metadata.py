@@ -77,11 +77,14 @@ class TableMeta:
 SPLIT_NAMES = ("train", "val", "test")
 # The fields each object of a metadata file may hold; any other name is an "unknown field" problem. Every one is
 # described in docs/metadata_reference.md (tests/test_metadata_reference.py keeps that page complete).
-DATABASE_FIELDS = ("name", "description", "tables", "tasks")
+DATABASE_FIELDS = ("name", "description", "tables", "tasks", "link_tasks")
 TABLE_FIELDS = ("primary_key", "temporal_column", "columns", "description")
 COLUMN_FIELDS = ("stype", "foreign_key", "description", "reason")
 TASK_FIELDS = ("query", "anchor_table", "anchor_key", "target_column", "target_stype", "observation_time_column",
                "description", "exclude_columns", "split", "horizon", "reason")
+LINK_TASK_FIELDS = ("query", "anchor_table", "anchor_key", "observation_time_column", "target_table", "target_key",
+                    "horizon", "k", "split", "description", "reason")
+MAX_LINK_K = 1000  # a ranked list longer than this is not a recommendation a user reads
 SPLIT_FIELDS = ("val_time", "test_time", "column")
 # a horizon's units in microseconds (each also in the plural: "30 days"): fixed lengths only
 HORIZON_UNITS = {"second": 1_000_000, "minute": 60_000_000, "hour": 3_600_000_000, "day": 86_400_000_000,
@@ -187,11 +190,55 @@ class TaskMeta:
 
 
 @dataclass
+class LinkTaskMeta:
+    """A link task: "which rows of `target_table` will this anchor link to in the `horizon` after its observation
+    time?". Its query returns one row per (anchor key, observation time, target key) link; the links of one anchor
+    at one observation time are that seed's answer, a set scored by the top `k` rows predicted. Always split by
+    observation time (`split`), since a ranked list is only meaningful against what came before."""
+
+    name: str
+    query: str
+    anchor_table: str
+    anchor_key: str
+    observation_time_column: str
+    target_table: str
+    target_key: str
+    horizon: str
+    split: TaskSplit
+    k: int = 10
+    description: str | None = None
+    reason: str | None = None
+
+    @property
+    def horizon_us(self) -> int:
+        return parse_horizon(self.horizon)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "query": self.query,
+            "anchor_table": self.anchor_table,
+            "anchor_key": self.anchor_key,
+            "observation_time_column": self.observation_time_column,
+            "target_table": self.target_table,
+            "target_key": self.target_key,
+            "horizon": self.horizon,
+            "k": self.k,
+            "split": self.split.to_json(),
+        }
+        if self.description:
+            out["description"] = self.description
+        if self.reason:
+            out["reason"] = self.reason
+        return out
+
+
+@dataclass
 class DatabaseMeta:
     name: str
     tables: dict[str, TableMeta]
     tasks: dict[str, TaskMeta] = field(default_factory=dict)
     description: str | None = None
+    link_tasks: dict[str, LinkTaskMeta] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
@@ -199,6 +246,8 @@ class DatabaseMeta:
             out["description"] = self.description
         out["tables"] = {name: t.to_json() for name, t in self.tables.items()}
         out["tasks"] = {name: t.to_json() for name, t in self.tasks.items()}
+        if self.link_tasks:
+            out["link_tasks"] = {name: t.to_json() for name, t in self.link_tasks.items()}
         return out
 
     def dumps(self) -> str:
@@ -375,9 +424,71 @@ def parse_metadata(raw: Any, source: str = "metadata") -> DatabaseMeta:
             horizon=horizon,
             reason=_str(kraw, "reason", where, problems, required=False),
         )
+    link_tasks = _link_tasks(raw.get("link_tasks", {}), tables, set(tasks), problems)
     if problems:
         raise MetadataError(problems)
-    return DatabaseMeta(name=name, tables=tables, tasks=tasks, description=raw.get("description"))
+    return DatabaseMeta(name=name, tables=tables, tasks=tasks, description=raw.get("description"),
+                        link_tasks=link_tasks)
+
+
+def _link_tasks(raw: Any, tables: dict[str, TableMeta], task_names: set[str], problems: list[str]
+                ) -> dict[str, LinkTaskMeta]:
+    """The `link_tasks` object: each link task's fields, with its anchor and target tables checked against the
+    tables (both need a primary key), a horizon, a k in 1..MAX_LINK_K and a temporal split."""
+    out: dict[str, LinkTaskMeta] = {}
+    if not isinstance(raw, dict):
+        problems.append("database: 'link_tasks' must be an object of task name -> link task")
+        return out
+    for kname, kraw in raw.items():
+        where = f"link task '{kname}'"
+        if not isinstance(kraw, dict):
+            problems.append(f"{where}: must be an object")
+            continue
+        if kname in task_names:
+            problems.append(f"{where}: a task of 'tasks' has the same name (task names are unique)")
+        for key in kraw:
+            if key not in LINK_TASK_FIELDS:
+                hint = " (a link task's target is 'target_table' + 'target_key')" if key in TASK_FIELDS else ""
+                problems.append(f"{where}: unknown field '{key}'{hint}")
+        values = {f: _str(kraw, f, where, problems) for f in
+                  ("query", "anchor_table", "anchor_key", "observation_time_column", "target_table", "target_key")}
+        for role in ("anchor_table", "target_table"):
+            table = values[role]
+            if table is not None and table not in tables:
+                problems.append(f"{where}: {role} '{table}' is not a table of the database")
+                values[role] = None
+            elif table is not None and tables[table].primary_key is None:
+                what = "anchor on" if role == "anchor_table" else "name its rows by"
+                problems.append(f"{where}: {role} '{table}' has no primary key to {what}")
+                values[role] = None
+        horizon = _str(kraw, "horizon", where, problems)
+        if horizon is None:
+            problems[-1] += (" (how far past the observation time the links are counted, e.g. '30 days'; a link"
+                             " is known once its horizon has passed)")
+        else:
+            try:
+                parse_horizon(horizon)
+            except ValueError as exc:
+                problems.append(f"{where}: field 'horizon': {exc}")
+                horizon = None
+        k = kraw.get("k", 10)
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_LINK_K:
+            problems.append(f"{where}: field 'k' must be a whole number from 1 to {MAX_LINK_K} (the length of the"
+                            f" ranked list scored), got {k!r}")
+            k = None
+        split = _task_split(kraw.get("split"), where, problems)
+        if split is None and "split" not in kraw:
+            problems.append(f"{where}: missing required field 'split' (a link task is split by observation time:"
+                            ' {"val_time": "...", "test_time": "..."})')
+        if split is not None and split.column is not None:
+            problems.append(f"{where}: field 'split.column' is not supported for link tasks")
+        if None in values.values() or None in (horizon, k, split):
+            continue
+        out[kname] = LinkTaskMeta(
+            name=kname, horizon=horizon, k=k, split=split,  # type: ignore[arg-type]
+            description=_str(kraw, "description", where, problems, required=False),
+            reason=_str(kraw, "reason", where, problems, required=False), **values)  # type: ignore[arg-type]
+    return out
 
 
 def _task_split(raw: Any, where: str, problems: list[str]) -> TaskSplit | None:

@@ -13,7 +13,7 @@ import duckdb
 import pyarrow as pa
 
 from confluence.errors import DataError, MetadataError
-from confluence.schema.metadata import DatabaseMeta, TableMeta, TaskMeta, load_metadata
+from confluence.schema.metadata import DatabaseMeta, LinkTaskMeta, TableMeta, TaskMeta, load_metadata
 from confluence.sources import data_warnings as dw
 from confluence.sources.raw import RawDatabase, quote_ident
 from confluence.sources.sandbox import task_query_problem, task_subquery
@@ -101,6 +101,8 @@ class _Checker:
                     self.problems.append(f"table '{table.name}': its data cannot be read: {str(exc).strip()}")
         for task in self.meta.tasks.values():
             self.check_task(task)
+        for link in self.meta.link_tasks.values():
+            self.check_link_task(link)
 
     # -- tables and columns --------------------------------------------------------------------------------
     def check_columns(self, table: TableMeta) -> None:
@@ -229,21 +231,42 @@ class _Checker:
                                                        kept=self.keep_dangling))
 
     # -- tasks ---------------------------------------------------------------------------------------------
-    def check_task(self, task: TaskMeta) -> None:
-        where = f"task '{task.name}'"
-        if task.query.rstrip().endswith(";"):
+    def task_schema(self, where: str, sql: str) -> pa.Schema | None:
+        """The result schema of a task's query, or None (and the problem recorded) when it ends with ';', is not
+        one read-only SELECT of the tables (nothing runs then), or fails."""
+        if sql.rstrip().endswith(";"):
             self.problems.append(f"{where}: its query ends with ';' (it is run as a subquery; remove the ';')")
-            return
-        refused = task_query_problem(self.raw.con, task.query)  # one read-only SELECT of the tables, or nothing runs
+            return None
+        refused = task_query_problem(self.raw.con, sql)  # one read-only SELECT of the tables, or nothing runs
         if refused is not None:
             self.problems.append(f"{where}: {refused}")
-            return
-        query = task_subquery(task.query)
+            return None
         try:
-            schema = self.raw.sql(f"SELECT * FROM {query} LIMIT 0").to_arrow_table().schema
+            return self.raw.sql(f"SELECT * FROM {task_subquery(sql)} LIMIT 0").to_arrow_table().schema
         except duckdb.Error as exc:
             self.problems.append(f"{where}: its query fails: {str(exc).strip()}")
+            return None
+
+    def check_observation_time(self, where: str, query: str, schema: pa.Schema, column: str, key: str) -> None:
+        """The observation-time column holds timestamps or dates, never NULL (every seed needs one)."""
+        dtype = schema.field(column).type
+        if type_family(dtype) != "timestamp":
+            self.problems.append(f"{where}: observation_time_column '{column}' holds {dtype} data, not a timestamp"
+                                 " or date")
             return
+        o, k = quote_ident(column), quote_ident(key)
+        n, example = self.q_safe(f"SELECT count(*), CAST(min({k}) AS VARCHAR) FROM {query} WHERE {o} IS NULL")
+        if n:
+            fam = type_family(schema.field(key).type)
+            self.problems.append(f"{where}: observation_time_column '{column}' is NULL in {n} row(s) (e.g."
+                                 f" anchor_key {_example(example, fam)}); every seed needs an observation time")
+
+    def check_task(self, task: TaskMeta) -> None:
+        where = f"task '{task.name}'"
+        schema = self.task_schema(where, task.query)
+        if schema is None:
+            return
+        query = task_subquery(task.query)
         cols = schema.names
         missing = False
         for field, name in (("anchor_key", task.anchor_key), ("target_column", task.target_column),
@@ -256,55 +279,64 @@ class _Checker:
         if missing:
             return
         if task.observation_time_column is not None:
-            dtype = schema.field(task.observation_time_column).type
-            if type_family(dtype) != "timestamp":
-                self.problems.append(
-                    f"{where}: observation_time_column '{task.observation_time_column}' holds {dtype} data,"
-                    " not a timestamp or date"
-                )
-            else:
-                o, k = quote_ident(task.observation_time_column), quote_ident(task.anchor_key)
-                n, example = self.q_safe(
-                    f"SELECT count(*), CAST(min({k}) AS VARCHAR) FROM {query} WHERE {o} IS NULL"
-                )
-                if n:
-                    fam = type_family(schema.field(task.anchor_key).type)
-                    self.problems.append(
-                        f"{where}: observation_time_column '{task.observation_time_column}' is NULL in {n} row(s)"
-                        f" (e.g. anchor_key {_example(example, fam)}); every seed needs an observation time"
-                    )
+            self.check_observation_time(where, query, schema, task.observation_time_column, task.anchor_key)
         self.check_target_type(task, schema.field(task.target_column).type, where)
         if task.split is not None and task.split.column is not None:
             self.check_split_column(task, cols, where)
-        anchor = self.meta.tables.get(task.anchor_table)
-        if anchor is None or anchor.primary_key is None or anchor.name not in self.schemas:
+        self.check_keys(where, query, schema, task.anchor_key, "anchor_key", task.anchor_table, empty="seeds")
+
+    def check_keys(self, where: str, query: str, schema: pa.Schema, key: str, field: str, table_name: str,
+                   empty: str | None = None) -> None:
+        """Every value of the query's column `key` names a row of `table_name` (its primary key, of the same type
+        family); `empty`: what a query with no rows lacks, when that is a problem."""
+        table = self.meta.tables.get(table_name)
+        if table is None or table.primary_key is None or table.name not in self.schemas:
             return
-        if anchor.primary_key not in self.schemas[anchor.name].names:
+        if table.primary_key not in self.schemas[table.name].names:
             return
-        key_fam = type_family(schema.field(task.anchor_key).type)
-        pk_fam = type_family(self.schemas[anchor.name].field(anchor.primary_key).type)
+        key_fam = type_family(schema.field(key).type)
+        pk_fam = type_family(self.schemas[table.name].field(table.primary_key).type)
         if _KEY_GROUP.get(key_fam, key_fam) != _KEY_GROUP.get(pk_fam, pk_fam):
             self.problems.append(
-                f"{where}: anchor_key '{task.anchor_key}' holds {key_fam} values but the primary key"
-                f" '{anchor.name}.{anchor.primary_key}' holds {pk_fam} values"
+                f"{where}: {field} '{key}' holds {key_fam} values but the primary key"
+                f" '{table.name}.{table.primary_key}' holds {pk_fam} values"
             )
             return
-        k, pk = quote_ident(task.anchor_key), quote_ident(anchor.primary_key)
+        k, pk = quote_ident(key), quote_ident(table.primary_key)
         try:
             total, unmatched, example = self.q(
                 f"SELECT count(*), count(*) FILTER (WHERE a.{pk} IS NULL), CAST(min(q.{k}) FILTER (WHERE a.{pk} IS NULL) AS VARCHAR)"
-                f" FROM {query} q LEFT JOIN {quote_ident(anchor.name)} a ON q.{k} = a.{pk}"
+                f" FROM {query} q LEFT JOIN {quote_ident(table.name)} a ON q.{k} = a.{pk}"
             )[0]
         except duckdb.Error as exc:
             self.problems.append(f"{where}: its query fails: {str(exc).strip()}")
             return
-        if total == 0:
-            self.problems.append(f"{where}: its query returns no rows, so the task has no seeds")
+        if total == 0 and empty is not None:
+            self.problems.append(f"{where}: its query returns no rows, so the task has no {empty}")
         elif unmatched:
             self.problems.append(
-                f"{where}: {unmatched} of {total} row(s) have an anchor_key '{task.anchor_key}' that matches no"
-                f" '{anchor.name}' row (e.g. {_example(example, key_fam)}; NULL keys count too)"
+                f"{where}: {unmatched} of {total} row(s) have {'an' if field[0] in 'aeiou' else 'a'} {field} '{key}' that matches no"
+                f" '{table.name}' row (e.g. {_example(example, key_fam)}; NULL keys count too)"
             )
+
+    def check_link_task(self, task: LinkTaskMeta) -> None:
+        """A link task's query against the data: one read-only SELECT returning its anchor key, observation time
+        and target key columns; every anchor and target key names a row; no NULL observation time."""
+        where = f"link task '{task.name}'"
+        schema = self.task_schema(where, task.query)
+        if schema is None:
+            return
+        query = task_subquery(task.query)
+        cols = schema.names
+        missing = [(f, n) for f, n in (("anchor_key", task.anchor_key), ("target_key", task.target_key),
+                                        ("observation_time_column", task.observation_time_column)) if n not in cols]
+        for f, n in missing:
+            self.problems.append(f"{where}: {f} '{n}' is not a column of its query result (columns: {', '.join(cols)})")
+        if missing:
+            return
+        self.check_observation_time(where, query, schema, task.observation_time_column, task.anchor_key)
+        self.check_keys(where, query, schema, task.anchor_key, "anchor_key", task.anchor_table, empty="links")
+        self.check_keys(where, query, schema, task.target_key, "target_key", task.target_table)
 
     def check_split_column(self, task: TaskMeta, cols: list[str], where: str) -> None:
         """A task's own split with a `column` naming each row's split (a RelBench file): the cut-offs must put every

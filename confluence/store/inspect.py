@@ -97,6 +97,12 @@ def summary(store: Store) -> Group:
         detail = (f"predicts {target.name} ({k.target_stype.label}) of a {k.anchor_table} row; observation time: "
                   f"{k.observation_time}\n{target_summary(k.target_stype, raw.get('target_stats', k.stats))}")
         tasks.append(Padding(Text(detail), (0, 0, 0, 2)))  # wrapped lines keep the indent
+    for link in store.link_tasks:
+        per_seed = link.num_links / max(link.num_seeds, 1)
+        tasks.append(Text.assemble((link.name, "bold"), f" (link, {link.num_seeds:,} seeds)"))
+        tasks.append(Padding(Text(
+            f"ranks {link.target_table} rows a {link.anchor_table} row links to within {link.horizon_us / 86_400e6:g}"
+            f" days; top {link.k}; {link.num_links:,} links, {per_seed:.1f} per seed"), (0, 0, 0, 2)))
     parts = [header, tables]
     if fks.row_count:
         parts.append(fks)

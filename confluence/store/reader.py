@@ -87,6 +87,32 @@ class TaskArrays:
     target_valid: np.ndarray
 
 
+@dataclass(frozen=True)
+class LinkTaskInfo:
+    """One link task: which rows of `target_table` an anchor of `anchor_table` links to within `horizon_us` after
+    its observation time; scored on the top `k`; `split`: its val / test cut-offs (metadata's `split`)."""
+
+    name: str
+    anchor_table: str
+    target_table: str
+    horizon_us: int
+    k: int
+    split: dict[str, Any]
+    num_seeds: int
+    num_links: int
+
+
+@dataclass(frozen=True)
+class LinkArrays:
+    """A link task's seeds `(anchor_row, obs_time)`, sorted, and seed i's target rows
+    `targets[offsets[i]:offsets[i + 1]]` (global rows of the target table, ascending)."""
+
+    anchor_row: np.ndarray
+    obs_time: np.ndarray
+    offsets: np.ndarray
+    targets: np.ndarray
+
+
 class Store:
     """A processed store, memory-mapped read-only. Use `Store.open(path)`."""
 
@@ -128,8 +154,15 @@ class Store:
             )
             for k in meta["tasks"]
         ]
+        self.link_tasks: list[LinkTaskInfo] = [
+            LinkTaskInfo(name=k["name"], anchor_table=k["anchor_table"], target_table=k["target_table"],
+                         horizon_us=int(k["horizon_us"]), k=int(k["k"]), split=dict(k["split"]),
+                         num_seeds=int(k["num_seeds"]), num_links=int(k["num_links"]))
+            for k in meta.get("link_tasks", [])
+        ]
         self._tables_by_name = {t.name: t for t in self.tables}
         self._tasks_by_name = {k.name: k for k in self.tasks}
+        self._links_by_name = {k.name: k for k in self.link_tasks}
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -179,6 +212,20 @@ class Store:
         except KeyError:
             known = ", ".join(self._tasks_by_name) or "none"
             raise StoreError(f"{self.path}: no task '{name}' (tasks: {known})") from None
+
+    def link_task(self, name: str) -> LinkTaskInfo:
+        """The link task called `name`."""
+        try:
+            return self._links_by_name[name]
+        except KeyError:
+            known = ", ".join(self._links_by_name) or "none"
+            raise StoreError(f"{self.path}: no link task '{name}' (link tasks: {known})") from None
+
+    def link_arrays(self, name: str) -> LinkArrays:
+        """A link task's seeds and, per seed, its target rows."""
+        self.link_task(name)
+        return LinkArrays(*(self._get(fmt.task_file(name, f)) for f in
+                            ("anchor_row", "obs_time", "link.offsets", "link.targets")))
 
     def values(self, table: str, column: str) -> np.ndarray | None:
         """Encoded values of a column (see the format table); None for an identifier column."""

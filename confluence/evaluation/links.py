@@ -1,0 +1,68 @@
+"""Link tasks scored on a split: the ranking baselines (global popularity, recent popularity, the anchor's own past
+targets filled by popularity) with MAP@k, precision, recall and NDCG, the best of them named, and paired intervals
+between any two rankers (`confluence.targets.link`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from confluence.errors import ConfluenceError
+from confluence.sampler.splits import own_split, split_index, subsample, temporal_split
+from confluence.store import Store
+from confluence.targets import link as L
+
+BASELINES = ("popularity", "recent_popularity", "past_targets")
+
+
+def link_split_ids(store: Store, task: str, split: str) -> np.ndarray:
+    """Seed indices of a link task's split, by its own observation-time cut-offs (RelBench's rule)."""
+    info = store.link_task(task)
+    cfg = own_split(info.split)
+    ids = temporal_split(np.asarray(store.link_arrays(task).obs_time), int(cfg.t_val), int(cfg.t_test))
+    return np.flatnonzero(ids == split_index(split)).astype(np.int64)
+
+
+def baseline_rankings(store: Store, task: str, eval_ids: np.ndarray, k: int | None = None) -> dict[str, np.ndarray]:
+    """Each baseline's [n, k] ranked target rows for seeds `eval_ids`, by name (`BASELINES`)."""
+    info, arr = store.link_task(task), store.link_arrays(task)
+    k = k or info.k
+    table = store.table(info.target_table)
+    catalog = (table.row_offset, table.row_offset + table.num_rows)
+    args = (np.asarray(arr.anchor_row), np.asarray(arr.obs_time), np.asarray(arr.offsets), np.asarray(arr.targets),
+            info.horizon_us)
+    pop = L.popularity(*args, catalog, eval_ids, k)
+    recent = L.popularity(*args, catalog, eval_ids, k, window_us=info.horizon_us)
+    past = L.past_targets(*args, eval_ids, k, fill=pop)
+    return {"popularity": pop, "recent_popularity": recent, "past_targets": past}
+
+
+def run_link_baselines(db: str | Store, *, tasks: Sequence[str] | None = None, split: str = "test",
+                       max_seeds: int | None = 5000) -> dict[str, dict[str, Any]]:
+    """`{task: {<baseline>: metrics, "baseline": best by MAP@k with its name, "info": ...}}` for the link tasks
+    (`tasks`: some of them; default all) on `split`, at most `max_seeds` seeds (a fixed draw)."""
+    store = db if isinstance(db, Store) else Store.open(db)
+    known = [t.name for t in store.link_tasks]
+    names = known if tasks is None else list(tasks)
+    if unknown := [t for t in names if t not in known]:
+        raise ConfluenceError(f"link task(s) {unknown} not in store {store.name!r} (link tasks: "
+                              f"{', '.join(known) or 'none'})")
+    out: dict[str, dict[str, Any]] = {}
+    for task in names:
+        info, arr = store.link_task(task), store.link_arrays(task)
+        eval_ids = subsample(link_split_ids(store, task, split), max_seeds)
+        meta = {"kind": "link", "split": split, "k": info.k, "target_table": info.target_table,
+                "n_eval": int(len(eval_ids))}
+        if len(eval_ids) == 0:
+            out[task] = {"info": {**meta, "note": f"no {split} seeds"}}
+            continue
+        counts, flat = L.truth_sets(np.asarray(arr.offsets), np.asarray(arr.targets), eval_ids)
+        entry: dict[str, Any] = {name: L.metrics(pred, counts, flat)
+                                 for name, pred in baseline_rankings(store, task, eval_ids, info.k).items()}
+        best = max(BASELINES, key=lambda n: entry[n]["map"])
+        entry["baseline"] = {**entry[best], "name": best}
+        entry["info"] = meta
+        out[task] = entry
+    return out

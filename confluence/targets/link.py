@@ -1,0 +1,166 @@
+"""The link kind: "which rows of the target table will this anchor link to in the horizon?", answered by a ranked
+list of `k` target rows per seed. Everything link-specific after the store lives here: the ranking metrics
+(RelBench's MAP@k, precision, recall, NDCG), the per-seed average precision that paired intervals resample, and the
+baselines every ranker must beat (global popularity, recent popularity, the anchor's own past targets).
+
+A seed's truth is a set of target rows (`offsets` / `targets`, as the store keeps it); a prediction is an [n, k]
+array of target rows, best first (-1 pads a list shorter than k). Seeds whose truth is empty are not scored, as in
+RelBench.
+
+The baselines are leak-free by the same rule as labelled context: a link of seed (anchor, t) is known from
+t + horizon on, so a seed observed at T sees only links whose seed time is at most T - horizon.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import numpy as np
+
+HEADLINE = ("map", True)  # MAP@k, higher is better
+METRICS = ("map", "precision", "recall", "ndcg")
+
+
+class Link:
+    """The link target kind (it ranks rows; the single-value kinds of `confluence.targets` predict one cell)."""
+
+    label: ClassVar[str] = "link"
+    headline: ClassVar[tuple[str, bool]] = HEADLINE
+    relbench_type: ClassVar[str] = "link_prediction"
+
+
+def truth_sets(offsets: np.ndarray, targets: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The truth of seeds `ids` as (counts [n], flattened target rows, seed by seed)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    lo, hi = np.asarray(offsets)[ids], np.asarray(offsets)[ids + 1]
+    counts = (hi - lo).astype(np.int64)
+    flat = np.concatenate([np.asarray(targets)[a:b] for a, b in zip(lo, hi, strict=True)]) if len(ids) else \
+        np.zeros(0, np.int64)
+    return counts, flat.astype(np.int64)
+
+
+def hits(pred: np.ndarray, counts: np.ndarray, flat: np.ndarray) -> np.ndarray:
+    """[n, k] bool: whether each predicted row is in its seed's truth (a row predicted twice counts once, at its
+    first place)."""
+    pred = np.asarray(pred, dtype=np.int64)
+    n, k = pred.shape
+    seed_of_truth = np.repeat(np.arange(n, dtype=np.int64), counts)
+    span = int(max(pred.max(initial=0), flat.max(initial=0))) + 2
+    truth_keys = np.unique(seed_of_truth * span + flat)
+    keys = np.arange(n, dtype=np.int64)[:, None] * span + pred
+    out = np.isin(keys, truth_keys) & (pred >= 0)
+    # a repeated row scores at its first place only
+    first = np.ones_like(out)
+    for j in range(1, k):
+        first[:, j] = ~(pred[:, :j] == pred[:, j:j + 1]).any(axis=1)
+    return out & first
+
+
+def per_seed(pred: np.ndarray, counts: np.ndarray, flat: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-seed average precision, precision, recall and NDCG at k = pred.shape[1], on the seeds whose truth is
+    not empty (RelBench's filter; `counts > 0` selects them). AP@k divides by min(|truth|, k) as RelBench does."""
+    isin = hits(pred, counts, flat)
+    keep = counts > 0
+    isin, c = isin[keep], counts[keep].astype(np.float64)
+    k = isin.shape[1]
+    ranks = np.arange(1, k + 1, dtype=np.float64)
+    precision_at = np.cumsum(isin, axis=1) / ranks
+    ap = (precision_at * isin).sum(axis=1) / np.minimum(c, k)
+    discount = 1.0 / np.log2(ranks + 1.0)
+    dcg = (isin * discount).sum(axis=1)
+    ideal = np.cumsum(discount)[np.minimum(c, k).astype(np.int64) - 1]
+    return {"map": ap, "precision": isin.sum(axis=1) / k, "recall": isin.sum(axis=1) / c, "ndcg": dcg / ideal}
+
+
+def metrics(pred: np.ndarray, counts: np.ndarray, flat: np.ndarray) -> dict[str, float]:
+    """MAP@k, precision@k, recall@k and NDCG@k over the seeds with a non-empty truth, plus `n` (seeds scored)."""
+    rows = per_seed(pred, counts, flat)
+    n = len(rows["map"])
+    out = {m: float(v.mean()) if n else math.nan for m, v in rows.items()}
+    out["n"] = float(n)
+    return out
+
+
+def paired_bootstrap(pred_a: np.ndarray, pred_b: np.ndarray, counts: np.ndarray, flat: np.ndarray, *,
+                     n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> dict[str, float]:
+    """MAP@k of A minus that of B on the same seeds, with a paired percentile bootstrap interval over seeds;
+    `a_not_worse` is 1.0 when the interval reaches 0 or above (as `evaluation.metrics.paired_bootstrap`)."""
+    a, b = per_seed(pred_a, counts, flat)["map"], per_seed(pred_b, counts, flat)["map"]
+    n = len(a)
+    if n == 0:
+        return {"diff": math.nan, "ci_low": math.nan, "ci_high": math.nan, "n_boot": 0.0, "a_not_worse": math.nan}
+    idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+    diffs = (a - b)[idx].mean(axis=1)
+    alpha = (1.0 - level) / 2
+    lo, hi = (float(v) for v in np.quantile(diffs, [alpha, 1 - alpha]))
+    return {"diff": float((a - b).mean()), "ci_low": lo, "ci_high": hi, "n_boot": float(n_boot),
+            "a_not_worse": float(hi >= 0)}
+
+
+# -- baselines ----------------------------------------------------------------------------------------------------
+def _top(scores: np.ndarray, k: int, first_row: int) -> np.ndarray:
+    """The k best rows by score, ties by row ascending; rows with score 0 are not listed (-1 pads)."""
+    order = np.lexsort((np.arange(len(scores)), -scores))[:k]
+    out = np.full(k, -1, dtype=np.int64)
+    good = order[scores[order] > 0]
+    out[:len(good)] = good + first_row
+    return out
+
+
+def popularity(anchor_row: np.ndarray, obs_time: np.ndarray, offsets: np.ndarray, targets: np.ndarray,
+               horizon_us: int, catalog: tuple[int, int], eval_ids: np.ndarray, k: int,
+               window_us: int | None = None) -> np.ndarray:
+    """[n, k]: per evaluated seed, the target rows linked most often among links known at its observation time
+    (seed time <= T - horizon); `window_us`: count only links whose seed time is within that long before the
+    newest known one (T - horizon - window_us < t), "recent popularity". `catalog`: the target table's global
+    rows [first, end)."""
+    first, end = catalog
+    seed_of_link = np.repeat(np.arange(len(anchor_row)), np.diff(offsets))
+    link_time = np.asarray(obs_time)[seed_of_link]
+    order = np.argsort(link_time, kind="stable")
+    link_time, link_row = link_time[order], np.asarray(targets)[order] - first
+    eval_ids = np.asarray(eval_ids, dtype=np.int64)
+    t_eval = np.asarray(obs_time)[eval_ids] - horizon_us
+    out = np.full((len(eval_ids), k), -1, dtype=np.int64)
+    counts = np.zeros(end - first, dtype=np.float64)
+    added = removed = 0
+    for t in np.unique(t_eval):
+        upto = int(np.searchsorted(link_time, t, side="right"))
+        np.add.at(counts, link_row[added:upto], 1.0)
+        added = upto
+        if window_us is not None:
+            since = int(np.searchsorted(link_time, t - window_us, side="right"))
+            np.add.at(counts, link_row[removed:since], -1.0)
+            removed = max(removed, since)
+        out[t_eval == t] = _top(counts, k, first)
+    return out
+
+
+def past_targets(anchor_row: np.ndarray, obs_time: np.ndarray, offsets: np.ndarray, targets: np.ndarray,
+                 horizon_us: int, eval_ids: np.ndarray, k: int, fill: np.ndarray | None = None) -> np.ndarray:
+    """[n, k]: per evaluated seed, the target rows its own anchor linked to in links known at its observation time,
+    most often first, then most recent, then row; the rest of the list from `fill` ([n, k], e.g. popularity)."""
+    anchor_row, obs_time = np.asarray(anchor_row), np.asarray(obs_time)
+    eval_ids = np.asarray(eval_ids, dtype=np.int64)
+    out = np.full((len(eval_ids), k), -1, dtype=np.int64)
+    for i, s in enumerate(eval_ids):
+        a, cutoff = anchor_row[s], obs_time[s] - horizon_us
+        lo, hi = np.searchsorted(anchor_row, a, side="left"), np.searchsorted(anchor_row, a, side="right")
+        hi = lo + int(np.searchsorted(obs_time[lo:hi], cutoff, side="right"))
+        rows = [np.asarray(targets[offsets[j]:offsets[j + 1]]) for j in range(lo, hi)]
+        if rows:
+            times = np.concatenate([np.full(len(r), obs_time[j]) for j, r in zip(range(lo, hi), rows, strict=True)])
+            rows_all = np.concatenate(rows)
+            uniq, inv, cnt = np.unique(rows_all, return_inverse=True, return_counts=True)
+            last = np.full(len(uniq), np.iinfo(np.int64).min)
+            np.maximum.at(last, inv, times)
+            ranked = uniq[np.lexsort((uniq, -last, -cnt))][:k]
+        else:
+            ranked = np.zeros(0, np.int64)
+        out[i, :len(ranked)] = ranked
+        if fill is not None and len(ranked) < k:
+            extra = [r for r in fill[i] if r >= 0 and r not in set(ranked.tolist())]
+            take = extra[:k - len(ranked)]
+            out[i, len(ranked):len(ranked) + len(take)] = take
+    return out
