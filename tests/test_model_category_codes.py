@@ -67,6 +67,12 @@ def test_removed_settings_load_at_their_off_value_and_are_named_otherwise():
             RunConfig.from_dict({"model": {name: value}})
     with pytest.raises(ConfigError, match="unknown setting"):
         RunConfig.from_dict({"model": {"numeric_frequency": 0}})
+    # removed 2026-11-27: the epoch's smooth-L1 loss and the "before" scaling of windowed counts
+    later = {"loss": {"epoch_loss": "huber", "epoch_median_delta": 1e-3}, "sampler": {"window_count_stats": "at_child"}}
+    assert RunConfig.from_dict(later).loss.huber_delta == 1.0
+    for section, name, value in (("loss", "epoch_loss", "median"), ("sampler", "window_count_stats", "before")):
+        with pytest.raises(ConfigError, match=rf"{section}\.{name}.*removed.*Removed settings"):
+            RunConfig.from_dict({section: {name: value}})
 
 
 def test_the_shipped_model_names_removed_settings_off_and_loads():

@@ -182,24 +182,3 @@ def test_unknown_numeric_loss_is_refused():
 
     with pytest.raises(ConfigError, match="numeric_loss"):
         LossConfig(numeric_loss="l3")
-
-
-def test_epoch_median_loss_is_smooth_l1_on_the_epoch_term_only():
-    """epoch_loss="median": the epoch component's Huber becomes huber(e, d) / d; the 14 cyclic components keep
-    Huber; numerical targets are untouched."""
-    d = 1e-3
-    out, inputs, t = _setup(ST.TIMESTAMP)
-    b = np.arange(B)
-    parts, _ = _loss(out, inputs, epoch_loss="median", epoch_median_delta=d)
-    e = out.ts_preds[b, t] - inputs["timestamp_values"][b, t]
-    ts = _huber(e[:, :14]).mean(axis=1) + 2.0 * _huber(e[:, 14], d) / d
-    expect, _ = _hand(out, inputs, t, ts)
-    assert float(parts.loss) == pytest.approx(expect, rel=1e-5)
-
-    out, inputs, t = _setup(ST.NUMERICAL)
-    plain = float(_loss(out, inputs)[0].loss)
-    assert float(_loss(out, inputs, epoch_loss="median")[0].loss) == pytest.approx(plain, rel=1e-6)
-    from confluence.errors import ConfigError
-
-    with pytest.raises(ConfigError, match="epoch_loss"):
-        LossConfig(epoch_loss="mean")

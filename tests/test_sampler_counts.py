@@ -49,13 +49,13 @@ def _brute_count(store, row: int, fk: int, obs: int, window: int = 0) -> int:
 
 
 def _check_counts(store, sampler, res, cut: frozenset[int], anchor_only: bool = False,
-                  windows: tuple[int, ...] = (), stats: str = "at_child") -> int:
+                  windows: tuple[int, ...] = ()) -> int:
     """Every count cell equals the brute-force count, sits on a row of its parent table, and each fully shown row
     (the anchor only, `anchor_only`) carries exactly its table's counts minus the cut ones, right after its own
     cells. Returns the cells checked."""
     counts = _count_columns(store, windows)
     data = sampler.data[0]
-    cc = data.child_counts(True, windows, stats)
+    cc = data.child_counts(True, windows)
     stats = {int(c): (float(m), float(s)) for c, m, s in zip(cc.col, cc.mean, cc.std, strict=True)}
     tab_of = {t.name: i for i, t in enumerate(store.tables)}
     checked = 0
@@ -199,20 +199,15 @@ def test_a_count_column_naming_an_unknown_table_is_a_store_error():
 def test_windowed_counts_by_hand():
     """Order 1 of the worked example, observed at day 10: customer 23 has orders at days 3, 4 and 10 (99 is at day
     20, after it); in the last day 1 (day 10), in the last 7 days 2 (days 4 and 10: the window (day 3, day 10] leaves
-    day 3 out). The statistics of a windowed count are those of log1p(the count each referencing row's parent
-    showed just before that row: zeros included, as between children), or, with `window_count_stats = "at_child"`
-    (runs saved before the setting), at that row's own time, itself counted."""
-    for mode, day1, day7 in (("before", [0, 0, 0, 0], [0, 1, 1, 0]), ("at_child", [1, 1, 1, 1], [1, 2, 2, 1])):
-        _windowed_counts_by_hand(mode, day1, day7)
-
-
-def _windowed_counts_by_hand(mode: str, day1: list[int], day7: list[int]) -> None:
+    day 3 out). The statistics of a windowed count are those of log1p(the count each referencing row's parent showed
+    at that row's own time, itself counted)."""
+    day1, day7 = [1, 1, 1, 1], [1, 2, 2, 1]
     store = walk_example()
-    cfg = dataclasses.replace(CFG, child_count_windows=(1, 7), window_count_stats=mode)
+    cfg = dataclasses.replace(CFG, child_count_windows=(1, 7))
     s = Sampler([store], cfg)
     first = int(np.flatnonzero(np.asarray(store.task_arrays("rating").anchor_row) == local_row(store, "orders", 1))[0])
     res = s.build("rating", np.array([first]))
-    cc = s.data[0].child_counts(True, (1, 7), mode)
+    cc = s.data[0].child_counts(True, (1, 7))
     stats = {int(c): (float(m), float(sd)) for c, m, sd in zip(cc.col, cc.mean, cc.std, strict=True)}
     cust = {int(r): i for i, r in enumerate(res.rows[0, : res.nrows[0]])}[local_row(store, "customers", 23)]
     b = res.batch
@@ -224,14 +219,14 @@ def _windowed_counts_by_hand(mode: str, day1: list[int], day7: list[int]) -> Non
             if w in (1, 7):
                 m, sd = stats[c.column_idx]
                 got[w] = round(float(np.expm1(b.numeric_values[0, p[0]] * sd + m)))
-                # customer 23's orders at days 3, 4, 10, 20: before each, in the last day 0 each and in the last
-                # 7 days 0, 1, 1, 0; at each (itself counted) 1 each and 1, 2, 2, 1
+                # customer 23's orders at days 3, 4, 10, 20: at each (itself counted), in the last day 1 each and
+                # in the last 7 days 1, 2, 2, 1
                 want = np.log1p(day1 if w == 1 else day7)
                 assert (m, sd) == pytest.approx((want.mean(), want.std() if want.std() > 1e-6 else 1.0), rel=1e-5)
             else:
                 assert p.size == 0  # a window that the sampler was not asked for is not shown
     assert got == {1: 1, 7: 2}
-    assert _check_counts(store, s, res, frozenset(), windows=(1, 7), stats=mode) > 2 * cfg.batch_size
+    assert _check_counts(store, s, res, frozenset(), windows=(1, 7)) > 2 * cfg.batch_size
     # without an observation time (the customer's country task) a windowed count is NULL, the all-time one is not
     res = s.build("country", np.array([0]))
     shown = (np.isin(res.batch.column_ids[0], list(_count_columns(store, (1, 7)))) & ~res.batch.is_padding[0]

@@ -130,15 +130,6 @@ def test_describe_changes_lists_what_differs():
     assert describe_changes(a, b) == ["loop.max_steps: 'auto' -> 800", "sampler.task_weights: None -> {'x': 2.0}"]
 
 
-def test_runs_saved_before_the_windowed_count_scaling_keep_the_inputs_they_were_trained_on():
-    small = load_config("small", {"sampler": {"window_count_stats": "before"}})
-    assert load_config("small").sampler.window_count_stats == "at_child"  # the default (docs/decisions.md)
-    saved = small.to_dict()
-    del saved["sampler"]["window_count_stats"]
-    assert RunConfig.from_dict(saved).sampler.window_count_stats == "at_child"
-    assert RunConfig.from_dict(small.to_dict()).sampler.window_count_stats == "before"
-
-
 def test_defaults_are_what_ships_and_the_seed_is_a_recipe():
     """The configuration classes default to the inputs `small` ships (what `confluence train` uses); the seeds'
     exact model is the recipe `seed` (`base` starts from it); a saved config that does not name an input (saved

@@ -59,8 +59,7 @@ def show(
                           seed=cfg.seed if seed is None else seed)
         data = sampler.data[0]
         res = sampler.build(task, np.array([seed_index]), epoch=epoch, context=phase)
-        text = render_sequence(res, data, 0, task_name=task, max_cells=max_cells, store=None if raw else store,
-                               count_stats=sconf.window_count_stats)
+        text = render_sequence(res, data, 0, task_name=task, max_cells=max_cells, store=None if raw else store)
     except ConfluenceError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None

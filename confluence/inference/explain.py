@@ -329,7 +329,7 @@ class Explainer:
         self.info = predictor.store.task(task)
         self.data = sampler.data[sampler.entry(task).db_idx]
         self.arrays = predictor.store.task_arrays(task)
-        self.decoder = CellDecoder(predictor.store, self.data, predictor.loaded.config.sampler.window_count_stats)
+        self.decoder = CellDecoder(predictor.store, self.data)
 
     def seeds(self, seed_ids: np.ndarray, context: str = "test",
               progress: Callable[[int], None] | None = None) -> list[Explanation]:

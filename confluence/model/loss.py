@@ -3,7 +3,6 @@ computed unconditionally and selected by a one-hot of the batch's target stype (
 
 * numerical: Huber (delta 1) on the z-score;
 * timestamp: mean of the Huber losses of the 14 cyclic components + `ts_scalar_weight` * Huber of the epoch one;
-* option `epoch_loss="median"`: the epoch term of a timestamp becomes smooth L1 of width `epoch_median_delta`;
 * option `numeric_loss="median"` (not the seed's default; see docs/decisions.md): the numerical loss becomes
   smooth L1 (`huber(e, d) / d` with a small `d = median_delta`), whose minimiser is the conditional *median*, the
   right point estimate when the headline metric is MAE (timestamps keep Huber: measured, smooth L1 on the epoch
@@ -61,14 +60,11 @@ def numeric_point_loss(err: jax.Array, cfg: LossConfig) -> jax.Array:
 
 
 def timestamp_loss(
-    pred: jax.Array, target: jax.Array, delta: float, scalar_weight: float, epoch_median_delta: float | None = None,
+    pred: jax.Array, target: jax.Array, delta: float, scalar_weight: float,
 ) -> jax.Array:
-    """[..., 15] -> [...]: mean Huber of the 14 cyclic components + scalar_weight * Huber of the epoch one (smooth L1
-    of width `epoch_median_delta` instead, when given: the epoch's conditional median)."""
-    err = pred - target
-    h = huber(err, delta)
-    epoch = h[..., 14] if epoch_median_delta is None else smooth_l1(err[..., 14], epoch_median_delta)
-    return jnp.mean(h[..., :14], axis=-1) + scalar_weight * epoch
+    """[..., 15] -> [...]: mean Huber of the 14 cyclic components + scalar_weight * Huber of the epoch one."""
+    h = huber(pred - target, delta)
+    return jnp.mean(h[..., :14], axis=-1) + scalar_weight * h[..., 14]
 
 
 def categorical_logits(
@@ -128,8 +124,7 @@ def target_loss(
     num_loss = numeric_point_loss(out.num_preds - inputs["target_numeric"].astype(jnp.float32), cfg)
     bool_loss = optax.sigmoid_binary_cross_entropy(out.bool_logits, inputs["target_bool"].astype(jnp.float32))
     ts_target = inputs["target_timestamp"].astype(jnp.float32)
-    epoch_delta = cfg.epoch_median_delta if cfg.epoch_loss == "median" else None
-    ts_loss = timestamp_loss(out.ts_preds, ts_target, cfg.huber_delta, cfg.ts_scalar_weight, epoch_delta)
+    ts_loss = timestamp_loss(out.ts_preds, ts_target, cfg.huber_delta, cfg.ts_scalar_weight)
     if out.ts_epoch_head is not None:  # the time reference: the heads' own epoch keeps the seed's loss too
         ts_loss = ts_loss + cfg.ts_scalar_weight * huber(out.ts_epoch_head - ts_target[:, -1], cfg.huber_delta)
     start = inputs["cat_block_start"].astype(jnp.int32)

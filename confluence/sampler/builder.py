@@ -69,8 +69,7 @@ class BatchBuilder:
         self.seed = seed  # the sampling seed: the walk's random numbers derive from it
         self._pool = pool
         self._segs = data.child_segments(config.width_per_fk)  # built here, once, not in the worker threads
-        self._counts = data.child_counts(config.child_counts != "none", tuple(config.child_count_windows),
-                                          config.window_count_stats)
+        self._counts = data.child_counts(config.child_counts != "none", tuple(config.child_count_windows))
         # the count cells read each (row, foreign key)'s time-sorted children (and so do the recency ranks of rows
         # reached as children: `linearize.recency_rank`); without either, nothing reads them: no copy is made
         per_fk = config.child_counts != "none" or config.child_rank

@@ -130,12 +130,11 @@ def fk_segments(indptr: np.ndarray, column: np.ndarray) -> tuple[np.ndarray, np.
 
 
 @numba.njit(cache=True, nogil=True)
-def windowed_counts(seg_off: np.ndarray, c_time: np.ndarray, segs: np.ndarray, window: int,
-                    before: bool = False) -> np.ndarray:
+def windowed_counts(seg_off: np.ndarray, c_time: np.ndarray, segs: np.ndarray, window: int) -> np.ndarray:
     """For every child edge of the time-sorted segments `segs` (rows with a NULL time left out): how many edges of
-    its segment have a time in (its time - window, its time) (`before`: the count its parent showed just before
-    that child, zeros included), or in (its time - window, its time] (the count at the child's own time, itself
-    included: never 0). The distribution a windowed count column's z-score is fitted on."""
+    its segment have a time in (its time - window, its time] (the count at the child's own time, itself included:
+    never 0). The distribution a windowed count column's z-score is fitted on (docs/decisions.md, "Windowed count
+    scaling")."""
     n = 0
     for s in segs:
         n += seg_off[s + 1] - seg_off[s]
@@ -148,11 +147,7 @@ def windowed_counts(seg_off: np.ndarray, c_time: np.ndarray, segs: np.ndarray, w
             t = c_time[e]
             if t == NULL_TIME:
                 continue
-            if before:
-                hi = np.searchsorted(times, t, side="left")
-            else:
-                hi = np.searchsorted(times, t, side="right")
-            out[m] = hi - np.searchsorted(times, t - window, side="right")
+            out[m] = np.searchsorted(times, t, side="right") - np.searchsorted(times, t - window, side="right")
             m += 1
     return out[:m]
 
@@ -222,12 +217,12 @@ class SamplerData:
             self._segments[per_fk] = seg
         return self._segments[per_fk]
 
-    def child_counts(self, enabled: bool, windows: tuple[int, ...] = (), stats: str = "at_child") -> ChildCounts:
+    def child_counts(self, enabled: bool, windows: tuple[int, ...] = ()) -> ChildCounts:
         """The child-count cells' arrays (no counts at all when not `enabled`): the all-time counts and the
-        windowed ones of `windows` (days), their z-scores fitted as `stats` says (`SamplerConfig.window_count_stats`).
+        windowed ones of `windows` (days), each z-scored over the counts at its children's own times.
         Built once per setting, on first use, from the per-foreign-key child segments. Raises StoreError for a
         store preprocessed before count columns (or windows) existed."""
-        key = (bool(enabled), tuple(windows) if enabled else (), stats)
+        key = (bool(enabled), tuple(windows) if enabled else ())
         if key not in self._counts:
             n_tab = len(self.table_names)
             cols = [c for c in self.count_columns if c[3] == 0 or c[3] in key[1]] if enabled else []
@@ -249,8 +244,7 @@ class SamplerData:
                 seg_len = np.diff(seg.seg_off)
                 for k, (_, fk, t, _) in enumerate(cols):
                     if window[k]:
-                        v = windowed_counts(seg.seg_off, seg.c_time, np.flatnonzero(seg.seg_col == fk), window[k],
-                                            before=stats == "before")
+                        v = windowed_counts(seg.seg_off, seg.c_time, np.flatnonzero(seg.seg_col == fk), window[k])
                         v = np.log1p(v.astype(np.float64))
                     else:
                         lo, hi = int(self.tab_row_off[t]), int(self.tab_row_off[t + 1])

@@ -40,7 +40,7 @@ def _time(us: int) -> str:
 class CellDecoder:
     """Turns a cell's model input back into the user's value, from a store's column statistics and keys."""
 
-    def __init__(self, store: Any, data: SamplerData, count_stats: str = "at_child"):
+    def __init__(self, store: Any, data: SamplerData):
         self.store = store
         self.columns = {int(c.column_idx): c for c in store.columns}
         self.categories: dict[int, str] = {}
@@ -55,7 +55,7 @@ class CellDecoder:
         self.ts_mean, self.ts_std = store.timestamp_stats
         self.counts: dict[int, tuple[float, float]] = {}
         if data.count_columns:
-            cc = data.child_counts(True, data.count_windows or (), count_stats)
+            cc = data.child_counts(True, data.count_windows or ())
             self.counts = {int(c): (float(m), float(sd)) for c, m, sd in zip(cc.col, cc.mean, cc.std, strict=True)}
 
     def number(self, col: int, z: float, plain: bool = False) -> str:
@@ -132,12 +132,11 @@ def _row_order(perm: np.ndarray, rows_of: np.ndarray, n: int) -> list[int]:
 
 
 def render_sequence(res: BuildResult, data: SamplerData, b: int = 0, task_name: str = "", max_cells: int | None = None,
-                    store: Any = None, count_stats: str = "at_child") -> str:
+                    store: Any = None) -> str:
     """Plain-text rendering of sequence `b` of a built batch: rows, cells, masks and permutation row orders.
-    With `store`, values and rows are shown as the user knows them (`CellDecoder`; `count_stats`: the sampler's
-    `window_count_stats`, which the counts' z-scores were fitted with)."""
+    With `store`, values and rows are shown as the user knows them (`CellDecoder`)."""
     x = res.batch
-    dec = CellDecoder(store, data, count_stats) if store is not None else None
+    dec = CellDecoder(store, data) if store is not None else None
     n = int(res.n_real[b])
     nr = int(res.nrows[b])
     out: list[str] = []

@@ -88,8 +88,6 @@ class RunConfig:
         seed = overlay(cls(), {"model": ModelConfig.SEED, "sampler": SamplerConfig.SEED})  # what was not named
         if isinstance(d.get("sampler"), Mapping) and "perm_tile" not in d["sampler"]:
             d["sampler"] = {**d["sampler"], "perm_tile": 0}
-        if isinstance(d.get("sampler"), Mapping) and "window_count_stats" not in d["sampler"]:
-            d["sampler"] = {**d["sampler"], "window_count_stats": "at_child"}  # the inputs it was trained on
         return overlay(seed, d)
 
     def steps_or(self, default: int) -> int:
