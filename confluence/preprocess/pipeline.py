@@ -335,7 +335,7 @@ def _embeddings(writer: StoreWriter, encoder: TextEncoder, cache: Any, col_texts
 def _metadata(db: DatabaseMeta, encoder: TextEncoder, tables: list[TablePlan], columns: list[ColumnPlan],
               derived_columns: list[dict[str, Any]], task_entries: list[dict[str, Any]], col_texts: list[str],
               cat_texts: list[str], texts: TextInterner, ts_all: MomentStats, num_edges: int) -> dict[str, Any]:
-    """The content of metadata.json, keys in the order of docs/design/architecture.md (`files` is added on commit)."""
+    """The content of metadata.json, keys in the order of docs/reference/store.md (`files` is added on commit)."""
     max_k = max([len(c.block.values) for c in columns if c.block is not None]
                 + [t["cat_count"] for t in task_entries], default=0)
     column_entries = [

@@ -1,7 +1,8 @@
 """The HTTP JSON API of the prediction service (FastAPI): `POST /predict`, `GET /health`, `GET /tasks`,
 `GET /model`, the schema at `/openapi.json` (and with `docs`, the Swagger page at `/docs`). In front of it, `Guard`
 checks the bearer token and the body size before a byte of the body is parsed; `/predict` parses, checks and
-renders on worker threads, never on the event loop. docs/guide/serving.md describes it."""
+renders on worker threads, never on the event loop. docs/reference/http.md
+describes the API, docs/design/serving.md the load it holds."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`Store`: a processed store opened memory-mapped and read-only (the contract of docs/design/architecture.md).
+"""`Store`: a processed store opened memory-mapped and read-only (the contract of docs/reference/store.md).
 
 Opening checks the format version and that every file listed in `metadata.json` exists with the recorded dtype
 and shape, so a truncated or foreign store fails with a `StoreError` naming the file at fault.
