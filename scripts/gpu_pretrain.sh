@@ -5,7 +5,7 @@
 #
 # Usage, here: `scripts/gpu_wheels.sh` once (wheels the GPU image lacks, into .whl/), then through the device tool:
 #   run(command="DBS=400 scripts/gpu_pretrain.sh", carry=[".whl"], timeout_s=600)
-# Settings (environment): DBS random databases (default 400; seed 1000 on, as docs/pretrained.md's corpus);
+# Settings (environment): DBS random databases (default 400; seed 1000 on, as docs/guide/pretrained.md's corpus);
 # STEPS (default `auto`: a probe run measures steps/s on this machine over 15 s of steps, and STEPS is what fits
 # the time left, so the cosine schedule finishes; FALLBACK_STEPS, default 20000, when the probe could not measure);
 # RECIPE (default pretrain-small: the shipped model's size); BUDGET the seconds the whole script may take (default
@@ -14,7 +14,7 @@
 # Results land in $OUT (or ./gpu_out when OUT is unset): the exported model (state.eqx, meta.json, card.json),
 # scalars.csv, the run's config.json and log.txt. The returned folder is a checkpoint (`confluence evaluate
 # --checkpoint DIR`, `train --init-from DIR`): check it here, on validation only, against the shipped model
-# (docs/pretrained.md, "selection") before shipping it into the package (`confluence pretrained export`).
+# (docs/guide/pretrained.md, "selection") before shipping it into the package (`confluence pretrained export`).
 # If the time limit stops training first, the run's last checkpoint is exported (every 1,000 steps) and log.txt
 # says so: its cosine schedule did not finish, so prefer a STEPS that ends inside MINUTES.
 set -uo pipefail
@@ -77,7 +77,7 @@ fi
 MINUTES=$($PY -c "print(max(1.0, round(($BUDGET - ($(date +%s) - $T0) - 40) / 60, 2)))")
 log "pretrain: $RECIPE, $STEPS steps, at most $MINUTES minutes ($SETS)"
 start=$(date +%s)
-# SIGINT on the time limit: the run writes a checkpoint before it exits (docs/model_and_training.md)
+# SIGINT on the time limit: the run writes a checkpoint before it exits (docs/design/model_and_training.md)
 # shellcheck disable=SC2086
 timeout -s INT "${MINUTES}m" $CLI pretrain --corpus /tmp/gpu_corpus --out /tmp/gpu_pt --config "$RECIPE" \
   --max-steps "$STEPS" --set loop.val_every=2000 --set loop.ckpt_every=1000 $SETS --no-progress 2>&1 \

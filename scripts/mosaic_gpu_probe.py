@@ -1,4 +1,4 @@
-"""Can a Mosaic GPU attention kernel be tested on a CPU? (docs/training_speed.md, "JAX versions and the kernel's route")
+"""Can a Mosaic GPU attention kernel be tested on a CPU? (docs/design/training_speed.md, "JAX versions and the kernel's route")
 
     python scripts/mosaic_gpu_probe.py
 

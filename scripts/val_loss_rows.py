@@ -4,7 +4,7 @@ The loss the training loop logs (`Trainer.eval_loss`, validation contexts) on th
 seeds (what `loop.val_batches = 2` read until 2026-11-25) against the same number drawn across the split
 (`sampler.splits.subsample`, seed 0 as the loop draws them now, and seeds 1-5 to show the spread).
 
-Usage: python scripts/val_loss_rows.py RUN STORE   (docs/decisions.md, "Validation draws across the split")
+Usage: python scripts/val_loss_rows.py RUN STORE   (docs/design/decisions.md, "Validation draws across the split")
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The development suite's definitions (docs/devsuite.md): every member declares its source, licence and role, its
+"""The development suite's definitions (docs/guide/devsuite.md): every member declares its source, licence and role, its
 reviewed metadata parses and every task query is one the sandbox accepts; the suite has databases to tune on and
 databases only to check on; `checkout` extracts a mirror that lacks some blobs; `bench quality` counts verdicts.
 (Building a member needs its source, which the `fetch` tool brings outside CI.)"""

@@ -163,7 +163,7 @@ def test_fit_gbdt_reports_metrics(stores, task):
 def test_lightgbm_and_duckdb_use_the_cpus_given(stores):
     """The baseline's threads are the CPUs the process may use (here pinned to one), not a fixed 2 or DuckDB's count
     of the machine's: more threads than free cores made LightGBM's rounds 4-8x slower beside one busy process on a
-    2-core box (docs/evaluation.md, "LightGBM beside other work")."""
+    2-core box (docs/design/evaluation.md, "LightGBM beside other work")."""
     a, _ = stores
     script = (
         "import json, os, sys\n"

@@ -1,4 +1,4 @@
-"""The user guide's commands run as written (issue 52): every ```bash block of docs/guide.md preceded by the line
+"""The user guide's commands run as written (issue 52): every ```bash block of docs/guide/README.md preceded by the line
 `<!-- guide:run -->` is run, in the guide's order, with bash (`set -euo pipefail`) in a fresh folder that holds a
 copy of examples/shop (the guide's commands are written for the root of a clone), with the `confluence` of this
 environment on PATH. A block that fails fails the test, with its output.
@@ -30,7 +30,7 @@ import pytest
 from tests.fixtures.net import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-GUIDE = ROOT / "docs" / "guide.md"
+GUIDE = ROOT / "docs" / "guide" / "README.md"
 SHOP = ROOT / "examples" / "shop"
 MARK = "<!-- guide:run -->"
 BLOCK = re.compile(r"^<!-- guide:run -->\n```bash\n(.*?)^```$", re.S | re.M)

@@ -1,4 +1,4 @@
-"""Inference without waste (docs/evaluation.md, "Speed"): a checkpoint loads into an abstract model (no random
+"""Inference without waste (docs/design/evaluation.md, "Speed"): a checkpoint loads into an abstract model (no random
 initialisation first) to exactly the parameters the initialised path gave, predict reuses the compiled model from
 the persistent cache, and `bench predict` reports the phases."""
 

@@ -1,4 +1,4 @@
-"""docs/metadata_reference.md names every field the metadata parser accepts, and its complete example parses: the
+"""docs/reference/metadata.md names every field the metadata parser accepts, and its complete example parses: the
 reference cannot fall behind the code."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from pathlib import Path
 from confluence.schema import metadata as M
 from confluence.stypes import SemanticType
 
-PAGE = Path(__file__).resolve().parents[1] / "docs" / "metadata_reference.md"
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "reference" / "metadata.md"
 
 
 def _named(text: str) -> set[str]:
@@ -27,8 +28,8 @@ def test_the_reference_names_every_field_the_parser_accepts():
     stypes = {t.label for t in SemanticType}
     assert stypes - named == set(), f"stypes {PAGE.name} does not describe"
     assert set(M.HORIZON_UNITS) - named == set(), f"horizon units {PAGE.name} does not name"
-    for name in ("README.md", "docs/data_sources_and_metadata.md"):  # the page is found from where users start
-        assert "docs/metadata_reference.md" in (PAGE.parents[1] / name).read_text(encoding="utf-8"), name
+    for name in ("README.md", "docs/design/data_sources_and_metadata.md"):  # the page is found from where users start
+        assert "docs/reference/metadata.md" in (ROOT / name).read_text(encoding="utf-8"), name
 
 
 def test_the_complete_example_parses_and_uses_every_field():

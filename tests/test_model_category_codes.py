@@ -55,7 +55,7 @@ def test_value_codes_follow_the_string_not_the_row():
 
 
 def test_removed_settings_load_at_their_off_value_and_are_named_otherwise():
-    """A checkpoint or recipe written before a setting was removed (docs/decisions.md, "Removed settings") still
+    """A checkpoint or recipe written before a setting was removed (docs/design/decisions.md, "Removed settings") still
     loads when it names the setting off; any other value is an error naming the setting."""
     from confluence.training.config import RunConfig
 

@@ -183,7 +183,7 @@ def test_the_heads_own_epoch_keeps_the_seeds_loss_and_is_not_trained_through_the
     g = jax.grad(mixed_only)(model)
     assert float(jnp.abs(g.time_ref.offset.weight).sum()) > 0
     assert float(jnp.abs(g.heads.timestamp_decoder.weight).sum()) == 0.0
-    # the pointer and gate are trained into the trunk (measured better than a detached pointer: docs/decisions.md)
+    # the pointer and gate are trained into the trunk (measured better than a detached pointer: docs/design/decisions.md)
     assert any(float(jnp.abs(x).sum()) > 0 for x in jax.tree.leaves(eqx.filter(g.blocks, eqx.is_inexact_array)))
 
 

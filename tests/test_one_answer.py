@@ -1,4 +1,4 @@
-"""One answer per question (docs/evaluation.md, "One answer per question"): for the same anchor, observation time,
+"""One answer per question (docs/design/evaluation.md, "One answer per question"): for the same anchor, observation time,
 checkpoint and readable labels, `evaluate`, `predict --split`, `predict --anchors` and the service give the same
 prediction; by default the service and `--anchors` read every label known at the time, `--split` the split's."""
 

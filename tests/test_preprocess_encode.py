@@ -19,7 +19,7 @@ UTC = dt.UTC
 
 
 def _oracle(t: dt.datetime, mean: float, std: float) -> np.ndarray:
-    """The 15 floats of docs/architecture.md computed from calendar fields by Python's datetime."""
+    """The 15 floats of docs/design/architecture.md computed from calendar fields by Python's datetime."""
     fields = [
         (t.second + t.microsecond / 1e6, 60), (t.minute, 60), (t.hour, 24), (t.weekday(), 7),
         (t.day - 1, 365.2425 / 12), (t.month - 1, 12), (t.timetuple().tm_yday - 1, 365.2425),

@@ -1,4 +1,4 @@
-"""The model shipped in the package (`pretrained:small`, docs/pretrained.md): it loads by name, its files match
+"""The model shipped in the package (`pretrained:small`, docs/guide/pretrained.md): it loads by name, its files match
 the sha256 its card records, and it evaluates zero-shot on a database it never saw (the bookstore, preprocessed
 with the same shipped text encoder it was pretrained with)."""
 

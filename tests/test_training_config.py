@@ -24,13 +24,13 @@ def test_recipes_are_files_and_load_by_name():
     assert (demo.loss.numeric_loss, demo.sampler.recent, demo.sampler.width_per_fk, demo.sampler.child_counts,
             demo.sampler.task_recent) == ("median", 16, True, "anchor", {"flights.dep_at": 0})
     # `small`, the recipe of `confluence train` without --config: column codes and the anchor's windowed counts
-    # (docs/decisions.md, "Column codes"); demo and pretrain-small keep the inputs pretrained:small was made with
+    # (docs/design/decisions.md, "Column codes"); demo and pretrain-small keep the inputs pretrained:small was made with
     assert (small.model.column_codes, small.sampler.child_counts, small.sampler.child_count_windows) == (
         1.0, "anchor", (1, 7, 30, 90, 365))
     assert demo.sampler.child_count_windows == ()
     pre = load_config("pretrain-small")
     assert (pre.model.column_codes, pre.sampler.child_counts, pre.sampler.child_count_windows) == (0.0, "none", ())
-    # both pretraining recipes predict times from a visible time (docs/decisions.md, "The time reference in pretraining")
+    # both pretraining recipes predict times from a visible time (docs/design/decisions.md, "The time reference in pretraining")
     assert pre.model.time_reference and load_config("pretrain-base").model.time_reference
     assert RunConfig.from_dict(demo.to_dict()) == demo  # round trip through a checkpoint's JSON
 

@@ -51,7 +51,7 @@ class AttentionBenchConfig:
     kinds: Sequence[MaskKind] = MASK_KINDS
     implementations: Sequence[str] = ("kernel", "reference", "dense")
     # the kernel's launches to time, (heads per program, warps per program): the model's default launch is timed
-    # as "kernel", any other as "kernel[h=H,w=W]" (the same numbers, another grid: docs/attention_kernel.md)
+    # as "kernel", any other as "kernel[h=H,w=W]" (the same numbers, another grid: docs/design/attention_kernel.md)
     kernel_launches: Sequence[tuple[int, int]] = ((KERNEL_HEADS, KERNEL_WARPS),)
     seed: int = 0
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
 
-GPU_KIND = "NVIDIA H100"  # the GPU kind the project's figures come from (docs/attention_kernel.md)
+GPU_KIND = "NVIDIA H100"  # the GPU kind the project's figures come from (docs/design/attention_kernel.md)
 
 
 @contextlib.contextmanager

@@ -6,7 +6,7 @@ LightGBM and the Bayes predictor (the ceiling). Per task it reports the model's 
 ceiling it reaches (`of_ceiling`: metric / ceiling for AUROC and accuracy, where higher is better) and the share of
 the way from the best trivial baseline to the ceiling (`gap_closed`: 0 = trivial, 1 = ceiling, for every metric,
 MAE included, whose ceiling may be 0). A signal is *reached* at 90 % of its ceiling, or of its gap where the ceiling
-is an MAE of 0 (the goal of docs/learnability.md). With several training seeds (`train_seeds`) the same database
+is an MAE of 0 (the goal of docs/design/learnability.md). With several training seeds (`train_seeds`) the same database
 and store are trained once per seed, and the report says which signals are reached in every run: the run-to-run
 spread of a 3,000-step run is as large as most changes measured with it.
 

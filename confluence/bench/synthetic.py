@@ -1,4 +1,4 @@
-"""A synthetic relational database that emits valid `TrainingBatch`es (contract of docs/architecture.md).
+"""A synthetic relational database that emits valid `TrainingBatch`es (contract of docs/design/architecture.md).
 
 Used to build and test the model, loss, optimizer, train step, checkpoints and multi-device path independently of
 the sampler and store, and by `confluence bench train`. The structure honours the contract: rows with all their

@@ -148,7 +148,7 @@ def bench_train_cmd(
     peak_tflops: float | None = typer.Option(None, "--peak-tflops", help="Peak TFLOP/s for the MFU."),
     profile: Path | None = typer.Option(None, "--profile", metavar="DIR", help="Also trace 10 steps with "
                                         "jax.profiler into DIR and print their XLA operations summed by kind and by "
-                                        "output shape (docs/training_speed.md)."),
+                                        "output shape (docs/design/training_speed.md)."),
 ) -> None:
     """Time forward + backward + optimizer update on synthetic batches of the recipe's shapes."""
     from dataclasses import asdict
@@ -522,7 +522,7 @@ def bench_quality_cmd(
     force: bool = typer.Option(False, "--force", help="Redo databases already measured under this label."),
 ) -> None:
     """The recipe on every suite database at a fixed budget, scored on the test split beside the trivial baselines
-    and LightGBM: per database, tasks beating trivial, not worse than LightGBM and better (docs/devsuite.md)."""
+    and LightGBM: per database, tasks beating trivial, not worse than LightGBM and better (docs/guide/devsuite.md)."""
     from confluence.bench.quality import HEADER, run_quality
 
     try:

@@ -19,11 +19,11 @@ from confluence import outputs
 from confluence.errors import ConfluenceError
 
 # Training steps of the demo: 3,000 beat 800 on 6 of 7 validation tasks (the seventh equal) once the recipe read
-# label matches, and keep `make demo` near 6.5 minutes on a 2-core box (docs/decisions.md, "The demo trains 3,000
+# label matches, and keep `make demo` near 6.5 minutes on a 2-core box (docs/design/decisions.md, "The demo trains 3,000
 # steps"); 800 before, 400 before the training-speed work
 DEMO_TRAIN_STEPS = 3000
-# The demo fine-tunes the shipped pretrained model (docs/pretrained.md): at the demo's budget it beat training from
-# scratch on 4 of 7 validation tasks (docs/decisions.md, "The demo fine-tunes pretrained:small"); "none" trains from
+# The demo fine-tunes the shipped pretrained model (docs/guide/pretrained.md): at the demo's budget it beat training from
+# scratch on 4 of 7 validation tasks (docs/design/decisions.md, "The demo fine-tunes pretrained:small"); "none" trains from
 # scratch
 DEMO_INIT_FROM = "pretrained:small"
 # what a demo writes into its --out (a folder holding anything else is not a demo's and is never written into)

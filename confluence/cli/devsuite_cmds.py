@@ -1,4 +1,4 @@
-"""`confluence devsuite list / build`: the development suite's real databases (docs/devsuite.md)."""
+"""`confluence devsuite list / build`: the development suite's real databases (docs/guide/devsuite.md)."""
 
 from __future__ import annotations
 

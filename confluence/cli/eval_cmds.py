@@ -163,7 +163,7 @@ def evaluate_cmd(
                                 "rows, every metric and the run's training curves)."),
     relbench_json: Path = typer.Option(None, "--relbench-json", help="Also write RelBench's result layout here: "
                                        "val and test, RelBench's metric names, for the tasks from RelBench task "
-                                       "folders (or --task); docs/relbench.md."),
+                                       "folders (or --task); docs/guide/relbench.md."),
     max_seeds: int = typer.Option(None, "--max-seeds", help="Evaluate at most this many seeds per task (0: all; "
                                   "default 5000, all with --relbench-json)."),
     gbdt: bool = typer.Option(False, "--gbdt/--no-gbdt", help="Also train and score the LightGBM baseline."),
@@ -182,7 +182,7 @@ def evaluate_cmd(
     certify: bool = typer.Option(False, "--certify", help="Also prove the contexts leak nothing: for up to "
                                  "--certify-seeds seeds a task, rebuild each context with every cell dated after "
                                  "its observation time and every label not yet known randomized, and require the "
-                                 "model's inputs bit-identical (docs/evaluation.md, \"The leakage certificate\"). "
+                                 "model's inputs bit-identical (docs/design/evaluation.md, \"The leakage certificate\"). "
                                  "A leak is an error naming the task, anchor, table, row and column."),
     certify_seeds: int = typer.Option(200, "--certify-seeds", min=1, help="Seeds a task the certificate checks."),
     importance: int = typer.Option(0, "--importance", min=0, metavar="SEEDS", help="Also say which columns each "
@@ -342,7 +342,7 @@ def predict_cmd(
                                "write (a Parquet file of an earlier predict is replaced without it)."),
 ) -> None:
     """Write a table of anchor key, observation time, prediction, p_null and the target type's extra columns
-    (docs/evaluation.md); with --explain, why each prediction is what it is (docs/guide.md)."""
+    (docs/design/evaluation.md); with --explain, why each prediction is what it is (docs/guide/README.md)."""
     from confluence.errors import ConfluenceError
     from confluence.evaluation.blend import check_blend
     from confluence.evaluation.predict import blend_summary, predict, table_format

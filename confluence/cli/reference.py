@@ -47,7 +47,7 @@ def cli_reference() -> str:
     root = typer.main.get_command(app)
     commands = [(p, c) for p, c in _walk(root, ["confluence"]) if not _is_group(c) or len(p) == 1]
     lines = [_HEADER, "# Command-line reference\n\n",
-             "Every `confluence` command and its options, as `--help` prints them. The guide (docs/guide.md) shows "
+             "Every `confluence` command and its options, as `--help` prints them. The guide (docs/guide/README.md) shows "
              "them at work.\n\n| command | what it does |\n|---|---|\n"]
     for path, cmd in commands[1:]:
         summary = (cmd.get_short_help_str(limit=100) or "").replace("|", "\\|")
@@ -96,7 +96,7 @@ def config_reference() -> str:
     small = load_config("small")
     lines = [_HEADER, "# Configuration reference\n\n",
              "Every setting of a training run, by section, as `--set SECTION.NAME=VALUE` or a recipe file names it "
-             "(docs/model_and_training.md says how recipes and overrides combine). *Default* is the code's value "
+             "(docs/design/model_and_training.md says how recipes and overrides combine). *Default* is the code's value "
              "(seed's where a seed fixes it), *small* the value in the `small` recipe, what `confluence train` uses "
              "when no `--config` is given.\n"]
     sections: list[tuple[str, type, Any, Any]] = []

@@ -1,4 +1,4 @@
-"""`confluence serve`: the HTTP JSON prediction service (confluence.serving, docs/serving.md)."""
+"""`confluence serve`: the HTTP JSON prediction service (confluence.serving, docs/guide/serving.md)."""
 
 from __future__ import annotations
 

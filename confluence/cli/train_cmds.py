@@ -104,7 +104,7 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
         no_progress: bool = typer.Option(False, "--no-progress", help="No console progress bar."),
     ) -> None:
         """Pretrain on a corpus of databases: database-first task sampling with labelled context (the recipe),
-        validation losses of the corpus's held-out databases logged as heldout/... (docs/pretraining.md)."""
+        validation losses of the corpus's held-out databases logged as heldout/... (docs/design/pretraining.md)."""
         try:
             from confluence.corpus import open_corpus
 

@@ -1,5 +1,5 @@
 """Pretraining corpora: many random databases (and TPC-H at small scale factors) generated and preprocessed
-offline into one directory, with a recorded train / held-out split (docs/corpus.md).
+offline into one directory, with a recorded train / held-out split (docs/design/corpus.md).
 
 `build_corpus(out, databases, ...)` builds or finishes one (`confluence corpus build`); `open_corpus(dir)` reads
 it back as a `Corpus` whose `train_stores` and `heldout_stores` are the store paths to train and validate on.

@@ -136,7 +136,7 @@ def refuse_check_databases(extra: Sequence[Extra]) -> None:
         hit = e.name if e.name in checks else next((n for n, h in checks.items() if h == e.sha256), None)
         if hit is not None:
             raise CorpusError(f"--database {e.metadata}: {hit!r} is a check database of the development suite "
-                              "(docs/devsuite.md): it is only ever measured, never pretrained on")
+                              "(docs/guide/devsuite.md): it is only ever measured, never pretrained on")
 
 
 def _prepare(root: Path, spec: CorpusSpec, overwrite: bool) -> None:

@@ -4,7 +4,7 @@ The package's own `import` needs pandas and pkg_resources, so it is never import
 with `importlib.util.find_spec` and read by DuckDB. Everything is rebuilt with DuckDB SQL (`ORDER BY` everywhere,
 one thread) so the output bytes are the same on every run.
 
-Changes to the raw tables (see docs/data_sources_and_metadata.md):
+Changes to the raw tables (see docs/design/data_sources_and_metadata.md):
 - all timestamps are real timestamps, tz-naive and in UTC;
 - weather gets a surrogate key `weather_id` (one per origin airport and hour, ordered by origin, time_hour);
 - flights get a surrogate key `flight_id` (ordered by date, scheduled time, carrier, flight number, ...), the exact

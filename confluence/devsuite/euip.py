@@ -4,7 +4,7 @@ to the Court of Justice, closings), with the member states and the Commission's 
 
 Read from the R package's `.RData` files with pyreadr (which hands back pandas data frames; they are turned into
 Arrow at once) and written with DuckDB, one thread, `ORDER BY` the key everywhere, so the bytes are the same on every
-run. Changes to the source (docs/devsuite/euip.md):
+run. Changes to the source (docs/design/devsuite/euip.md):
 
 - R stores whole numbers (years, counts, 0/1 dummies, ids) as doubles: such columns become INTEGER;
 - cases get `opened_at`, the date of their first decision (the source has no opening date): their time;

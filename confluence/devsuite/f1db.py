@@ -5,7 +5,7 @@ folder per race (`seasons/<year>/races/<nn-name>/`) holding `race.yml` and one l
 are read with PyYAML's base loader, so every scalar arrives as text and is typed here (YAML 1.1 would otherwise
 turn the country code `NO` into false and an unquoted `13:00` into the integer 780).
 
-What the build makes of it (docs/devsuite/f1db.md):
+What the build makes of it (docs/design/devsuite/f1db.md):
 - one table per kind of result (race_results, qualifying, driver_standings, pit_stops, fastest_laps), each row
   carrying its race's `race_date`: a child table needs the time of its event, or a prediction made before a race
   would see that race's results;

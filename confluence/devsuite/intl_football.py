@@ -8,7 +8,7 @@ the one key that repeats, 1974-02-17 Tahiti v New Caledonia, is two matches, 2-1
 name within the team he played for) and `goal_id`. Goals and shootouts get their match's date, the time they
 became known. One shootout (2011-06-29 Saare County v Aland Islands) names no match of the results and is left
 out. Everything is written with DuckDB SQL, one thread and `ORDER BY` everywhere, so the bytes are the same on
-every run (docs/devsuite/intl_football.md).
+every run (docs/design/devsuite/intl_football.md).
 """
 
 from __future__ import annotations

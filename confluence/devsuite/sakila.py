@@ -5,7 +5,7 @@ The source is a `pg_dump`-style pair: `postgres-sakila-schema.sql` (CREATE TABLE
 block is parsed in Python, typed with DuckDB casts from the schema's types, sorted by its key columns and written
 single-threaded, so the same source gives the same bytes.
 
-Changes to the source (docs/devsuite/sakila.md):
+Changes to the source (docs/design/devsuite/sakila.md):
 - `film.special_features` (a PostgreSQL text[]) becomes one string, "Trailers, Behind the Scenes";
 - `character(n)` values lose their blank padding (language names);
 - a derived table `rental_return` (rental_id, returned_at): a return is a later event than its rental, so it gets

@@ -21,7 +21,7 @@ which our DuckDB reshapes:
   and date_dim and time_dim (restated by the timestamps).
 
 Everything is written with one DuckDB thread and `ORDER BY` everywhere, so the same scale factor gives the same
-bytes (docs/devsuite/tpcds.md).
+bytes (docs/design/devsuite/tpcds.md).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ SOURCE = {
     "generator": "CALL dsdgen(sf = 0.2) in duckdb==1.5.5 with duckdb-extension-tpcds==1.5.5 (DuckDB's tpcds extension)",
     "licence": ("MIT (the wheel's LICENSE.txt: 'MIT License / Copyright (c) 2024-present santosh'; DuckDB and its "
                 "extensions are MIT too). The dsdgen code inside carries the TPC's 'Legal Notice' (the TPC reserves "
-                "all right, title, and interest to the Work; no warranty): docs/devsuite/tpcds.md"),
+                "all right, title, and interest to the Work; no warranty): docs/design/devsuite/tpcds.md"),
     "description": "TPC-DS retail data (store and web sales, returns, shipments, customers, items), scale factor 0.2",
 }
 ROLE = "tune"

@@ -20,7 +20,7 @@ visible, as in the sampler.
 
 Threads: DuckDB uses the CPUs the process is given (`toolkit.threads.usable_cpus`); LightGBM as many of them as
 other processes leave free when its fit starts (`toolkit.threads.free_cpus`): with more threads than free cores its
-rounds were 4-8x slower beside one busy process on a 2-core box (docs/evaluation.md, "LightGBM beside other work").
+rounds were 4-8x slower beside one busy process on a 2-core box (docs/design/evaluation.md, "LightGBM beside other work").
 Its results do not depend on the thread count (`deterministic`).
 """
 

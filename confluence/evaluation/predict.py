@@ -318,7 +318,7 @@ def predict(
     combined (`inference.combine_draws`; 1: one context). `context_labels`: whose labels a labelled context may
     show ("train", "val", "test": what an evaluation of that split reads; "all": every label known at the
     observation time); default: the split's for `split`, "all" for `anchors` (as the service). The same anchor,
-    observation time and `context_labels` give the same prediction by either path (docs/evaluation.md, "One
+    observation time and `context_labels` give the same prediction by either path (docs/design/evaluation.md, "One
     answer per question"). `observation_time`: what an anchors file's missing times mean (`read_anchor_file`).
     `blend="gbdt"`: also LightGBM's and the blend's columns (`blend_columns`), LightGBM fitted on the train
     seeds and the weight chosen on at most `blend_max_val` validation seeds (`confluence.evaluation.blend`); the

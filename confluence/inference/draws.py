@@ -1,6 +1,6 @@
 """Several contexts per prediction: the sampler draws each seed's context at random (which labelled rows, which
 children when a row has more than the walk takes), so `n` draws of the same seed are `n` views of it; their head
-outputs combined are a better answer than one (measured in docs/decisions.md, "Context draws"). Draw `e` is the
+outputs combined are a better answer than one (measured in docs/design/decisions.md, "Context draws"). Draw `e` is the
 sampler's epoch `e`, so draw 0 is exactly the one context of a single draw, and the draws are deterministic."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 
 H = TypeVar("H")  # `confluence.inference.predictor.HeadOutputs`
 
-# context draws per prediction (`Predictor(draws=...)`, `--draws`): chosen on validation splits (docs/decisions.md,
+# context draws per prediction (`Predictor(draws=...)`, `--draws`): chosen on validation splits (docs/design/decisions.md,
 # "Context draws"); 1 is a single context per seed, exactly the answer of one draw
 DEFAULT_DRAWS = 4
 

@@ -10,7 +10,7 @@ predictions are. With several context draws per prediction (`--draws`), a row is
 context holds it and the draws are combined as the prediction combines them, so the effects are changes of the
 answer `predict` gives. Two other meanings of "without the row" are settings (`how`): "remove" takes its cells
 out of the context (padding), "null" makes them NULL; on planted-signal databases replacement ranked the planted
-row first most often (docs/decisions.md, "Explanations").
+row first most often (docs/design/decisions.md, "Explanations").
 
 The explained number is the target kind's (`TargetKind.explained`): a number in the target's units, the log-odds
 of the predicted class (or of true), or a time in days. Effects do not add up to the prediction (rows interact);

@@ -176,7 +176,7 @@ class Predictor:
 
 # Cells per model call on an accelerator: 512 contexts of 128 cells (`small`), 64 of 1,024 (`base`). On an H100 the
 # `small` model ran 5,843 contexts/s at its training batch of 16, 35,200 at 128 and 67,335 at 512; `base` 98 -> 1,727
-# from 32 to 128 (docs/evaluation.md, "Speed"). On a CPU the training batch is best: 2-core box, 16: 653, 128: 198.
+# from 32 to 128 (docs/design/evaluation.md, "Speed"). On a CPU the training batch is best: 2-core box, 16: 653, 128: 198.
 ACCELERATOR_CELLS_PER_CALL = 65_536
 
 

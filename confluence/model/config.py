@@ -16,7 +16,7 @@ def ffn_hidden_dim(d_model: int, multiple: int = 256) -> int:
     return int(math.ceil((8.0 * d_model / 3.0) / multiple) * multiple)
 
 
-# The block-sparse kernel's launch on a GPU (docs/attention_kernel.md, "Launch"): the default, and what is allowed.
+# The block-sparse kernel's launch on a GPU (docs/design/attention_kernel.md, "Launch"): the default, and what is allowed.
 KERNEL_HEADS = 1  # heads per program: one program per (tile, batch, head)
 KERNEL_WARPS = 4  # Triton warps per program
 KERNEL_WARP_CHOICES = (1, 2, 4, 8, 16)
@@ -40,12 +40,12 @@ class ModelConfig:
     """Shape and numerics of the relational transformer. `d_t` is a property of the processed store."""
 
     # settings removed after measurement rejected them, with the value that meant "off": a checkpoint or recipe
-    # that names one with that value still loads (docs/decisions.md, "Removed settings")
+    # that names one with that value still loads (docs/design/decisions.md, "Removed settings")
     RETIRED: ClassVar[dict[str, Any]] = {"category_codes_by": "row", "numeric_frequencies": 0,
                                           "numeric_frequency_scale": ANY_VALUE}
     # The inputs beyond seeds 000-004 that the defaults turn on (the `small` recipe's, what users get), at the
     # seeds' values: a saved config that does not name one (saved before it existed) was trained without it, and
-    # configs/seed.toml sets them so (docs/decisions.md, "Defaults are what ships").
+    # configs/seed.toml sets them so (docs/design/decisions.md, "Defaults are what ships").
     SEED: ClassVar[dict[str, Any]] = {"category_codes": 0.0, "column_codes": 0.0, "row_age": False,
                                        "numeric_by_column": False, "copy_head": False, "time_reference": False}
 
@@ -60,17 +60,17 @@ class ModelConfig:
     attention_impl: str = "reference"  # "reference" | "block_sparse" | "auto" (confluence.model.attention)
     # the block-sparse kernel's launch on a GPU (tuning only: the same results, tested bit for bit in the
     # interpreter): heads computed by one program (a power of two dividing n_heads; its heads share the tile
-    # list, the scalar loads and the tile mask) and Triton warps per program (docs/attention_kernel.md)
+    # list, the scalar loads and the tile mask) and Triton warps per program (docs/design/attention_kernel.md)
     kernel_heads: int = KERNEL_HEADS
     kernel_warps: int = KERNEL_WARPS  # (see kernel_heads)
     remat: bool = False  # recompute each block's activations in the backward pass (less memory, ~1/3 more FLOPs)
     # True: the blocks run as one `lax.scan` over their stacked parameters, so XLA compiles one block instead of
     # n_layers (the `base` step compiles 24 % faster on the CPU) but runs them without fusion across blocks (the
     # `small` step 30 % slower on the CPU); False unrolls them as a Python loop. Same model, same parameters and
-    # checkpoints either way (docs/decisions.md, "Training speed": blocks scanned)
+    # checkpoints either way (docs/design/decisions.md, "Training speed": blocks scanned)
     scan_layers: bool = False
     # > 0: add this multiple of a fixed per-category identity code to each category's text embedding (model.inputs.
-    # identity_codes); 0 is seed 002's text embedding alone (docs/decisions.md says why 1.0 ships).
+    # identity_codes); 0 is seed 002's text embedding alone (docs/design/decisions.md says why 1.0 ships).
     category_codes: float = 1.0
     # > 0: add this multiple of a fixed per-column code (keyed by the column's embedded text: model.inputs.
     # column_keys) to each column's name embedding, so columns whose names embed alike stay apart; 0 is seed 002
@@ -94,7 +94,7 @@ class ModelConfig:
     copy_head: bool = True
     # what the copy head copies of numbers: "mean" (the pointer's weighted mean of the z-scores, the first form) or
     # "median" (their soft weighted median, model.heads.soft_weighted_median: the answer an MAE-scored task wants
-    # from a skewed column's labels; docs/decisions.md, "The copy head's numbers")
+    # from a skewed column's labels; docs/design/decisions.md, "The copy head's numbers")
     copy_numbers: Literal["mean", "median"] = "mean"
     # True: a timestamp is predicted as a reference the model points at among the context's visible timestamp
     # cells plus a finely read offset, gated against the seed's head (model.heads.TimeReference), so "the
@@ -103,7 +103,7 @@ class ModelConfig:
     time_reference: bool = True
     # how the time reference's answer mixes with the absolute head's: "learned" (a gate from the target's state,
     # the first form) or "open" (the reference alone whenever a timestamp is visible: an absolute date learnt on the
-    # training period cannot reach a later split; docs/decisions.md)
+    # training period cannot reach a later split; docs/design/decisions.md)
     time_reference_gate: Literal["learned", "open"] = "learned"
     # the attention kinds whose softmax also has a learned per-head sink: a virtual key with a learned logit and a
     # zero value, so a query can attend to "nothing" and the output's size tells how many keys matched (softmax
@@ -132,7 +132,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class LossConfig:
-    """The loss of seed 004 and its options (`docs/decisions.md`: the median-seeking numeric loss)."""
+    """The loss of seed 004 and its options (`docs/design/decisions.md`: the median-seeking numeric loss)."""
 
     # removed after measurement rejected it (docs/decisions.md, "Removed settings"): its "off" value still loads
     RETIRED: ClassVar[dict[str, Any]] = {"epoch_loss": "huber", "epoch_median_delta": ANY_VALUE}

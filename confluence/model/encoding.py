@@ -7,7 +7,7 @@ equal forms runs depends on the table's size, and neither has a scatter in its g
 rows is projected first and its rows picked by a one-hot contraction (B x S x V x D work, the gradient a dense
 matmul); a larger one has each cell's frozen row gathered (no gradient: the table is an input) and projected
 (B x S x D_t x D). Gathering rows of a projected table, the cheapest forward, has as gradient a scatter-add of all
-B x S cells into the few rows of the table, which serialises on a GPU's atomics (docs/decisions.md, "Training
+B x S cells into the few rows of the table, which serialises on a GPU's atomics (docs/design/decisions.md, "Training
 speed"). Every other learned vector (numerical and timestamp weights and biases, the three tables' biases, the
 identifier, boolean, null and mask embeddings) is a row of one small matrix, picked or scaled per cell by a
 coefficient computed from the inputs: one product whose gradient is a product, where a bias or an embedding

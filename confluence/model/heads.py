@@ -129,7 +129,7 @@ class CopyHead(eqx.Module):
     no cell is eligible. Copying a label's answer then needs one attention and one gate, the same in every
     database, where the generating heads must map a context value through the model's weights to an output
     direction (measured: zero-shot, a categorical head that does not copy answers a class no label has;
-    docs/decisions.md, "The copy head"). It reads only cells the model already sees, so it adds no leakage path."""
+    docs/design/decisions.md, "The copy head"). It reads only cells the model already sees, so it adds no leakage path."""
 
     query: Linear
     key: Linear

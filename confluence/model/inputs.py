@@ -150,7 +150,7 @@ def pad_alike(tables: Sequence[DbTables]) -> list[DbTables]:
     """The tables of a run's databases padded to one shape (the largest column and category tables among them), so
     that the step compiles once for all of them rather than once per table-shape bucket. Padding rows are zeros that
     no id points at, so results do not change (tests/test_model_tables.py). Without it a pretraining run over 393
-    databases spent its first minutes compiling (docs/decisions.md, "A multi-database run compiles its step once").
+    databases spent its first minutes compiling (docs/design/decisions.md, "A multi-database run compiles its step once").
     Where one database's tables are far larger than the others' (the padded total would pass both
     `PAD_ALIKE_MIN_BYTES` and 4x the unpadded total) the tables stay as they are: one compile per bucket."""
     if not tables:
@@ -211,7 +211,7 @@ def column_keys(store: Any) -> list[str]:
 
     Why codes for columns too: a column enters every cell of it only as the frozen embedding of its name, and
     names that differ by a character or a number embed almost alike (x1 / x2 / x3: cosine 0.91-0.95; "... in the
-    last 7 days" / "... 30 days": 0.98-0.99; docs/decisions.md, "Column codes"), so the model must first learn to
+    last 7 days" / "... 30 days": 0.98-0.99; docs/design/decisions.md, "Column codes"), so the model must first learn to
     tell them apart before it can read the right one."""
     n = int(np.asarray(store.column_embeddings).shape[0])
     out = [f"#{i}" for i in range(n)]

@@ -1,4 +1,4 @@
-"""Preprocessing: raw database + metadata -> processed store (see docs/preprocessing.md)."""
+"""Preprocessing: raw database + metadata -> processed store (see docs/design/preprocessing.md)."""
 
 from confluence.preprocess.pipeline import DEFAULT_MEMORY_LIMIT_MB, preprocess
 

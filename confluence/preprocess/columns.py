@@ -202,7 +202,7 @@ def statistics_pass(con: duckdb.DuckDBPyConnection, tables: list[TablePlan], col
 
 
 def column_stats(c: ColumnPlan) -> dict[str, Any]:
-    """The per-stype statistics recorded in metadata.json (docs/architecture.md)."""
+    """The per-stype statistics recorded in metadata.json (docs/reference/store.md)."""
     if c.stype in (SemanticType.NUMERICAL, SemanticType.TIMESTAMP):
         return c.moments.to_json()
     if c.stype == SemanticType.BOOLEAN:

@@ -152,7 +152,7 @@ def calendar_fields(epoch_us: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def encode_timestamp(epoch_us: np.ndarray, mean: float, std: float) -> np.ndarray:
-    """The 15-float encoding of docs/architecture.md: 7 cyclic (sin, cos) pairs, then the z-scored epoch."""
+    """The 15-float encoding of docs/design/architecture.md: 7 cyclic (sin, cos) pairs, then the z-scored epoch."""
     us = np.asarray(epoch_us, dtype=np.int64)
     cal = calendar_fields(us)
     out = np.empty((len(us), D_TIME), dtype=np.float32)

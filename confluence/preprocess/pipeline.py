@@ -1,4 +1,4 @@
-"""`preprocess`: raw database + metadata -> processed store (docs/architecture.md, spec/preprocessing.md).
+"""`preprocess`: raw database + metadata -> processed store (docs/design/architecture.md, spec/preprocessing.md).
 
 Steps: validate; primary keys; statistics pass; encoding pass (`columns.py`); tasks (`tasks.py`); the FK graph
 (`graph.py`); the three embedding tables (`embeddings.py`); `metadata.json` last; atomic rename (`writer.py`).
@@ -93,7 +93,7 @@ def preprocess(
 
     `dangling_keys` (`DANGLING_KEYS`): "keep" adds to each referenced table one key-only row (its other columns
     NULL, always visible) per distinct foreign-key value matching none of its keys, after its own rows, instead of
-    dropping those edges; tasks still read the tables as they are (docs/preprocessing.md).
+    dropping those edges; tasks still read the tables as they are (docs/design/preprocessing.md).
 
     A source opened here gets DuckDB's share of `memory_limit_mb` and `threads` before its connection is locked
     (`confluence.sources.sandbox.lock_down`); an opened source keeps the settings it was opened with
@@ -301,7 +301,7 @@ def child_count_columns(columns: list[ColumnPlan], first_idx: int, temporal: Col
     parent row through it (up to the observation time); then, for each foreign key of a `temporal` child table,
     one per window of `COUNT_WINDOWS_DAYS`: how many did in the last w days. The sampler shows them as cells of
     the parent row when `SamplerConfig.child_counts` is on (the windows it names in `child_count_windows`;
-    docs/sampler.md); the store only names them and embeds their text. The windowed columns come after every
+    docs/design/sampler.md); the store only names them and embeds their text. The windowed columns come after every
     all-time one, so a store's all-time count columns keep the indices they had before windows existed."""
     out: list[dict[str, Any]] = []
 
@@ -364,7 +364,7 @@ def _embeddings(writer: StoreWriter, encoder: TextEncoder, cache: Any, col_texts
 def _metadata(db: DatabaseMeta, encoder: TextEncoder, tables: list[TablePlan], columns: list[ColumnPlan],
               derived_columns: list[dict[str, Any]], task_entries: list[dict[str, Any]], col_texts: list[str],
               cat_texts: list[str], texts: TextInterner, ts_all: MomentStats, num_edges: int) -> dict[str, Any]:
-    """The content of metadata.json, keys in the order of docs/architecture.md (`files` is added on commit)."""
+    """The content of metadata.json, keys in the order of docs/reference/store.md (`files` is added on commit)."""
     max_k = max([len(c.block.values) for c in columns if c.block is not None]
                 + [t["cat_count"] for t in task_entries], default=0)
     column_entries = [

@@ -1,5 +1,5 @@
 """Pretrained checkpoints shipped inside the package, loadable by name: `--checkpoint pretrained:small`,
-`--init-from pretrained:small` (docs/pretrained.md, the model card).
+`--init-from pretrained:small` (docs/guide/pretrained.md, the model card).
 
 A shipped model is a directory `confluence/pretrained/<name>/` holding a checkpoint's parameters (`state.eqx`,
 without optimizer state: a fine-tuning run starts its own), its `meta.json` (training config, step, databases) and

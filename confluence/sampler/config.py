@@ -9,7 +9,7 @@ from confluence.errors import ConfigError
 from confluence.store.format import COUNT_WINDOWS_DAYS
 from confluence.toolkit.config import one_of
 
-CHILD_COUNTS = ("none", "anchor", "all")  # which rows show child-count cells (docs/sampler.md)
+CHILD_COUNTS = ("none", "anchor", "all")  # which rows show child-count cells (docs/design/sampler.md)
 TASK_CHOICES = ("uniform", "database_first", "seeds")  # how the training stream picks each batch's task
 
 
@@ -64,7 +64,7 @@ class SamplerConfig:
     # labels; k reserves room for k rows of 1-2 cells each at the end of the sequence
     labels: int = 0
     # "task" or "db/task" -> labelled rows for that task's contexts instead of `labels` (0..labels): 0 gives a task
-    # whose rows say more than its labels the whole context (measured: docs/decisions.md, "The `demo` recipe shows
+    # whose rows say more than its labels the whole context (measured: docs/design/decisions.md, "The `demo` recipe shows
     # labelled context")
     task_labels: dict[str, int] | None = None
     # of those labelled rows, up to this many are rows that share a value with the anchor row (a flight of the same
@@ -72,10 +72,10 @@ class SamplerConfig:
     # random rows (`confluence.sampler.labels`, "matches"); 0 = none, the contexts as before
     label_match: int = 0
     # "task" or "db/task" -> `label_match` for that task's contexts (0..labels): 0 for a task whose time neighbours
-    # (siblings) say more than rows of the same value (measured: docs/decisions.md, "Label matches")
+    # (siblings) say more than rows of the same value (measured: docs/design/decisions.md, "Label matches")
     task_label_match: dict[str, int] | None = None
     # the share of *training* contexts shown no labels (drawn per sequence and epoch): a model that always sees its
-    # task's labels may learn to copy them instead of reading the rows (docs/decisions.md, "`labels_off` stays 0");
+    # task's labels may learn to copy them instead of reading the rows (docs/design/decisions.md, "`labels_off` stays 0");
     # 0 = always shown
     labels_off: float = 0.0
     # the share of *training* contexts whose task answers are re-coded consistently in every cell of the context (a
@@ -87,14 +87,23 @@ class SamplerConfig:
     # and, with child counts on, how many did within each of these windows (days, from the store's
     # `COUNT_WINDOWS_DAYS`) before the observation time, for the foreign keys of temporal tables; () = none
     child_count_windows: tuple[int, ...] = COUNT_WINDOWS_DAYS
+<<<<<<< HEAD
+=======
+    # the distribution a windowed count's z-score is fitted on: "at_child", the count at each child's own time,
+    # itself counted (never 0, so a count of 0 in the last day is z = -19 to -198 on f1db: an extreme value that
+    # also reads as "nothing recent"); "before", the count each child's parent showed just before that child (zeros
+    # included, what an observation time between children sees). Measured 2026-11-27 (docs/design/decisions.md, "Windowed
+    # count scaling"): "before" fits the planted windowed count better but f1db's validation worse; not the default
+    window_count_stats: Literal["before", "at_child"] = "at_child"
+>>>>>>> docs-split
     # fill the batch's `child_rank` (each row reached as a child: its recency rank among its parent's children
     # through that foreign key at the observation time), which `model.child_rank` reads; a run whose model reads
     # it turns this on itself (RunConfig). Off, the field holds CHILD_RANK_UNKNOWN and the sampler saves the rank's
-    # binary searches and its per-foreign-key copy of the child lists (docs/sampler.md)
+    # binary searches and its per-foreign-key copy of the child lists (docs/design/sampler.md)
     child_rank: bool = False
     # > 0: the outbound / inbound permutations take, of a few row orders, the one whose mask visits the fewest
     # tiles of this size (the block-sparse kernel's tile: its work follows the visited tiles); 0 = seed 000's
-    # Cuthill-McKee orders alone. Only the kernel reads the permutations (docs/sampler.md, "Permutations")
+    # Cuthill-McKee orders alone. Only the kernel reads the permutations (docs/design/sampler.md, "Permutations")
     perm_tile: int = 64
     row_buckets: tuple[int, ...] = (16, 32, 64, 128, 256)  # R is padded up to one of these
     text_buckets: tuple[int, ...] = (16, 64, 256, 1024, 4096, 16384)  # U is padded up to one of these

@@ -1,4 +1,4 @@
-"""Labelled task rows in the context (in-context learning; docs/sampler.md, "Labelled context").
+"""Labelled task rows in the context (in-context learning; docs/design/sampler.md, "Labelled context").
 
 A task's `(anchor, observation time, target)` tuples become rows a context can hold: the target as a visible cell
 of the task's own column (the column id of the hidden target cell, so column attention links the query with the

@@ -2,7 +2,7 @@
 
 Why: a model trained on a task can learn its answers by heart (the class that "manufacturer" usually takes, where
 the z-scored delays sit) and ignore the labelled rows in its context; on a task or database it never trained on
-it then answers one class for every row (measured: docs/decisions.md, "Re-coded answers in pretraining"). In a
+it then answers one class for every row (measured: docs/design/decisions.md, "Re-coded answers in pretraining"). In a
 re-coded context the answers mean something else than usual, consistently for the target and for every visible
 cell of the task's own column (its labelled rows, and for a cell-masking task the same column of the other rows),
 so only the context says what they are; the model must read it. The rule per target type:

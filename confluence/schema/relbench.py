@@ -1,5 +1,5 @@
 """Draft the tasks of a RelBench dataset folder: one derived task per `tasks/<task>/` folder whose rows are exactly
-that task's train ∪ val ∪ test rows, split as RelBench split them (docs/relbench.md).
+that task's train ∪ val ∪ test rows, split as RelBench split them (docs/guide/relbench.md).
 
 The task files (`confluence.sources.relbench_tasks`) name the entity column and table (`fkey_col_to_pkey_table`) and
 the timestamp column (`time_col`); the remaining column is the target. RelBench does not record the task type in

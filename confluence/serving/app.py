@@ -1,7 +1,8 @@
 """The HTTP JSON API of the prediction service (FastAPI): `POST /predict`, `GET /health`, `GET /tasks`,
 `GET /model`, the schema at `/openapi.json` (and with `docs`, the Swagger page at `/docs`). In front of it, `Guard`
 checks the bearer token and the body size before a byte of the body is parsed; `/predict` parses, checks and
-renders on worker threads, never on the event loop. docs/serving.md describes it."""
+renders on worker threads, never on the event loop. docs/reference/http.md
+describes the API, docs/design/serving.md the load it holds."""
 
 from __future__ import annotations
 
@@ -103,14 +104,14 @@ class ExplainResponse(BaseModel):
     explanations: list[dict[str, Any]] = Field(description="One per anchor, in request order: the anchor, the "
                                                            "explained quantity and its value, and the context rows "
                                                            "(table, key, role, time, effect, cells) that moved it "
-                                                           "most (docs/guide.md, 'Why this prediction').")
+                                                           "most (docs/guide/README.md, 'Why this prediction').")
 
 
 class PredictResponse(BaseModel):
     task: str
     key_column: str = Field(description="The anchor table's primary-key column, the first field of each row.")
     rows: list[dict[str, Any]] = Field(description="One row per anchor, in request order, with the columns of "
-                                                   "`confluence predict` (docs/evaluation.md): the key, "
+                                                   "`confluence predict` (docs/design/evaluation.md): the key, "
                                                    "observation_time, prediction, the target type's columns, "
                                                    "p_null. Timestamps are ISO 8601 (UTC); NaN is null.")
 

@@ -1,4 +1,4 @@
-"""What the user's SQL may do on a raw source's DuckDB connection (docs/data_sources_and_metadata.md, "What a task
+"""What the user's SQL may do on a raw source's DuckDB connection (docs/design/data_sources_and_metadata.md, "What a task
 query may do").
 
 A task's query comes from a metadata file, which people share with each other, and runs on the connection that

@@ -1,4 +1,4 @@
-"""Constants and small helpers of the processed store format (docs/architecture.md, "Processed store format").
+"""Constants and small helpers of the processed store format (docs/reference/store.md).
 
 File names are relative to the store directory; every array is a little-endian `.npy` file and bit arrays are
 `np.packbits(..., bitorder="little")`.

@@ -1,4 +1,4 @@
-"""`Store`: a processed store opened memory-mapped and read-only (the contract of docs/architecture.md).
+"""`Store`: a processed store opened memory-mapped and read-only (the contract of docs/reference/store.md).
 
 Opening checks the format version and that every file listed in `metadata.json` exists with the recorded dtype
 and shape, so a truncated or foreign store fails with a `StoreError` naming the file at fault.
@@ -324,7 +324,7 @@ class Store:
 # Arrays smaller than this are read into memory (read-only) rather than memory-mapped: a memory map holds an open
 # file descriptor for as long as it lives, a store has ~100-200 small files, and a corpus of a few hundred stores
 # opened by one pretraining run passed the usual 1,024-20,000 descriptors a process may hold (`Too many open files`
-# at 200 databases; docs/decisions.md, "Store arrays"). Large arrays stay mapped (pages loaded on demand).
+# at 200 databases; docs/design/decisions.md, "Store arrays"). Large arrays stay mapped (pages loaded on demand).
 MMAP_MIN_BYTES = 1 << 20
 
 

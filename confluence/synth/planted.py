@@ -20,7 +20,7 @@ One database holds every signal, each behind its own task, so one preprocessing 
 | `orders.fee` | a number whose level moves with time | 10 x 2^(years since the start) x lognormal(0, 0.1) | 10 x 2^years |
 | `customer_amount_90d` | a sum of children's values in a time window | sum of amounts in (t - 90 days, t] | the sum itself |
 
-The last three are the root causes of losses to LightGBM found on real databases (docs/learnability.md): they are
+The last three are the root causes of losses to LightGBM found on real databases (docs/design/learnability.md): they are
 drawn from a second generator, so the columns of the first nine signals keep their bytes.
 
 `noise` is the share of rows whose categorical target is redrawn uniformly (and it sets the flip rate of the
@@ -327,7 +327,7 @@ SIGNALS = {
     "orders.total": ("a number close to a function of same-row numbers", "numerical"),
     "orders.fee": ("a number whose level moves with time", "numerical"),
 } | {k: (v[3], v[2]) for k, v in DERIVED_QUERIES.items()}
-# the signals behind the losses to LightGBM on real databases: judged against LightGBM (docs/learnability.md)
+# the signals behind the losses to LightGBM on real databases: judged against LightGBM (docs/design/learnability.md)
 ROOT_CAUSES = ("orders.total", "orders.fee", "customer_amount_90d")
 
 

@@ -37,7 +37,7 @@ def timestamp_metrics(t_true_us: np.ndarray, t_pred_us: np.ndarray) -> dict[str,
 
 
 def cyclic_fields(ts15: np.ndarray) -> dict[str, np.ndarray]:
-    """The cyclic heads' own calendar estimates (docs/architecture.md: pairs 2..5 are hour, weekday, day of month,
+    """The cyclic heads' own calendar estimates (docs/design/architecture.md: pairs 2..5 are hour, weekday, day of month,
     month): `est_hour_of_day` 0-23, `est_weekday` 0-6 (Monday = 0), `est_day_of_month` 1-31, `est_month` 1-12."""
     def position(pair: int) -> np.ndarray:
         period = TIMESTAMP_PERIODS[pair]

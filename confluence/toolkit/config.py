@@ -122,7 +122,7 @@ def overlay(cfg: T, changes: Mapping[str, Any] | None, where: str = "") -> T:
             off = retired[name]
             if off is ANY_VALUE or value == off:
                 continue  # a removed setting at the value that meant "off": an older checkpoint or recipe loads
-            raise ConfigError(setting, f"was removed after measurement rejected it (docs/decisions.md, \"Removed "
+            raise ConfigError(setting, f"was removed after measurement rejected it (docs/design/decisions.md, \"Removed "
                                        f"settings\"); only {off!r} (off) can still be read, got {value!r}")
         if name not in names:
             raise ConfigError(setting, f"unknown setting; {where or 'the top level'} has: {', '.join(names)}")

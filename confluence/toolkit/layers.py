@@ -69,7 +69,7 @@ def split(x: jax.Array, sizes: tuple[int, ...], axis: int = -1) -> tuple[jax.Arr
 
     Its gradient is one concatenation of the parts' gradients. Autodiff of the slices would pad each part's
     gradient to the full length and add the pads, which XLA's CPU backend runs as separate passes (measured: 28 ms
-    of a 160 ms `small` training step; docs/decisions.md, "Training speed")."""
+    of a 160 ms `small` training step; docs/design/decisions.md, "Training speed")."""
     return _split(x, sizes, axis)
 
 

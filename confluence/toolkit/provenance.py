@@ -2,7 +2,7 @@
 
 A run's `config.json` says what it was asked to do, not which code did it nor where; two runs of one configuration
 can differ because the package's files differed (an uncommitted edit when the run started) or because the machine
-or its libraries did (runs are bit-exact on one machine and library set, not across them: docs/decisions.md).
+or its libraries did (runs are bit-exact on one machine and library set, not across them: docs/design/decisions.md).
 `code_provenance` reads, once per run, the package version, the git commit of the checkout it is imported from,
 whether the package's files differ from that commit and a digest of the difference, and the environment: Python,
 JAX, jaxlib, NumPy and numba versions, the backend's device kind and the CPU's model. Where the package is

@@ -3,7 +3,7 @@ and of those the ones other work leaves free (LightGBM's OpenMP threads).
 
 With more threads than free cores and OpenMP's default spin-waiting, each of LightGBM's many parallel regions per
 round waits for a thread the scheduler has parked behind another process, spinning on the core that thread needs:
-LightGBM's rounds that took 9 s on a quiet 2-core box took 71 s beside one busy process (docs/evaluation.md,
+LightGBM's rounds that took 9 s on a quiet 2-core box took 71 s beside one busy process (docs/design/evaluation.md,
 "LightGBM beside other work")."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def free_cpus(interval: float = 0.25) -> int:
 
     Why: LightGBM's OpenMP threads meet at a barrier many times per round; with more threads than free cores one
     of them waits for a core another process holds while its partners spin, and a fit beside one busy process took
-    4-8x its time alone (docs/evaluation.md, "LightGBM beside other work"). As many threads as free cores keeps the
+    4-8x its time alone (docs/design/evaluation.md, "LightGBM beside other work"). As many threads as free cores keeps the
     fit fast when the machine is quiet and steady when it is not. Not Linux: `usable_cpus()`."""
     usable = usable_cpus()
     try:

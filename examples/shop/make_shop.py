@@ -1,4 +1,4 @@
-"""Write the guide's example database: a small online shop as three CSV files (docs/guide.md).
+"""Write the guide's example database: a small online shop as three CSV files (docs/guide/README.md).
 
     python examples/shop/make_shop.py [OUT_DIR]        # default: the folder of this script
 

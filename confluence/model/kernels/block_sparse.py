@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-try:  # the Triton backend: deprecated in JAX 0.11/0.12 and to be removed (docs/training_speed.md, "JAX versions")
+try:  # the Triton backend: deprecated in JAX 0.11/0.12 and to be removed (docs/design/training_speed.md, "JAX versions")
     from jax.experimental.pallas import triton as plgpu
 except ImportError:  # a JAX without it: the interpreter (CPU, tests) still runs; a compiled launch says why not
     plgpu = None
