@@ -134,7 +134,7 @@ class ModelConfig:
 class LossConfig:
     """The loss of seed 004 and its options (`docs/design/decisions.md`: the median-seeking numeric loss)."""
 
-    # removed after measurement rejected it (docs/decisions.md, "Removed settings"): its "off" value still loads
+    # removed after measurement rejected it (docs/design/decisions.md, "Removed settings"): its "off" value still loads
     RETIRED: ClassVar[dict[str, Any]] = {"epoch_loss": "huber", "epoch_median_delta": ANY_VALUE}
 
     huber_delta: float = 1.0  # Huber's transition (z-units) for numbers and each timestamp component

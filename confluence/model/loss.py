@@ -3,12 +3,7 @@ computed unconditionally and selected by a one-hot of the batch's target stype (
 
 * numerical: Huber (delta 1) on the z-score;
 * timestamp: mean of the Huber losses of the 14 cyclic components + `ts_scalar_weight` * Huber of the epoch one;
-<<<<<<< HEAD
-* option `numeric_loss="median"` (not the seed's default; see docs/decisions.md): the numerical loss becomes
-=======
-* option `epoch_loss="median"`: the epoch term of a timestamp becomes smooth L1 of width `epoch_median_delta`;
 * option `numeric_loss="median"` (not the seed's default; see docs/design/decisions.md): the numerical loss becomes
->>>>>>> docs-split
   smooth L1 (`huber(e, d) / d` with a small `d = median_delta`), whose minimiser is the conditional *median*, the
   right point estimate when the headline metric is MAE (timestamps keep Huber: measured, smooth L1 on the epoch
   term doubled the demo's `flights.dep_at` MAE after 3,000 steps);

@@ -50,7 +50,7 @@ class SamplerConfig:
     # a saved config that does not name one was built without it; configs/seed.toml sets them so
     SEED: ClassVar[dict[str, Any]] = {"recent": 0, "width_per_fk": False, "child_counts": "none",
                                        "child_count_windows": ()}
-    # removed after measurement rejected it (docs/decisions.md, "Removed settings"): its "off" value still loads
+    # removed after measurement rejected it (docs/design/decisions.md, "Removed settings"): its "off" value still loads
     RETIRED: ClassVar[dict[str, Any]] = {"window_count_stats": "at_child"}
 
     batch_size: int = 32  # sequences per batch, over all processes
@@ -87,15 +87,6 @@ class SamplerConfig:
     # and, with child counts on, how many did within each of these windows (days, from the store's
     # `COUNT_WINDOWS_DAYS`) before the observation time, for the foreign keys of temporal tables; () = none
     child_count_windows: tuple[int, ...] = COUNT_WINDOWS_DAYS
-<<<<<<< HEAD
-=======
-    # the distribution a windowed count's z-score is fitted on: "at_child", the count at each child's own time,
-    # itself counted (never 0, so a count of 0 in the last day is z = -19 to -198 on f1db: an extreme value that
-    # also reads as "nothing recent"); "before", the count each child's parent showed just before that child (zeros
-    # included, what an observation time between children sees). Measured 2026-11-27 (docs/design/decisions.md, "Windowed
-    # count scaling"): "before" fits the planted windowed count better but f1db's validation worse; not the default
-    window_count_stats: Literal["before", "at_child"] = "at_child"
->>>>>>> docs-split
     # fill the batch's `child_rank` (each row reached as a child: its recency rank among its parent's children
     # through that foreign key at the observation time), which `model.child_rank` reads; a run whose model reads
     # it turns this on itself (RunConfig). Off, the field holds CHILD_RANK_UNKNOWN and the sampler saves the rank's

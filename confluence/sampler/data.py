@@ -133,7 +133,7 @@ def fk_segments(indptr: np.ndarray, column: np.ndarray) -> tuple[np.ndarray, np.
 def windowed_counts(seg_off: np.ndarray, c_time: np.ndarray, segs: np.ndarray, window: int) -> np.ndarray:
     """For every child edge of the time-sorted segments `segs` (rows with a NULL time left out): how many edges of
     its segment have a time in (its time - window, its time] (the count at the child's own time, itself included:
-    never 0). The distribution a windowed count column's z-score is fitted on (docs/decisions.md, "Windowed count
+    never 0). The distribution a windowed count column's z-score is fitted on (docs/design/decisions.md, "Windowed count
     scaling")."""
     n = 0
     for s in segs:

@@ -76,13 +76,8 @@ class TableMeta:
 
 SPLIT_NAMES = ("train", "val", "test")
 # The fields each object of a metadata file may hold; any other name is an "unknown field" problem. Every one is
-<<<<<<< HEAD
-# described in docs/metadata_reference.md (tests/test_metadata_reference.py keeps that page complete).
-DATABASE_FIELDS = ("name", "description", "tables", "tasks", "link_tasks")
-=======
 # described in docs/reference/metadata.md (tests/test_metadata_reference.py keeps that page complete).
-DATABASE_FIELDS = ("name", "description", "tables", "tasks")
->>>>>>> docs-split
+DATABASE_FIELDS = ("name", "description", "tables", "tasks", "link_tasks")
 TABLE_FIELDS = ("primary_key", "temporal_column", "columns", "description")
 COLUMN_FIELDS = ("stype", "foreign_key", "description", "reason")
 TASK_FIELDS = ("query", "anchor_table", "anchor_key", "target_column", "target_stype", "observation_time_column",
