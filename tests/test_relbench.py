@@ -66,7 +66,7 @@ def _timestamps(review: pd.DataFrame, split: str) -> pd.DatetimeIndex:
 def write_relbench_folder(root: Path, hidden_test: bool = False) -> Path:
     """A small RelBench dataset folder: customers, products and their reviews over two years; task folders
     `user-churn` (binary), `item-sales` (regression), `review-rating` (an autocomplete task: its target is a column
-    of the entity table) and `user-item-purchase` (link prediction: skipped). `hidden_test`: item-sales' test table
+    of the entity table) and `user-item-purchase` (link prediction: a link task). `hidden_test`: item-sales' test table
     without its target, as RelBench's `get_table("test")` returns it."""
     rng = np.random.default_rng(0)
     n_cust, n_prod = 40, 12
@@ -191,11 +191,16 @@ def test_draft_makes_one_task_per_entity_task_folder(dataset):
     # target is known at its row's time
     assert churn.horizon == meta.tasks["item-sales"].horizon == "30 days" and "horizon 30 days" in churn.reason
     assert meta.tasks["review-rating"].horizon == "0 seconds"
-    # the link-prediction folder is left out, with a warning saying why
+    # the link-prediction folder is a link task with the same split; its destination lists are unnested
     assert "user-item-purchase" not in meta.tasks
-    skipped = [w for w in dataset["warned"] if w.code == "relbench_task_skipped"]
-    assert len(skipped) == 1 and "user-item-purchase" in str(skipped[0]) and "link-prediction" in str(skipped[0])
-    assert "user-item-purchase skipped" in meta.description
+    link = meta.link_tasks["user-item-purchase"]
+    assert (link.anchor_table, link.anchor_key, link.target_table, link.target_key) == ("customer", "customer_id",
+                                                                                        "product", "product_id")
+    assert (link.split.val_time, link.split.test_time, link.horizon) == ("2021-07-01 00:00:00",
+                                                                         "2021-10-01 00:00:00", "30 days")
+    assert "unnest" in link.query and "eval_k" in link.reason
+    assert [w for w in dataset["warned"] if w.code == "relbench_task_skipped"] == []
+    assert "user-item-purchase (link prediction)" in meta.description
     # an autocomplete task's target leaves the database (RelBench removes it), so no row can show it
     assert meta.tables["review"].columns["rating"].stype == SemanticType.IGNORED
     assert "review.rating" not in meta.tasks
@@ -334,3 +339,29 @@ def test_task_folders_that_cannot_keep_their_split_are_left_out_saying_why(tmp_p
     assert "train.parquet reaches" in why["user-churn"] and "not split by time" in why["user-churn"]
     assert "no test.parquet" in why["item-sales"]
     assert "user-churn" not in meta.tasks and "item-sales" not in meta.tasks and "review-rating" in meta.tasks
+
+
+def test_a_recommendation_folder_keeps_every_link_and_its_split(dataset):
+    """The link task of `user-item-purchase` holds exactly the files' (customer, time, product) links, each seed in
+    the split of its file."""
+    from confluence.evaluation.links import link_split_ids
+
+    store = Store.open(dataset["store"])
+    arr = store.link_arrays("user-item-purchase")
+    cust, prod = store.table("customer"), store.table("product")
+    got = {}
+    for i in range(len(arr.anchor_row)):
+        key = (int(arr.anchor_row[i] - cust.row_offset), int(arr.obs_time[i]))
+        got[key] = sorted(int(r - prod.row_offset) for r in arr.targets[arr.offsets[i]:arr.offsets[i + 1]])
+    want, split_of = {}, {}
+    for split in ("train", "val", "test"):
+        df = pd.read_parquet(dataset["root"] / "tasks" / "user-item-purchase" / f"{split}.parquet")
+        us = df["timestamp"].astype("datetime64[us]").astype("int64")
+        for c, t, items in zip(df["customer_id"], us, df["product_id"], strict=True):
+            want[(int(c), int(t))] = sorted(int(x) for x in items)
+            split_of[(int(c), int(t))] = split
+    assert got == want  # customer / product keys are their row numbers in this folder
+    for split in ("train", "val", "test"):
+        ids = link_split_ids(store, "user-item-purchase", split)
+        keys = {(int(arr.anchor_row[i] - cust.row_offset), int(arr.obs_time[i])) for i in ids}
+        assert keys == {k for k, s in split_of.items() if s == split}, split

@@ -515,7 +515,8 @@ class _Drafter:
         # RelBench task folders: their tasks and split (may make autocomplete targets ignored, so first)
         rb = draft_relbench_tasks(self.raw, tables, self.found)
         tasks = {**rb.split_cell_masking(self.raw, tables, self.tasks(tables)), **rb.tasks}
-        return DatabaseMeta(name=name, tables=tables, tasks=tasks, description=rb.description())
+        return DatabaseMeta(name=name, tables=tables, tasks=tasks, description=rb.description(),
+                            link_tasks=rb.link_tasks)
 
     def tasks(self, tables: dict[str, TableMeta]) -> dict[str, TaskMeta]:
         out: dict[str, TaskMeta] = {}

@@ -6,8 +6,9 @@ the timestamp column (`time_col`); the remaining column is the target. RelBench 
 them, so it is inferred from the target's values (and said so in the task's `reason`). The split is RelBench's
 own: a row observed before the first validation timestamp is train, before the first test timestamp val, else
 test; the draft checks that these cut-offs put every row of each file in that file's split, and the query's
-`split` column lets validation check it again on every run. Link-prediction / recommendation and multilabel task
-folders are skipped with a `DataWarning` saying why.
+`split` column lets validation check it again on every run. A recommendation / link-prediction folder (two
+foreign keys, the destination a list of keys per row) becomes a link task whose query unnests the list, with the
+same split; multilabel folders are skipped with a `DataWarning` saying why.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from confluence.schema.metadata import TableMeta, TaskMeta, TaskSplit
+from confluence.schema.metadata import LinkTaskMeta, TableMeta, TaskMeta, TaskSplit
 from confluence.schema.validate import type_family
 from confluence.sources import data_warnings as dw
 from confluence.sources.raw import RawDatabase, quote_ident
@@ -44,6 +45,7 @@ class RelbenchDraft:
     description, and the earliest validation / test cut-offs (for the cell-masking tasks' split)."""
 
     tasks: dict[str, TaskMeta] = field(default_factory=dict)
+    link_tasks: dict[str, LinkTaskMeta] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     left_out: list[str] = field(default_factory=list)  # cell-masking tasks left out, and why
     val_us: int | None = None
@@ -114,15 +116,20 @@ def draft_relbench_tasks(raw: RawDatabase, tables: dict[str, TableMeta], found: 
             found.add(dw.DataWarning(f"RelBench task folder {folder.folder}: skipped: {why}",
                                      code="relbench_task_skipped", column=folder.name))
             continue
-        out.tasks[task.name] = task
-        out.notes.append(f"{folder.name} ({TASK_TYPES[task.target_stype]})")
+        if isinstance(task, LinkTaskMeta):
+            out.link_tasks[task.name] = task
+            out.notes.append(f"{folder.name} (link prediction)")
+        else:
+            out.tasks[task.name] = task
+            out.notes.append(f"{folder.name} ({TASK_TYPES[task.target_stype]})")
         cutoffs.append((val_us, test_us))
     if cutoffs:
         out.val_us, out.test_us = min(v for v, _ in cutoffs), min(t for _, t in cutoffs)
     return out
 
 
-def _draft_task(raw: RawDatabase, tables: dict[str, TableMeta], folder: TaskFolder) -> tuple[TaskMeta, int, int]:
+def _draft_task(raw: RawDatabase, tables: dict[str, TableMeta], folder: TaskFolder
+                ) -> tuple[TaskMeta | LinkTaskMeta, int, int]:
     missing = [f"{s}.parquet" for s in SPLIT_FILES if s not in folder.files]
     if missing:
         raise _Skip(f"no {', '.join(missing)} (RelBench writes train.parquet, val.parquet and test.parquet)")
@@ -131,10 +138,11 @@ def _draft_task(raw: RawDatabase, tables: dict[str, TableMeta], folder: TaskFold
     if not isinstance(fkeys, dict) or not isinstance(tcol, str):
         raise _Skip("train.parquet lacks RelBench's fkey_col_to_pkey_table / time_col metadata (Table.save writes"
                     " them), so its entity and time columns are unknown")
+    if len(fkeys) == 2:
+        return _draft_link_task(raw, tables, folder, fkeys, tcol)
     if len(fkeys) != 1:
         links = ", ".join(f"{c} -> {t}" for c, t in fkeys.items()) or "none"
-        raise _Skip(f"a link-prediction / recommendation task (its rows link {links}); only entity tasks, one"
-                    " entity per row, are supported")
+        raise _Skip(f"its rows name {len(fkeys)} entities ({links}); an entity task names one, a link task two")
     (entity_col, entity_table), = fkeys.items()
     for split in SPLIT_FILES:
         for col in (entity_col, tcol):
@@ -202,6 +210,57 @@ def _draft_task(raw: RawDatabase, tables: dict[str, TableMeta], folder: TaskFold
         description=f"RelBench task {folder.name}: {target} of a {entity_table} row, known after the observation time",
         split=TaskSplit(val_time=iso(val_us), test_time=iso(test_us), column=split_col), horizon=horizon,
         reason=reason)
+    return task, val_us, test_us
+
+
+def _draft_link_task(raw: RawDatabase, tables: dict[str, TableMeta], folder: TaskFolder, fkeys: dict[str, str],
+                     tcol: str) -> tuple[LinkTaskMeta, int, int]:
+    """A recommendation folder (RelBench's RecommendationTask): the source entity column, the observation time and
+    the destination column, a list of destination keys per row. The link task's query unnests the list over the
+    labelled files; its split is RelBench's, by the files' first timestamps."""
+    lists = [c for c in fkeys if type_family(folder.types["train"].get(c, pa.null())) == "nested"]
+    if len(lists) != 1:
+        raise _Skip(f"a link task's destination column holds a list of keys per row; {len(lists)} of its key"
+                    f" columns ({', '.join(fkeys)}) do")
+    dst_col = lists[0]
+    src_col = next(c for c in fkeys if c != dst_col)
+    for role, col in (("source", src_col), ("destination", dst_col)):
+        table = tables.get(fkeys[col])
+        if table is None or table.primary_key is None:
+            raise _Skip(f"its {role} table '{fkeys[col]}' is not a table of db/ with a primary key")
+    for split in SPLIT_FILES:
+        if src_col not in folder.columns[split] or tcol not in folder.columns[split]:
+            raise _Skip(f"{split}.parquet lacks '{src_col}' or '{tcol}'")
+    labelled = [s for s in SPLIT_FILES if dst_col in folder.columns[s]]
+    span = {s: _span(raw, folder, s, tcol) for s in SPLIT_FILES}
+    for early, late in (("train", "val"), ("val", "test")):
+        if span[early][2] and span[late][2] and span[early][1] >= span[late][0]:
+            raise _Skip(f"{early}.parquet reaches {iso(span[early][1])}, not before the first row of {late}.parquet"
+                        f" ({iso(span[late][0])}): the files are not split by time, so their split cannot be kept")
+    if "train" not in labelled or span["val"][2] == 0 or span["test"][2] == 0:
+        raise _Skip("a link task needs labelled train rows and val / test rows to split by")
+    val_us, test_us = span["val"][0], span["test"][0]
+    horizon = _horizon(raw, folder, tcol)
+    if horizon is None:
+        raise _Skip("its observation times are not steps of one span, so the horizon a link task needs is unknown")
+    s, t, d = (quote_ident(c) for c in (src_col, tcol, dst_col))
+    query = " UNION ALL ".join(f"SELECT {s}, {t}, unnest({d}) AS {d} FROM {view_name(folder.name, x)}"
+                               for x in labelled)
+    notes = "" if "test" in labelled else (f" test.parquet has no '{dst_col}' column (hidden labels): nothing to"
+                                           " score on test.")
+    counts = ", ".join(f"{x} {span[x][2]}" for x in SPLIT_FILES)
+    reason = (f"RelBench recommendation folder tasks/{folder.name} ({counts} rows): anchor"
+              f" {fkeys[src_col]}.{src_col}, observation time '{tcol}', destination {fkeys[dst_col]} keys in the list"
+              f" '{dst_col}' (fkey_col_to_pkey_table). Split: RelBench's own, train before {iso(val_us)}, val"
+              f" before {iso(test_us)}. Horizon {horizon}, the most common step between its observation times. k"
+              " 10: RelBench's eval_k is not in its files; set the dataset's own (rel-hm's 12, rel-stack's 100)."
+              + notes)
+    task = LinkTaskMeta(
+        name=folder.name, query=query, anchor_table=fkeys[src_col], anchor_key=src_col,
+        observation_time_column=tcol, target_table=fkeys[dst_col], target_key=dst_col, horizon=horizon,
+        split=TaskSplit(val_time=iso(val_us), test_time=iso(test_us)), k=10,
+        description=f"RelBench task {folder.name}: the {fkeys[dst_col]} rows a {fkeys[src_col]} row links to in the"
+                    f" {horizon} after the observation time", reason=reason)
     return task, val_us, test_us
 
 
