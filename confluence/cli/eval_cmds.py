@@ -229,6 +229,12 @@ def evaluate_cmd(
                 raise ConfluenceError(f"no task of {db} comes from a RelBench task folder (a task whose split "
                                       "names each row's file); name tasks with --task")
             splits = list(RELBENCH_SPLITS)
+        links = _link_evaluation(checkpoint, db, task, split, max_seeds)
+        if links is not None:  # a checkpoint with a link head answers link tasks
+            print_link_results(links, f"{db} — link tasks, split {split}")
+            if json_out:
+                typer.echo(f"wrote {write_json(links, json_out)}")
+            return
         by_split = {}
         with Reporter(enabled=not no_progress) as rep:
             model = load_model(checkpoint) if len(splits) > 1 else checkpoint  # loaded once for both splits
@@ -250,6 +256,19 @@ def evaluate_cmd(
         typer.echo(f"wrote {_write_report(report, by_split[split], checkpoint, db, split)}")
     if certify:
         _print_certificate(by_split[split])
+
+
+def _link_evaluation(checkpoint: Path, db: Path, tasks: list[str] | None, split: str,
+                     max_seeds: int) -> dict | None:
+    """`evaluate_links` of a checkpoint trained with a link head (`train-links`) on the store's link tasks (those of
+    `tasks`, default all); None for a checkpoint without one, which `evaluate` scores on cell tasks."""
+    from confluence.evaluation.links import evaluate_links
+    from confluence.inference.predictor import load_model
+    from confluence.toolkit.checkpoint import read_checkpoint
+
+    if not read_checkpoint(Path(checkpoint)).meta.get("link_task"):
+        return None
+    return evaluate_links(load_model(checkpoint), db, tasks=tasks or None, split=split, max_seeds=max_seeds or None)
 
 
 def _print_certificate(results: dict) -> None:

@@ -87,6 +87,44 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
             _interrupted(out)
         _report(res, out)
 
+    @app.command("train-links")
+    def train_links_cmd(
+        db: Path = typer.Option(..., "--db", metavar="STORE", help="Processed store holding the link task."),
+        task: str = typer.Option(..., "--task", help="The link task (metadata `link_tasks`)."),
+        out: Path = typer.Option(..., "--out", help="Run directory (its checkpoint and config.json)."),
+        config: str = typer.Option("small", "--config", help="Recipe or .toml / .json file (its sampler, optimizer "
+                                                             "and, without --init-from, model)."),
+        steps: int = typer.Option(1000, "--steps", min=1, help="Training steps."),
+        init_from: Path | None = typer.Option(None, "--init-from", help="Start the trunk from a checkpoint (a run of "
+                                                                       "`train` on the same database, or "
+                                                                       "pretrained:small); its model settings."),
+        set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a setting."),
+        force: bool = typer.Option(False, "--force", help="Replace a run already in --out."),
+        no_progress: bool = typer.Option(False, "--no-progress", help="No progress lines."),
+    ) -> None:
+        """Train the link head on a link task ("which rows will this row link to next?"): the rows of the target
+        table that each context reaches are scored against the anchor's question (docs/guide/README.md, "Link
+        tasks")."""
+        import time
+
+        from confluence.training.links import train_links
+
+        t0, losses = time.monotonic(), []
+
+        def said(step: int, loss: float) -> None:
+            losses.append(loss)
+            if not no_progress and (step % 50 == 0 or step == steps):
+                window = losses[-50:]
+                typer.echo(f"step {step}/{steps}: link loss {sum(window) / len(window):.4f} "
+                           f"({time.monotonic() - t0:.0f} s)")
+
+        try:
+            path = train_links(db, task, out, run_config(config, set_), steps=steps, init_from=init_from,
+                               force=force, on_step=said)
+        except ConfluenceError as exc:
+            fail(str(exc))
+        typer.echo(f"trained the link head on {task} for {steps} steps; checkpoint {path}")
+
     @app.command("pretrain")
     def pretrain_cmd(
         corpus: Path = typer.Option(..., "--corpus", help="Corpus directory (`confluence corpus build`): trains on "

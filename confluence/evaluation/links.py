@@ -4,25 +4,21 @@ between any two rankers (`confluence.targets.link`)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from confluence.errors import ConfluenceError
-from confluence.sampler.splits import own_split, split_index, subsample, temporal_split
+from confluence.sampler.links import link_split_ids
+from confluence.sampler.splits import subsample
 from confluence.store import Store
 from confluence.targets import link as L
 
 BASELINES = ("popularity", "recent_popularity", "past_targets")
-
-
-def link_split_ids(store: Store, task: str, split: str) -> np.ndarray:
-    """Seed indices of a link task's split, by its own observation-time cut-offs (RelBench's rule)."""
-    info = store.link_task(task)
-    cfg = own_split(info.split)
-    ids = temporal_split(np.asarray(store.link_arrays(task).obs_time), int(cfg.t_val), int(cfg.t_test))
-    return np.flatnonzero(ids == split_index(split)).astype(np.int64)
 
 
 def baseline_rankings(store: Store, task: str, eval_ids: np.ndarray, k: int | None = None) -> dict[str, np.ndarray]:
@@ -65,4 +61,125 @@ def run_link_baselines(db: str | Store, *, tasks: Sequence[str] | None = None, s
         entry["baseline"] = {**entry[best], "name": best}
         entry["info"] = meta
         out[task] = entry
+    return out
+
+
+# -- the model ----------------------------------------------------------------------------------------------------
+POPULAR_PRIOR = 100  # the most linked rows outside a context that can enter a model's list
+
+
+@functools.partial(jax.jit, static_argnames=("num_rows",))
+def _link_probabilities(model: Any, inputs: dict[str, jax.Array], col_tab: jax.Array, cat_tab: jax.Array,
+                        num_rows: int) -> jax.Array:
+    return jax.nn.sigmoid(model.link_scores(inputs, col_tab, cat_tab, num_rows))
+
+
+class LinkRanker:
+    """A checkpoint with a link head bound to one store's link task: each seed's ranked target rows.
+
+    The rows of the target table in a seed's context get the model's probability of a link; the most linked rows
+    known at the seed's observation time that are not in its context get the rate at which rows of that place in
+    the popularity list outside a context were linked, measured on the latest train seeds (`calibrate`). The k
+    most probable of both, so a catalogue row the context never reached can still be answered."""
+
+    def __init__(self, loaded: Any, store: Store, task: str):
+        from confluence.model.inputs import DbTables, fitted_max_k
+        from confluence.sampler.links import LinkSource
+
+        if loaded.model.link is None:
+            raise ConfluenceError(f"checkpoint {loaded.path} has no link head: train it on a link task first "
+                                  "(confluence train-links)")
+        self.loaded, self.store, self.task = loaded, store, task
+        self.info = store.link_task(task)
+        self.source = LinkSource(store, task, loaded.config)
+        tables = DbTables.for_model(store, fitted_max_k(loaded.config.loss.max_k, [store]), loaded.config.model)
+        self.col_tab, self.cat_tab = jnp.asarray(tables.column_embeddings), jnp.asarray(tables.categorical_embeddings)
+        self.prior = np.zeros(POPULAR_PRIOR)
+
+    def close(self) -> None:
+        self.source.close()
+
+    def contexts(self, seed_ids: np.ndarray, scores: bool = True) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per seed: the target rows its context holds and (with `scores`) the model's probability of each."""
+        from confluence.training.links import link_inputs
+
+        out: list[tuple[np.ndarray, np.ndarray]] = []
+        bs = self.source.batch_size
+        for lo in range(0, len(seed_ids), bs):
+            ids = np.asarray(seed_ids[lo:lo + bs], dtype=np.int64)
+            batch = self.source.batch(ids)
+            p = None
+            if scores:
+                inputs = link_inputs(batch)
+                p = np.asarray(_link_probabilities(self.loaded.model, inputs, self.col_tab, self.cat_tab,
+                                                   batch.candidates.shape[1]))
+            for i in range(len(ids)):
+                cand = batch.candidates[i]
+                out.append((batch.rows[i][cand], p[i][cand] if p is not None else np.zeros(int(cand.sum()))))
+        return out
+
+    def popular(self, seed_ids: np.ndarray) -> np.ndarray:
+        """[n, POPULAR_PRIOR]: the most linked rows known at each seed's observation time."""
+        arr = self.store.link_arrays(self.task)
+        table = self.store.table(self.info.target_table)
+        return L.popularity(np.asarray(arr.anchor_row), np.asarray(arr.obs_time), np.asarray(arr.offsets),
+                            np.asarray(arr.targets), self.info.horizon_us,
+                            (table.row_offset, table.row_offset + table.num_rows), seed_ids, POPULAR_PRIOR)
+
+    def calibrate(self, n: int = 1000) -> np.ndarray:
+        """The link rate of each place in the popularity list outside a context, on the latest `n` train seeds."""
+        arr = self.store.link_arrays(self.task)
+        train = link_split_ids(self.store, self.task, "train")
+        ids = np.sort(train[np.argsort(np.asarray(arr.obs_time)[train], kind="stable")[-n:]])
+        ctx = self.contexts(ids, scores=False)
+        pop = self.popular(ids)
+        hits = np.zeros(POPULAR_PRIOR)
+        seen = np.zeros(POPULAR_PRIOR)
+        for i, s in enumerate(ids):
+            truth = np.asarray(arr.targets[arr.offsets[s]:arr.offsets[s + 1]])
+            outside = pop[i][(pop[i] >= 0) & ~np.isin(pop[i], ctx[i][0])]
+            seen[:len(outside)] += 1
+            hits[:len(outside)] += np.isin(outside, truth)
+        self.prior = hits / np.maximum(seen, 1)
+        return self.prior
+
+    def rank(self, seed_ids: np.ndarray, k: int | None = None) -> np.ndarray:
+        """[n, k] target rows, most probable first (-1 pads)."""
+        k = k or self.info.k
+        seed_ids = np.asarray(seed_ids, dtype=np.int64)
+        ctx = self.contexts(seed_ids)
+        pop = self.popular(seed_ids)
+        out = np.full((len(seed_ids), k), -1, dtype=np.int64)
+        for i in range(len(seed_ids)):
+            rows, p = ctx[i]
+            outside = pop[i][(pop[i] >= 0) & ~np.isin(pop[i], rows)]
+            all_rows = np.concatenate([rows, outside])
+            all_p = np.concatenate([p, self.prior[:len(outside)]])
+            order = np.lexsort((all_rows, -all_p))[:k]
+            out[i, :len(order)] = all_rows[order]
+        return out
+
+
+def evaluate_links(loaded: Any, db: str | Store, *, tasks: Sequence[str] | None = None, split: str = "test",
+                   max_seeds: int | None = 5000) -> dict[str, dict[str, Any]]:
+    """The model beside the baselines on each link task it has a head for: `run_link_baselines`' entry plus
+    "model" (metrics) and "model_vs_baseline" (the paired MAP@k interval against the best baseline)."""
+    store = db if isinstance(db, Store) else Store.open(db)
+    out = run_link_baselines(store, tasks=tasks, split=split, max_seeds=max_seeds)
+    for task, entry in out.items():
+        if "baseline" not in entry:
+            continue
+        arr = store.link_arrays(task)
+        eval_ids = subsample(link_split_ids(store, task, split), max_seeds)
+        counts, flat = L.truth_sets(np.asarray(arr.offsets), np.asarray(arr.targets), eval_ids)
+        ranker = LinkRanker(loaded, store, task)
+        try:
+            ranker.calibrate()
+            pred = ranker.rank(eval_ids)
+        finally:
+            ranker.close()
+        best = baseline_rankings(store, task, eval_ids)[entry["baseline"]["name"]]
+        entry["model"] = L.metrics(pred, counts, flat)
+        entry["model_vs_baseline"] = {**L.paired_bootstrap(pred, best, counts, flat),
+                                      "baseline": entry["baseline"]["name"]}
     return out

@@ -109,6 +109,10 @@ class ModelConfig:
     # zero value, so a query can attend to "nothing" and the output's size tells how many keys matched (softmax
     # alone averages: 3 matching children and 30 give the same output); () is seed 000's softmax
     attention_sink: tuple[Literal["outbound", "inbound", "column"], ...] = ()
+    # the link head (model.heads.LinkHead): scores each row of a link task's target table found in the context
+    # against the anchor's question cell, for "which rows will this row link to next?" (confluence.links); a model
+    # without it answers cell tasks only
+    link_head: bool = False
 
     def __post_init__(self) -> None:
         positive(self, "d_model", "n_layers", "n_heads", "d_t", "d_time", "ffn_multiple", "norm_eps")

@@ -240,3 +240,25 @@ class TimeReference(eqx.Module):
         epoch = (1.0 - g) * jax.lax.stop_gradient(head) + g * fine  # the head learns from its own loss alone
         return out._replace(ts_preds=jnp.concatenate([out.ts_preds[:, :-1], epoch[:, None]], axis=1),
                             ts_epoch_head=head)
+
+
+class LinkHead(eqx.Module):
+    """Scores of the rows of a context as answers to a link question: the question cell's final state (a query)
+    against each row's mean final state (a key), scaled by 1/sqrt(D), plus a learned offset: a logit per row of
+    whether the anchor links to it within the horizon (`confluence.links`)."""
+
+    query: Linear
+    key: Linear
+    offset: jax.Array
+
+    def __init__(self, d_model: int, *, key: jax.Array):
+        kq, kk = jax.random.split(key)
+        self.query = Linear(d_model, d_model, key=kq)
+        self.key = Linear(d_model, d_model, key=kk, use_bias=False)
+        self.offset = jnp.zeros((), jnp.float32)
+
+    def __call__(self, question: jax.Array, rows: jax.Array) -> jax.Array:
+        """question [B, D], rows [B, R, D] -> logits [B, R] (float32)."""
+        q = self.query(question).astype(jnp.float32)
+        k = self.key(rows).astype(jnp.float32)
+        return jnp.einsum("bd,brd->br", q, k) / math.sqrt(q.shape[-1]) + self.offset

@@ -148,3 +148,17 @@ def target_loss(
         per_seq=per_seq,
         weight=weight,
     )
+
+
+def link_loss(logits: jax.Array, candidates: jax.Array, positives: jax.Array, seq_valid: jax.Array
+              ) -> tuple[jax.Array, jax.Array]:
+    """A link batch's loss: per sequence the mean binary cross-entropy of its candidate rows' logits [B, R]
+    (positive: the row is in the seed's answer), averaged over the valid sequences that have a candidate.
+    Returns (loss, number of sequences counted). Binary, not a softmax over the candidates: the logits stay
+    probabilities that rank against rows outside the context (`confluence.evaluation.links`)."""
+    w = (candidates & seq_valid[:, None]).astype(jnp.float32)
+    bce = optax.sigmoid_binary_cross_entropy(logits, positives.astype(jnp.float32))
+    n = w.sum(axis=1)
+    per_seq = (bce * w).sum(axis=1) / jnp.maximum(n, 1.0)
+    counted = (n > 0).astype(jnp.float32)
+    return (per_seq * counted).sum() / jnp.maximum(counted.sum(), 1.0), counted.sum()

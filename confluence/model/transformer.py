@@ -16,7 +16,7 @@ from confluence.model.attention import get_attention
 from confluence.model.block import Block, Structure
 from confluence.model.config import ModelConfig
 from confluence.model.encoding import ValueEncoder
-from confluence.model.heads import CopyHead, DecoderHeads, ModelOutput, TimeReference
+from confluence.model.heads import CopyHead, DecoderHeads, LinkHead, ModelOutput, TimeReference
 from confluence.toolkit.layers import RMSNorm, cast_floating, run_layers
 
 
@@ -28,6 +28,7 @@ class RelationalTransformer(eqx.Module):
     heads: DecoderHeads
     copy: CopyHead | None
     time_ref: TimeReference | None
+    link: LinkHead | None
     cfg: ModelConfig = eqx.field(static=True)
 
     def __init__(self, cfg: ModelConfig, *, key: jax.Array):
@@ -42,6 +43,7 @@ class RelationalTransformer(eqx.Module):
                      if cfg.copy_head else None)
         self.time_ref = (TimeReference(cfg.d_model, key=jax.random.fold_in(key, 4),
                                        open_gate=cfg.time_reference_gate == "open") if cfg.time_reference else None)
+        self.link = LinkHead(cfg.d_model, key=jax.random.fold_in(key, 5)) if cfg.link_head else None
 
     def hidden(
         self, inputs: dict[str, jax.Array], column_table: jax.Array, category_table: jax.Array
@@ -89,6 +91,25 @@ class RelationalTransformer(eqx.Module):
         if m.time_ref is not None:  # last: an open gate is the whole epoch (a context time plus an offset)
             out = m.time_ref(out, hn, hn_t, inputs)
         return out
+
+
+    def link_scores(
+        self, inputs: dict[str, jax.Array], column_table: jax.Array, category_table: jax.Array, num_rows: int
+    ) -> jax.Array:
+        """[B, num_rows] link logits: every sequence-local row's mean final state (over its real cells) scored
+        against the target cell's by the link head. Needs `cfg.link_head`."""
+        if self.link is None:
+            raise ValueError("this model has no link head (model.link_head = false)")
+        m = cast_floating(self, jnp.dtype(self.cfg.compute_dtype))
+        inputs = {k: jnp.asarray(v) for k, v in inputs.items()}
+        hn = m.final_norm(self.hidden(inputs, column_table, category_table))
+        question = jnp.einsum("bs,bsd->bd", target_onehot(inputs["is_target"], hn.dtype), hn,
+                              preferred_element_type=jnp.float32)
+        member = jax.nn.one_hot(inputs["seq_row_ids"].astype(jnp.int32), num_rows, dtype=jnp.float32)
+        member = member * (~inputs["is_padding"] & ~inputs["is_target"])[..., None]
+        sums = jnp.einsum("bsr,bsd->brd", member, hn.astype(jnp.float32))
+        rows = sums / jnp.maximum(member.sum(axis=1), 1.0)[..., None]
+        return m.link(question.astype(hn.dtype), rows.astype(hn.dtype))
 
 
 def is_abstract_param(x: object) -> bool:

@@ -190,7 +190,8 @@ def _run(db: DatabaseMeta, con: duckdb.DuckDBPyConnection, writer: StoreWriter, 
 
     task_entries, derived_columns = _tasks(db, con, writer, tables, columns, row_time, ts_mean, ts_std,
                                            cat_texts, rep)
-    link_entries = _link_tasks(db, con, writer, by_name, rep)
+    link_entries, link_columns = _link_tasks(db, con, writer, by_name, rep, len(columns) + len(derived_columns))
+    derived_columns += link_columns
     temporal = {tp.meta.name for tp in tables if tp.meta.temporal_column is not None}
     derived_columns += child_count_columns(columns, len(columns) + len(derived_columns), temporal)
     num_edges = _graph(writer, tables, num_rows, np.asarray(row_time), rep)
@@ -273,12 +274,15 @@ def _tasks(db: DatabaseMeta, con: duckdb.DuckDBPyConnection, writer: StoreWriter
 
 
 def _link_tasks(db: DatabaseMeta, con: duckdb.DuckDBPyConnection, writer: StoreWriter,
-                by_name: dict[str, TablePlan], rep: Reporter) -> list[dict[str, Any]]:
-    """Materialize every link task (`preprocess.links`): its seeds and, per seed, the target rows. Returns the
-    metadata.json entries."""
+                by_name: dict[str, TablePlan], rep: Reporter, first_idx: int
+                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Materialize every link task (`preprocess.links`): its seeds and, per seed, the target rows. Each gets two
+    derived columns from `first_idx` on: the anchor row's question cell ("links to <target table>", what the model's
+    link head reads) and its observation-time cell. Returns (metadata.json entries, derived column entries)."""
     entries: list[dict[str, Any]] = []
+    columns: list[dict[str, Any]] = []
     if not db.link_tasks:
-        return entries
+        return entries, columns
     rep.step("link tasks", len(db.link_tasks))
     for task in db.link_tasks.values():
         anchor, target = by_name[task.anchor_table], by_name[task.target_table]
@@ -287,12 +291,22 @@ def _link_tasks(db: DatabaseMeta, con: duckdb.DuckDBPyConnection, writer: StoreW
         for name, arr in (("anchor_row", res.anchor_row), ("obs_time", res.obs_time),
                           ("link.offsets", res.offsets), ("link.targets", res.targets)):
             writer.save(fmt.task_file(task.name, name), arr)
+        target_idx, obs_idx = first_idx + len(columns), first_idx + len(columns) + 1
+        name = f"links to {task.target_table}"
+        columns += [
+            {"column_idx": target_idx, "table": None, "task": task.name, "name": name,
+             "stype": SemanticType.BOOLEAN.label, "text": column_text(name, task.name, task.description), "stats": {}},
+            {"column_idx": obs_idx, "table": None, "task": task.name, "name": OBS_COLUMN_NAME,
+             "stype": SemanticType.TIMESTAMP.label,
+             "text": column_text(OBS_COLUMN_NAME, task.name, OBS_COLUMN_DESCRIPTION), "stats": {}},
+        ]
         entries.append({"name": task.name, "anchor_table": task.anchor_table, "target_table": task.target_table,
                         "horizon_us": task.horizon_us, "k": task.k, "split": task.split.to_json(),
                         "num_seeds": len(res.anchor_row), "num_links": len(res.targets),
-                        "query_rows": res.query_rows, "duplicate_links": res.duplicates})
+                        "query_rows": res.query_rows, "duplicate_links": res.duplicates,
+                        "target_column_idx": target_idx, "obs_column_idx": obs_idx})
         rep.advance(1)
-    return entries
+    return entries, columns
 
 
 def child_count_columns(columns: list[ColumnPlan], first_idx: int, temporal: Collection[str] = ()

@@ -100,6 +100,8 @@ class LinkTaskInfo:
     split: dict[str, Any]
     num_seeds: int
     num_links: int
+    target_column_idx: int  # the anchor row's question cell ("links to <target table>")
+    obs_column_idx: int  # the anchor row's observation-time cell
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,8 @@ class Store:
         self.link_tasks: list[LinkTaskInfo] = [
             LinkTaskInfo(name=k["name"], anchor_table=k["anchor_table"], target_table=k["target_table"],
                          horizon_us=int(k["horizon_us"]), k=int(k["k"]), split=dict(k["split"]),
-                         num_seeds=int(k["num_seeds"]), num_links=int(k["num_links"]))
+                         num_seeds=int(k["num_seeds"]), num_links=int(k["num_links"]),
+                         target_column_idx=int(k["target_column_idx"]), obs_column_idx=int(k["obs_column_idx"]))
             for k in meta.get("link_tasks", [])
         ]
         self._tables_by_name = {t.name: t for t in self.tables}

@@ -127,6 +127,7 @@ def _warn_input_shift(cfg: RunConfig, init_from: Path | str) -> None:
 # where its parameters live in the model
 ADDED_PARTS: dict[str, Callable[[Any], Any]] = {
     "copy_head": lambda m: m.copy,
+    "link_head": lambda m: m.link,
     "child_rank": lambda m: m.encoder.child_rank_emb,
     "time_reference": lambda m: m.time_ref,
     "attention_sink": lambda m: tuple(getattr(b, a).sink for b in m.blocks for a in ("attn_out", "attn_in", "attn_col")),

@@ -1,0 +1,118 @@
+"""Batches of link tasks: each seed's context is built as for a derived task (the anchor row with its question
+cell, "links to <target table>", and its observation-time cell), and the rows of the target table that the walk
+reached are the candidates the link head scores; those in the seed's answer are the positives.
+
+The context is the one every task gets (nothing after the observation time), so a candidate is a target row that
+the anchor's visible history leads to: a repeat through its earlier links, a co-occurrence through other anchors'
+rows, an attribute match through shared parents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from confluence.errors import ConfluenceError
+from confluence.sampler.builder import BatchBuilder, BuildResult
+from confluence.sampler.data import TaskData, obs_time_cells, readonly
+from confluence.sampler.sampler import Sampler
+from confluence.sampler.splits import own_split, split_index, temporal_split
+from confluence.stypes import D_TIME, SemanticType
+
+LINK_TASK_INDEX = 1 << 20  # link tasks' `TaskData.index` start here: their random streams never meet a cell task's
+
+
+def link_split_ids(store: Any, task: str, split: str) -> np.ndarray:
+    """Seed indices of a link task's split, by its own observation-time cut-offs (RelBench's rule)."""
+    cfg = own_split(store.link_task(task).split)
+    ids = temporal_split(np.asarray(store.link_arrays(task).obs_time), int(cfg.t_val), int(cfg.t_test))
+    return np.flatnonzero(ids == split_index(split)).astype(np.int64)
+
+
+def link_task_data(store: Any, name: str) -> TaskData:
+    """A link task of `store` as the kernels read a task: a derived boolean question cell (its value is never
+    shown: the cell is the target) and the observation-time cell; no excluded columns."""
+    info, arr = store.link_task(name), store.link_arrays(name)
+    n = int(np.asarray(arr.anchor_row).shape[0])
+    index = LINK_TASK_INDEX + [t.name for t in store.link_tasks].index(name)
+    return TaskData(
+        name=name, index=index, target_stype=int(SemanticType.BOOLEAN), target_col=int(info.target_column_idx),
+        is_derived=True, exclude_cols=readonly(np.zeros(0, np.int32), np.int32),
+        cut_cols=readonly(np.array([info.target_column_idx], np.int32), np.int32), cat_block_start=0, cat_count=0,
+        obs_col=int(info.obs_column_idx), anchor_row=readonly(arr.anchor_row, np.int64),
+        obs_time=readonly(arr.obs_time, np.int64), tgt_f32=readonly(np.zeros(1), np.float32),
+        tgt_ts=readonly(np.zeros((1, D_TIME)), np.float32), tgt_u32=readonly(np.zeros(1), np.uint32),
+        tgt_bits=readonly(np.zeros((n + 7) // 8), np.uint8),
+        tgt_valid=readonly(np.packbits(np.ones(n, bool), bitorder="little"), np.uint8),
+        obs_ts=obs_time_cells(store, int(info.obs_column_idx), arr.obs_time))
+
+
+@dataclass
+class LinkBatch:
+    """A built batch of a link task and, per sequence-local row (padded to the batch's R): whether it is a
+    candidate (a real row of the target table other than the anchor) and whether it is in the seed's answer."""
+
+    result: BuildResult
+    candidates: np.ndarray  # bool [B, R]
+    positives: np.ndarray  # bool [B, R]
+
+    @property
+    def rows(self) -> np.ndarray:
+        """i64 [B, R]: the global row of each sequence-local row."""
+        return self.result.rows[:, :self.candidates.shape[1]]
+
+
+def build_link_batch(builder: BatchBuilder, task: TaskData, seed_ids: np.ndarray, catalog: tuple[int, int],
+                     offsets: np.ndarray, targets: np.ndarray, epoch: int = 0, serial: bool = False) -> LinkBatch:
+    """The batch of `seed_ids` (at most the batch size; filler sequences have no candidates) with its candidates and
+    positives; `catalog`: the target table's global rows [first, end); `offsets` / `targets`: the answers."""
+    seed_ids = np.asarray(seed_ids, dtype=np.int64)
+    res = builder.build(task, seed_ids, epoch, n_valid=len(seed_ids), serial=serial)
+    b, r = res.batch.batch_size, res.batch.num_rows
+    rows = res.rows[:, :r]
+    real = (np.arange(r)[None, :] < res.nrows[:, None]) & (res.via[:, :r] != 0) & res.batch.seq_valid[:, None]
+    cand = real & (rows >= catalog[0]) & (rows < catalog[1])
+    pos = np.zeros((b, r), dtype=bool)
+    for i, s in enumerate(seed_ids):
+        pos[i] = cand[i] & np.isin(rows[i], targets[offsets[s]:offsets[s + 1]])
+    return LinkBatch(res, cand, pos)
+
+
+class LinkSource:
+    """A link task of one store bound to a sampler: its batches for given seeds (`batch`), and the per-epoch
+    shuffled train seeds (`train_batches`)."""
+
+    def __init__(self, store: Any, task: str, cfg: Any):
+        self.store, self.task = store, task
+        info = store.link_task(task)
+        arr = store.link_arrays(task)
+        self.offsets, self.targets = np.asarray(arr.offsets), np.asarray(arr.targets)
+        table = store.table(info.target_table)
+        self.catalog = (table.row_offset, table.row_offset + table.num_rows)
+        # contexts without labelled rows: a link task's labels are the answers themselves (not yet shown)
+        self.sampler = Sampler([store], replace(cfg.sampler, labels=0, label_match=0, tasks=None, threads=1),
+                               seed=cfg.seed)
+        self.data = link_task_data(store, task)
+        self.batch_size = cfg.sampler.batch_size
+
+    def batch(self, seed_ids: np.ndarray, epoch: int = 0) -> LinkBatch:
+        return build_link_batch(self.sampler.builders[0], self.data, seed_ids, self.catalog, self.offsets,
+                                self.targets, epoch)
+
+    def train_batches(self, seed: int) -> Iterator[tuple[int, np.ndarray]]:
+        """Endless (epoch, seed ids) of the train split, each epoch in its own fixed order."""
+        ids = link_split_ids(self.store, self.task, "train")
+        if len(ids) == 0:
+            raise ConfluenceError(f"link task {self.task!r} has no train seeds")
+        epoch = 0
+        while True:
+            order = np.random.default_rng((seed, epoch)).permutation(ids)
+            for lo in range(0, len(order) - self.batch_size + 1, self.batch_size):
+                yield epoch, np.sort(order[lo:lo + self.batch_size])
+            epoch += 1
+
+    def close(self) -> None:
+        self.sampler.close()

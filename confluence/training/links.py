@@ -1,0 +1,114 @@
+"""Training the link head (and the trunk under it) on a link task: "which rows of the target table will this anchor
+link to within the horizon?".
+
+Each step draws `sampler.batch_size` train seeds of the task (a fixed shuffle per epoch), builds their contexts as
+for any derived task (`confluence.sampler.links`), scores every row of the target table that the context reached
+and fits them to the seed's answer (`model.loss.link_loss`). The optimizer, its schedule and the checkpoints are
+the cell tasks' (`toolkit.optim`, `toolkit.checkpoint`); a run can start from a cell-task checkpoint or a
+pretrained model (`init_from`), whose parameters all load and the link head starts fresh.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from confluence import outputs
+from confluence.model.inputs import DbTables, batch_to_inputs, fitted_max_k
+from confluence.model.loss import link_loss
+from confluence.model.transformer import RelationalTransformer
+from confluence.sampler.links import LinkBatch, LinkSource
+from confluence.store import Store
+from confluence.toolkit.checkpoint import read_checkpoint, save_checkpoint
+from confluence.toolkit.optim import make_optimizer
+from confluence.training.config import RunConfig
+from confluence.training.loop import _init_params, prepare_run_dir
+from confluence.training.step import is_param, param_labels
+
+
+def link_inputs(batch: LinkBatch) -> dict[str, np.ndarray]:
+    """The model's inputs of a link batch plus its candidates and positives (the link loss's truth)."""
+    inputs = batch_to_inputs(batch.result.batch)
+    inputs["link_candidates"] = batch.candidates
+    inputs["link_positives"] = batch.positives
+    return inputs
+
+
+def _forward_loss(params: Any, static: Any, inputs: dict[str, jax.Array], col_tab: jax.Array, cat_tab: jax.Array
+                  ) -> jax.Array:
+    model = eqx.combine(params, static)
+    cand = inputs["link_candidates"]
+    logits = model.link_scores(inputs, col_tab, cat_tab, cand.shape[1])
+    loss, _ = link_loss(logits, cand, inputs["link_positives"], inputs["seq_valid"])
+    return loss
+
+
+def train_links(store: Store | str | Path, task: str, out_dir: str | Path, cfg: RunConfig, *, steps: int,
+                init_from: str | Path | None = None, force: bool = False,
+                on_step: Callable[[int, float], None] | None = None) -> Path:
+    """Train the link head of `cfg`'s model (turned on here) on `task` for `steps` steps into the run directory
+    `out_dir` (refused when it holds anything but a run; a run is replaced only with `force`); the checkpoint's
+    path. `init_from`: a checkpoint (or `pretrained:NAME`) whose parameters start the trunk, with its model
+    settings."""
+    store = store if isinstance(store, Store) else Store.open(store)
+    store.link_task(task)  # a named error before anything is written
+    out_dir = Path(out_dir)
+    lock = outputs.OutputLock(out_dir, "trained")
+    with outputs.writing(out_dir, "the training run"):
+        lock.acquire()
+    try:
+        prepare_run_dir(out_dir, resume=False, force=force)
+        return _train_links(store, task, out_dir, cfg, steps, init_from, on_step)
+    finally:
+        lock.release()
+
+
+def _train_links(store: Store, task: str, out_dir: Path, cfg: RunConfig, steps: int, init_from: str | Path | None,
+                 on_step: Callable[[int, float], None] | None) -> Path:
+    if init_from is not None:
+        saved = RunConfig.from_dict(read_checkpoint(Path(init_from)).meta.get("config", {}))
+        cfg = replace(cfg, model=saved.model)
+    cfg = replace(cfg, model=replace(cfg.model, link_head=True, d_t=int(store.d_t)))
+    cfg = replace(cfg, loss=replace(cfg.loss, max_k=fitted_max_k(cfg.loss.max_k, [store])))
+    model = RelationalTransformer(cfg.model, key=jax.random.key(cfg.seed))
+    params, static = eqx.partition(model, is_param)
+    if init_from is not None:
+        params = _init_params(cfg, init_from, params)
+    optim = cfg.optim.for_run(steps)
+    optimizer = make_optimizer(param_labels(params), optim)
+    opt_state = optimizer.init(params)
+
+    @jax.jit
+    def step_fn(params, opt_state, inputs, col_tab, cat_tab):
+        loss, grads = jax.value_and_grad(_forward_loss)(params, static, inputs, col_tab, cat_tab)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    tables = DbTables.for_model(store, cfg.loss.max_k, cfg.model)
+    col_tab, cat_tab = jnp.asarray(tables.column_embeddings), jnp.asarray(tables.categorical_embeddings)
+    source = LinkSource(store, task, cfg)
+    try:
+        batches = source.train_batches(cfg.seed)
+        t0 = time.perf_counter()
+        for step in range(steps):
+            epoch, ids = next(batches)
+            inputs = link_inputs(source.batch(ids, epoch))
+            params, opt_state, loss = step_fn(params, opt_state, inputs, col_tab, cat_tab)
+            if on_step is not None:
+                on_step(step + 1, float(loss))
+        meta = {"config": cfg.to_dict(), "link_task": task, "databases": [store.name],
+                "trained_tasks": [f"{store.name}/{task}"], "seconds": time.perf_counter() - t0}
+        return save_checkpoint(out_dir, steps, params, opt_state, meta, keep=1)
+    finally:
+        source.close()

@@ -1,0 +1,109 @@
+"""The link head (issue 53): link batches (candidates are the target table's rows in the context, positives those in
+the answer, nothing after the observation time), training it on a link task, ranking and evaluating beside the
+baselines, and the CLI's `train-links` / `evaluate` on its checkpoint."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from confluence.cli.main import app
+from confluence.errors import ConfluenceError
+from confluence.evaluation.links import LinkRanker, evaluate_links
+from confluence.inference.predictor import LoadedModel, load_model
+from confluence.preprocess.pipeline import preprocess
+from confluence.sampler.links import LinkSource, link_split_ids
+from confluence.store import Store
+from confluence.store.format import STATIC_TIME
+from tests.fixtures.bookstore import HashEncoder, write_bookstore, write_metadata
+from tests.fixtures.model import tiny_model, tiny_run_config
+from tests.test_links import meta_with
+
+TASK = "customer_books"
+SAMPLER = {"batch_size": 8, "seq_len": 96, "max_rows": 32, "row_buckets": [32], "text_buckets": [64]}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Store:
+    tmp = tmp_path_factory.mktemp("link_model")
+    return Store.open(preprocess(write_bookstore(tmp, size="small"), write_metadata(tmp, meta_with()), tmp / "store",
+                                 encoder=HashEncoder(8), progress=False))
+
+
+@pytest.fixture(scope="module")
+def run(store, tmp_path_factory):
+    from confluence.training.links import train_links
+
+    out = tmp_path_factory.mktemp("link_run") / "run"
+    losses: list[float] = []
+    train_links(store, TASK, out, tiny_run_config(sampler=SAMPLER), steps=30, on_step=lambda s, x: losses.append(x))
+    assert len(losses) == 30 and all(np.isfinite(losses))
+    return out
+
+
+def test_candidates_are_the_target_rows_of_the_context_and_nothing_is_from_the_future(store):
+    source = LinkSource(store, TASK, tiny_run_config(sampler=SAMPLER))
+    try:
+        arr = store.link_arrays(TASK)
+        ids = link_split_ids(store, TASK, "val")[:8]
+        batch = source.batch(ids)
+        books = store.table("books")
+        rows = batch.rows
+        assert batch.candidates.any() and batch.positives.any()
+        assert ((rows[batch.candidates] >= books.row_offset)
+                & (rows[batch.candidates] < books.row_offset + books.num_rows)).all()
+        assert not (batch.positives & ~batch.candidates).any()
+        row_time = np.asarray(store.row_time)
+        for i, s in enumerate(ids):
+            truth = arr.targets[arr.offsets[s]:arr.offsets[s + 1]]
+            assert (batch.positives[i] == (batch.candidates[i] & np.isin(rows[i], truth))).all()
+            seen = rows[i, :batch.result.nrows[i]]
+            t = row_time[seen]
+            assert ((t == STATIC_TIME) | (t <= arr.obs_time[s])).all()  # no row after the observation time
+            assert rows[i, 0] == arr.anchor_row[s] and not batch.candidates[i, 0]
+    finally:
+        source.close()
+
+
+def test_a_trained_link_head_ranks_and_is_evaluated_beside_the_baselines(store, run):
+    loaded = load_model(run)
+    ranker = LinkRanker(loaded, store, TASK)
+    try:
+        prior = ranker.calibrate(200)
+        assert prior.shape == (100,) and ((prior >= 0) & (prior <= 1)).all()
+        ids = link_split_ids(store, TASK, "val")[:20]
+        ranked = ranker.rank(ids)
+    finally:
+        ranker.close()
+    books = store.table("books")
+    assert ranked.shape == (20, 5)
+    for row in ranked:
+        got = row[row >= 0]
+        assert len(set(got.tolist())) == len(got)
+        assert ((got >= books.row_offset) & (got < books.row_offset + books.num_rows)).all()
+    res = evaluate_links(loaded, store, split="val", max_seeds=60)[TASK]
+    assert 0.0 <= res["model"]["map"] <= 1.0 and res["model"]["n"] == res["baseline"]["n"]
+    assert {"diff", "ci_low", "ci_high", "a_not_worse"} <= set(res["model_vs_baseline"])
+
+
+def test_a_checkpoint_without_a_link_head_is_refused_by_name(store, tmp_path):
+    loaded = LoadedModel(model=tiny_model(), config=tiny_run_config(), step=0, path=tmp_path)
+    with pytest.raises(ConfluenceError, match="no link head"):
+        LinkRanker(loaded, store, TASK)
+
+
+def test_the_cli_trains_and_evaluates_a_link_task_and_never_writes_into_a_users_folder(store, run, tmp_path):
+    runner = CliRunner()
+    users = tmp_path / "mine"
+    users.mkdir()
+    (users / "notes.txt").write_text("keep me")
+    res = runner.invoke(app, ["train-links", "--db", str(store.path), "--task", TASK, "--out", str(users),
+                              "--steps", "2", "--force", "--no-progress"])
+    assert res.exit_code != 0 and (users / "notes.txt").read_text() == "keep me", res.output
+    res = runner.invoke(app, ["train-links", "--db", str(store.path), "--task", "nope", "--out", str(tmp_path / "r")])
+    assert res.exit_code != 0 and "no link task 'nope'" in res.output
+    res = runner.invoke(app, ["evaluate", "--checkpoint", str(run), "--db", str(store.path), "--split", "val",
+                              "--max-seeds", "40"])
+    assert res.exit_code == 0, res.output
+    assert "link to books" in res.output and "model" in res.output and "map" in res.output
