@@ -109,7 +109,36 @@ def test_the_ranker_trains_and_is_scored_beside_the_baselines(store):
     out = fit_link_gbdt(store, TASK, link_split_ids(store, TASK, "train"), ids, max_train=200, num_boost_round=5)
     books = store.table("books")
     assert out.predictions.shape == (len(ids), info.k)
+    assert {n.split(":", 1)[0] for n in out.feature_names} >= {"pair", "bridge", "anchor", "cand"}
     ok = out.predictions[out.predictions >= 0]
     assert ((ok >= books.row_offset) & (ok < books.row_offset + books.num_rows)).all()
     for row in out.predictions:  # no row twice in a seed's list
         assert len(set(row[row >= 0].tolist())) == int((row >= 0).sum())
+
+
+def test_bridge_counts_are_the_orders_up_to_the_observation_time(store):
+    """A customer's orders of a book by T (time <= T; the bridge between customers and books), counted and dated
+    as a direct query over the source tables counts them, and none from after T."""
+    import duckdb
+
+    from confluence.evaluation.gbdt import FeatureBuilder
+    from tests.fixtures.bookstore import bookstore_tables
+
+    arr = store.link_arrays(TASK)
+    ids = link_split_ids(store, TASK, "test")[:40]
+    anchors, obs = np.asarray(arr.anchor_row)[ids], np.asarray(arr.obs_time)[ids]
+    (name, got), = FeatureBuilder(store).bridge_links("customers", "books", anchors, obs)
+    assert name == "orders.customer_id->orders.book_id"
+    cust, books = store.table("customers"), store.table("books")
+    cust_keys, book_keys = store.keys("customers").to_pylist(), store.keys("books").to_pylist()
+    con = duckdb.connect()
+    con.register("orders", bookstore_tables("small")["orders"])
+    expect = {}
+    for i, (a, t) in enumerate(zip(anchors, obs, strict=True)):
+        for book, n, last in con.execute(
+                "SELECT book_id, count(*), epoch_us(max(ordered_at)) FROM orders WHERE customer_id = ? AND "
+                "epoch_us(ordered_at) <= ? GROUP BY book_id", [cust_keys[a - cust.row_offset], int(t)]).fetchall():
+            expect[(i, book)] = (n, last)
+    rows = {(int(s), book_keys[r - books.row_offset]): (int(n), int(last))
+            for s, r, n, last in zip(got["seed"], got["row"], got["count"], got["last"], strict=True)}
+    assert rows == expect and len(rows) > 0

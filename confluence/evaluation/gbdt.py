@@ -321,6 +321,30 @@ class FeatureBuilder:
         x = np.stack(columns, axis=1) if columns else np.zeros((n, 0))
         return FeatureTable(x=x, names=all_names, categorical=all_cats, obs=obs_times)
 
+    def bridge_links(self, anchor_table: str, target_table: str, rows: np.ndarray,
+                     obs_times: np.ndarray) -> list[tuple[str, dict[str, np.ndarray]]]:
+        """Per "bridge" (a table with a foreign key to `anchor_table` and another to `target_table`, such as a
+        plane's flights to airports), the target rows each of `rows` reached through its bridge rows that existed
+        at its observation time (time <= T, as the child aggregates): (bridge name, {"seed": position in `rows`,
+        "row": global target row, "count": bridge rows, "last": the newest one's time}), sorted by (seed, row)."""
+        seeds = pa.table({"seed_id": np.arange(len(rows), dtype=np.int64),
+                          "anchor": np.asarray(rows, dtype=np.int64), "obs": np.asarray(obs_times, dtype=np.int64)})
+        self.con.register("bridge_seeds", seeds)
+        out = []
+        for ca, child in self._children_of(anchor_table):
+            for cb, parent in self._fk_columns(child):
+                if parent != target_table or cb == ca:
+                    continue
+                res = self.con.execute(
+                    f"SELECT s.seed_id AS seed, e2.parent AS row, count(*) AS count, max(e1.child_time) AS last "
+                    f"FROM bridge_seeds s JOIN edges e1 ON e1.parent = s.anchor AND e1.col = {ca} "
+                    f"AND e1.child_time <= s.obs JOIN edges e2 ON e2.child = e1.child AND e2.col = {cb} "
+                    f"GROUP BY ALL ORDER BY seed, row").fetchnumpy()
+                name = f"{self._column_name(f'c{ca}')}->{self._column_name(f'c{cb}')}"
+                out.append((name, {k: np.asarray(v, dtype=np.int64) for k, v in res.items()}))
+        self.con.unregister("bridge_seeds")
+        return out
+
     def _build_running(self, fk_col: int, child_table: str) -> None:
         """The table `cum_<fk_col>`: per parent and child time, the running count, means and last values of the
         child table's columns up to that time (what `_child_aggregates` looks up)."""

@@ -4,13 +4,15 @@ Per seed (anchor `a`, observation time `T`), the candidates are the rows `a` its
 `T`, the `n_popular` rows linked most often and the `n_recent` rows linked most often over the last `window`
 (the popularity baselines' rankings, `confluence.targets.link`). Each (seed, candidate) pair gets counts known at
 `T` (the candidate's popularity and recent popularity and their ranks, the anchor's links to it, its rank among the
-anchor's past targets, days since the anchor last linked to it, the anchor's known links overall) plus the
-leak-free relational features of the anchor row and of the candidate row at `T` (`gbdt.FeatureBuilder`, prefixed
-`anchor:` / `cand:`). LightGBM's `lambdarank` objective learns to order a seed's candidates; a seed's prediction
-is its top k by score, filled by popularity when it has fewer than k candidates.
+anchor's past targets, days since the anchor last linked to it, the anchor's known links overall), the anchor's
+rows reaching the candidate in a bridge table by `T` (a plane's flights to an airport), and the leak-free relational
+features of the anchor row and of the candidate row at `T` (`gbdt.FeatureBuilder`, prefixed `anchor:` / `cand:`).
+LightGBM's `lambdarank` objective learns to order a seed's candidates; a seed's prediction is its top k by score,
+filled by popularity when it has fewer than k candidates.
 
 Leak-free by the baselines' rule: a link of seed (anchor, t) is known from t + horizon on, so every pair count of a
-seed observed at T reads only links whose seed time is at most T - horizon; the row features read rows at T.
+seed observed at T reads only links whose seed time is at most T - horizon; the bridge counts and row features
+read the database's rows at T (time <= T), as the cell tasks' GBDT features do.
 """
 
 from __future__ import annotations
@@ -111,9 +113,12 @@ def candidate_labels(cands: Candidates, offsets: np.ndarray, targets: np.ndarray
 
 def pair_features(builder: FeatureBuilder, anchor_table: str, target_table: str, anchor_rows: np.ndarray,
                   obs_times: np.ndarray, cands: Candidates, progress: Any = None) -> FeatureTable:
-    """The design matrix of candidate pairs: the pair features, then the anchor row's relational features at its
-    seed's observation time (`anchor:`, with the time's calendar features) and the candidate row's at that time
-    (`cand:`), each row built once per distinct (row, time)."""
+    """The design matrix of candidate pairs: the pair features; per bridge table (foreign keys to the anchor and
+    the target table, `FeatureBuilder.bridge_links`) the count of the anchor's rows there reaching the candidate by
+    the observation time and days since the newest (`bridge:`), which see the database up to T as the relational
+    features do, not only links known at T - horizon; then the anchor row's relational features at its seed's
+    observation time (`anchor:`, with the time's calendar features) and the candidate row's at that time (`cand:`),
+    each row built once per distinct (row, time)."""
     fa = builder.build_rows(anchor_table, anchor_rows, obs_times, observation_features=True, progress=progress,
                             description=f"LightGBM ranker: {anchor_table} features of {len(anchor_rows)} seeds")
     cand_obs = np.asarray(obs_times, np.int64)[cands.group]
@@ -121,9 +126,23 @@ def pair_features(builder: FeatureBuilder, anchor_table: str, target_table: str,
     fc = builder.build_rows(target_table, uniq[:, 0], uniq[:, 1], progress=progress,
                             description=f"LightGBM ranker: {target_table} features of {len(uniq)} (row, time) pairs")
     inv = inv.reshape(-1)
-    x = np.concatenate([cands.x, fa.x[cands.group], fc.x[inv]], axis=1)
-    names = [*cands.names, *(f"anchor:{n}" for n in fa.names), *(f"cand:{n}" for n in fc.names)]
-    p, a = cands.x.shape[1], fa.x.shape[1]
+    pair_x, pair_names = [cands.x], list(cands.names)
+    for name, b in builder.bridge_links(anchor_table, target_table, anchor_rows, obs_times):
+        # how often, and how lately, the anchor reached the candidate through the bridge's rows at T
+        count, days = np.zeros(len(cands.row)), np.full(len(cands.row), np.nan)
+        if len(b["row"]):
+            span = int(max(cands.row.max(initial=0), b["row"].max())) + 1
+            keys, want = b["seed"] * span + b["row"], cands.group * span + cands.row
+            pos = np.minimum(np.searchsorted(keys, want), len(keys) - 1)
+            hit = keys[pos] == want
+            count[hit] = b["count"][pos[hit]]
+            days[hit] = (np.asarray(obs_times)[cands.group[hit]] - b["last"][pos[hit]]) / US_PER_DAY
+        pair_x.append(np.stack([count, days], axis=1))
+        pair_names += [f"bridge:{name}:count", f"bridge:{name}:days_since"]
+    px = np.concatenate(pair_x, axis=1)
+    x = np.concatenate([px, fa.x[cands.group], fc.x[inv]], axis=1)
+    names = [*pair_names, *(f"anchor:{n}" for n in fa.names), *(f"cand:{n}" for n in fc.names)]
+    p, a = px.shape[1], fa.x.shape[1]
     cats = [p + j for j in fa.categorical] + [p + a + j for j in fc.categorical]
     return FeatureTable(x=x, names=names, categorical=cats)
 
