@@ -138,8 +138,14 @@ def link_results_lines(results: dict, title: str) -> list[str]:
         for m in METRICS:
             lines.append(f"    {m + (' ↑' if m == 'map' else ''):<12}" + "".join(f"{num(r[n].get(m)):>10}"
                                                                              for n in rankers))
+        if c := r.get("gbdt_vs_best_baseline"):
+            lines.append(f"    GBDT - {short.get(c.get('baseline'), c.get('baseline'))} MAP@k: {c['diff']:+.4f} "
+                         f"[{c['ci_low']:+.4f}, {c['ci_high']:+.4f}] (paired bootstrap, 95%)")
         lines.append("    (* the best baseline by MAP@k; popular: most linked rows known at the observation "
-                     "time; recent: the same over the last horizon; past: the anchor's own earlier targets)")
+                     "time; recent: the same over the last horizon; past: the anchor's own earlier targets"
+                     + ("; GBDT: LightGBM LambdaRank over past and popular rows" if "gbdt" in r else "") + ")")
+        if info.get("note"):
+            lines.append(f"    {info['note']}")
     return lines
 
 
@@ -410,7 +416,8 @@ def baseline_cmd(
     force: bool = typer.Option(False, "--force", help="Replace an existing output file that confluence did not "
                                "write (a Parquet file of an earlier predict is replaced without it)."),
 ) -> None:
-    """LightGBM per task on relational features (anchor row, parents, time-bounded child aggregates)."""
+    """LightGBM per task on relational features (anchor row, parents, time-bounded child aggregates); for a link
+    task a LightGBM ranker over candidate rows beside the popularity and past-targets baselines."""
     from confluence.errors import ConfluenceError
     from confluence.evaluation.baselines import run_baselines
     from confluence.evaluation.evaluate import write_json
@@ -429,9 +436,12 @@ def baseline_cmd(
             with Reporter(enabled=not no_progress) as rep:
                 results = run_baselines(store, tasks=cells or None, split=split, max_train=max_train,
                                         max_seeds=max_seeds or None, progress=rep)
-        link_results = run_link_baselines(store, tasks=[t for t in task or [] if t in links] or None,
-                                          split=split, max_seeds=max_seeds or None) \
-            if links and (not task or any(t in links for t in task)) else {}
+        link_results = {}
+        if links and (not task or any(t in links for t in task)):
+            with Reporter(enabled=not no_progress) as rep:
+                link_results = run_link_baselines(store, tasks=[t for t in task or [] if t in links] or None,
+                                                  split=split, max_seeds=max_seeds or None, gbdt=True,
+                                                  max_train=max_train, progress=rep)
     except ConfluenceError as exc:
         fail(exc)
     if results:

@@ -27,7 +27,7 @@ Its results do not depend on the thread count (`deterministic`).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -196,9 +196,22 @@ class FeatureBuilder:
         """`build` for arbitrary anchors of a task: global anchor rows and their observation times (epoch µs;
         `NO_CUTOFF` sees every row), such as `predict --anchors` resolves them. A seed of the task given as its
         (anchor row, observation time) gets the features `build` gives it."""
-        s = self.store
-        task = s.task(task_name)
-        anchor_rows = np.asarray(anchor_rows, dtype=np.int64)
+        task = self.store.task(task_name)
+        hidden = set(int(c) for c in task.exclude_column_idxs)
+        if not task.is_derived:
+            hidden.add(int(task.target_column_idx))
+        return self.build_rows(task.anchor_table, anchor_rows, obs_times, hidden=hidden,
+                               observation_features=int(getattr(task, "obs_column_idx", -1)) >= 0,
+                               progress=progress, description=description or f"{task_name}: features")
+
+    def build_rows(self, table: str, rows: np.ndarray, obs_times: np.ndarray, *, hidden: Collection[int] = (),
+                   observation_features: bool = False, progress: Any = None,
+                   description: str = "") -> FeatureTable:
+        """The features of any rows of `table` (global rows) at observation times (epoch µs), without a task:
+        what `build_anchors` gives a task's anchors, less the columns in `hidden` (global column indices; a
+        foreign key there drops its parents too); `observation_features` adds the times' calendar features. Link
+        rankers use it for anchors and for candidate target rows."""
+        anchor_rows = np.asarray(rows, dtype=np.int64)
         obs_times = np.asarray(obs_times, dtype=np.int64)
         seeds = pa.table(
             {
@@ -211,10 +224,7 @@ class FeatureBuilder:
         con.register("seeds_arrow", seeds)
         con.execute("CREATE OR REPLACE TEMP TABLE seeds AS SELECT * FROM seeds_arrow")
         con.unregister("seeds_arrow")
-        anchor = task.anchor_table
-        hidden = set(int(c) for c in task.exclude_column_idxs)
-        if not task.is_derived:
-            hidden.add(int(task.target_column_idx))
+        anchor, skip = table, {int(c) for c in hidden}
 
         blocks: list[_Block] = []
 
@@ -230,7 +240,7 @@ class FeatureBuilder:
             return exprs, names, cats
 
         # Anchor row.
-        exprs, names, cats = frame_select("a", anchor, "", hidden)
+        exprs, names, cats = frame_select("a", anchor, "", skip)
         if exprs:
             blocks.append(_Block(
                 f"SELECT s.seed_id, {', '.join(exprs)} FROM seeds s JOIN {_q('t_' + anchor)} a ON a.row = s.anchor",
@@ -238,7 +248,7 @@ class FeatureBuilder:
             ))
         # Parents (one and two hops), invisible when created after the observation time.
         for c1, p1 in self._fk_columns(anchor):
-            if c1 in hidden:
+            if c1 in skip:
                 continue
             pre1 = f"p:{self._column_name(f'c{c1}')}->"
             exprs, names, cats = frame_select("p", p1, pre1)
@@ -280,7 +290,7 @@ class FeatureBuilder:
         columns: list[np.ndarray] = []
         blocks = [b for b in blocks if b.names]
         if progress is not None:
-            progress.step(description or f"{task_name}: features", len(blocks))
+            progress.step(description or f"{table}: features", len(blocks))
         note = getattr(progress, "note", None)
         for block in blocks:
             if block.running is not None and not self._has_table(f"cum_{block.running[0]}"):
@@ -303,13 +313,37 @@ class FeatureBuilder:
                 columns.append(col)
             if progress is not None:
                 progress.advance(1)
-        if int(getattr(task, "obs_column_idx", -1)) >= 0:
+        if observation_features:
             # the model sees the observation time as a cell (see preprocess/pipeline.py); so does LightGBM
             for name, col in observation_time_features(obs_times).items():
                 all_names.append(name)
                 columns.append(col)
         x = np.stack(columns, axis=1) if columns else np.zeros((n, 0))
         return FeatureTable(x=x, names=all_names, categorical=all_cats, obs=obs_times)
+
+    def bridge_links(self, anchor_table: str, target_table: str, rows: np.ndarray,
+                     obs_times: np.ndarray) -> list[tuple[str, dict[str, np.ndarray]]]:
+        """Per "bridge" (a table with a foreign key to `anchor_table` and another to `target_table`, such as a
+        plane's flights to airports), the target rows each of `rows` reached through its bridge rows that existed
+        at its observation time (time <= T, as the child aggregates): (bridge name, {"seed": position in `rows`,
+        "row": global target row, "count": bridge rows, "last": the newest one's time}), sorted by (seed, row)."""
+        seeds = pa.table({"seed_id": np.arange(len(rows), dtype=np.int64),
+                          "anchor": np.asarray(rows, dtype=np.int64), "obs": np.asarray(obs_times, dtype=np.int64)})
+        self.con.register("bridge_seeds", seeds)
+        out = []
+        for ca, child in self._children_of(anchor_table):
+            for cb, parent in self._fk_columns(child):
+                if parent != target_table or cb == ca:
+                    continue
+                res = self.con.execute(
+                    f"SELECT s.seed_id AS seed, e2.parent AS row, count(*) AS count, max(e1.child_time) AS last "
+                    f"FROM bridge_seeds s JOIN edges e1 ON e1.parent = s.anchor AND e1.col = {ca} "
+                    f"AND e1.child_time <= s.obs JOIN edges e2 ON e2.child = e1.child AND e2.col = {cb} "
+                    f"GROUP BY ALL ORDER BY seed, row").fetchnumpy()
+                name = f"{self._column_name(f'c{ca}')}->{self._column_name(f'c{cb}')}"
+                out.append((name, {k: np.asarray(v, dtype=np.int64) for k, v in res.items()}))
+        self.con.unregister("bridge_seeds")
+        return out
 
     def _build_running(self, fk_col: int, child_table: str) -> None:
         """The table `cum_<fk_col>`: per parent and child time, the running count, means and last values of the

@@ -1,6 +1,6 @@
 """Link tasks scored on a split: the ranking baselines (global popularity, recent popularity, the anchor's own past
-targets filled by popularity) with MAP@k, precision, recall and NDCG, the best of them named, and paired intervals
-between any two rankers (`confluence.targets.link`)."""
+targets filled by popularity) and optionally the LightGBM ranker (`evaluation.link_gbdt`) with MAP@k, precision,
+recall and NDCG, the best baseline named, and paired intervals between any two rankers (`confluence.targets.link`)."""
 
 from __future__ import annotations
 
@@ -36,10 +36,15 @@ def baseline_rankings(store: Store, task: str, eval_ids: np.ndarray, k: int | No
 
 
 def run_link_baselines(db: str | Store, *, tasks: Sequence[str] | None = None, split: str = "test",
-                       max_seeds: int | None = 5000) -> dict[str, dict[str, Any]]:
+                       max_seeds: int | None = 5000, gbdt: bool = False, max_train: int = 50_000,
+                       progress: Any = None) -> dict[str, dict[str, Any]]:
     """`{task: {<baseline>: metrics, "baseline": best by MAP@k with its name, "info": ...}}` for the link tasks
-    (`tasks`: some of them; default all) on `split`, at most `max_seeds` seeds (a fixed draw)."""
+    (`tasks`: some of them; default all) on `split`, at most `max_seeds` seeds (a fixed draw). `gbdt`: also the
+    LightGBM ranker (`evaluation.link_gbdt`) trained on at most `max_train` train seeds, as "gbdt", with
+    "gbdt_vs_best_baseline" (its MAP@k minus the best baseline's, a paired bootstrap interval over the seeds).
+    `progress`: a `confluence.toolkit.progress.Reporter` for the ranker's stages."""
     store = db if isinstance(db, Store) else Store.open(db)
+    builder = None
     known = [t.name for t in store.link_tasks]
     names = known if tasks is None else list(tasks)
     if unknown := [t for t in names if t not in known]:
@@ -55,10 +60,29 @@ def run_link_baselines(db: str | Store, *, tasks: Sequence[str] | None = None, s
             out[task] = {"info": {**meta, "note": f"no {split} seeds"}}
             continue
         counts, flat = L.truth_sets(np.asarray(arr.offsets), np.asarray(arr.targets), eval_ids)
-        entry: dict[str, Any] = {name: L.metrics(pred, counts, flat)
-                                 for name, pred in baseline_rankings(store, task, eval_ids, info.k).items()}
+        ranked = baseline_rankings(store, task, eval_ids, info.k)
+        entry: dict[str, Any] = {name: L.metrics(pred, counts, flat) for name, pred in ranked.items()}
         best = max(BASELINES, key=lambda n: entry[n]["map"])
         entry["baseline"] = {**entry[best], "name": best}
+        train_ids = link_split_ids(store, task, "train")
+        if gbdt and len(train_ids):
+            from confluence.evaluation.gbdt import FeatureBuilder
+            from confluence.evaluation.link_gbdt import fit_link_gbdt
+
+            builder = builder or FeatureBuilder(store, progress=progress)
+            try:
+                res = fit_link_gbdt(store, task, train_ids, eval_ids, builder=builder, max_train=max_train,
+                                    progress=progress)
+            except ConfluenceError as exc:  # no train seed to learn from: the baselines still stand
+                meta["note"] = str(exc)
+            else:
+                entry["gbdt"] = L.metrics(res.predictions, counts, flat)
+                entry["gbdt_vs_best_baseline"] = {
+                    **L.paired_bootstrap(res.predictions, ranked[best], counts, flat), "baseline": best}
+                meta["gbdt"] = {"n_train_seeds": res.num_train_seeds, "n_train_pairs": res.num_train_pairs,
+                                "candidate_recall": res.recall_of_candidates}
+        elif gbdt:
+            meta["note"] = "no train seeds: no LightGBM ranker"
         entry["info"] = meta
         out[task] = entry
     return out
