@@ -1,4 +1,5 @@
-"""CLI commands of the synthetic databases: `confluence synth planted` and `confluence synth random`."""
+"""CLI commands of the synthetic databases: `confluence synth planted`, `confluence synth planted-links` and
+`confluence synth random`."""
 
 from __future__ import annotations
 
@@ -43,6 +44,28 @@ def planted_cmd(
     for task, c in ceilings.items():
         typer.echo(f"  {task:24s} {c['signal']:46s} {c['metric']} ceiling {c['ceiling']:.4g} ({c['n']} rows)")
     typer.echo(f"next: confluence preprocess {path / 'raw'} -m {path / 'planted.metadata.json'} -o STORE")
+
+
+def planted_links_cmd(
+    out: Path = typer.Option(..., "--out", "-o", help="Directory to write (raw/, planted_links.metadata.json, "
+                                                      "ceilings.json, oracle/)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of every draw: the same seed writes the same bytes."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out."),
+) -> None:
+    """Write a planted link database: users, items and interactions with four link tasks (repeat, co-occurrence,
+    attribute match, trend), each with its ceiling."""
+    from confluence.synth.planted_links import PlantedLinksSpec, write_planted_links
+
+    try:
+        path = write_planted_links(out, PlantedLinksSpec(seed=seed), overwrite=overwrite)
+    except ConfluenceError as exc:
+        fail(str(exc))
+    ceilings = json.loads((path / "ceilings.json").read_text(encoding="utf-8"))["tasks"]
+    typer.echo(f"wrote {path}: raw/ (Parquet), planted_links.metadata.json, ceilings.json, oracle/")
+    for task, c in ceilings.items():
+        typer.echo(f"  {task:16s} {c['metric']} ceiling {c['ceiling']:.3f} on {c['n']} test seeds "
+                   f"({c['ceiling_val']:.3f} on {c['n_val']} validation seeds)")
+    typer.echo(f"next: confluence preprocess {path / 'raw'} -m {path / 'planted_links.metadata.json'} -o STORE")
 
 
 def random_cmd(
@@ -124,5 +147,6 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
     """Add this area's commands to the `confluence` CLI."""
     synth_app = typer.Typer(help="Synthetic databases with known answers.", no_args_is_help=True, rich_markup_mode=None)
     synth_app.command("planted")(planted_cmd)
+    synth_app.command("planted-links")(planted_links_cmd)
     synth_app.command("random")(random_cmd)
     app.add_typer(synth_app, name="synth")
