@@ -21,7 +21,7 @@ from confluence.store import Store
 from confluence.synth.planted_links import CHANNELS, PlantedLinksSpec, oracle_map, write_planted_links
 from tests.fixtures.bookstore import HashEncoder
 
-SPEC = PlantedLinksSpec(seed=0)  # the defaults: docs/learnability.md's numbers are this test's
+SPEC = PlantedLinksSpec(seed=0)  # the defaults: docs/design/learnability.md's numbers are this test's
 
 
 @pytest.fixture(scope="module")
