@@ -138,9 +138,12 @@ def link_results_lines(results: dict, title: str) -> list[str]:
         for m in METRICS:
             lines.append(f"    {m + (' ↑' if m == 'map' else ''):<12}" + "".join(f"{num(r[n].get(m)):>10}"
                                                                              for n in rankers))
-        if c := r.get("gbdt_vs_best_baseline"):
-            lines.append(f"    GBDT - {short.get(c.get('baseline'), c.get('baseline'))} MAP@k: {c['diff']:+.4f} "
-                         f"[{c['ci_low']:+.4f}, {c['ci_high']:+.4f}] (paired bootstrap, 95%)")
+        for key, who, against in (("gbdt_vs_best_baseline", "GBDT", None), ("model_vs_baseline", "model", None),
+                                  ("model_vs_gbdt", "model", "GBDT")):
+            if c := r.get(key):
+                other = against or short.get(c.get("baseline"), c.get("baseline"))
+                lines.append(f"    {who} - {other} MAP@k: {c['diff']:+.4f} [{c['ci_low']:+.4f}, {c['ci_high']:+.4f}]"
+                             " (paired bootstrap, 95%)")
         lines.append("    (* the best baseline by MAP@k; popular: most linked rows known at the observation "
                      "time; recent: the same over the last horizon; past: the anchor's own earlier targets"
                      + ("; GBDT: LightGBM LambdaRank over past and popular rows" if "gbdt" in r else "") + ")")
@@ -235,7 +238,7 @@ def evaluate_cmd(
                 raise ConfluenceError(f"no task of {db} comes from a RelBench task folder (a task whose split "
                                       "names each row's file); name tasks with --task")
             splits = list(RELBENCH_SPLITS)
-        links = _link_evaluation(checkpoint, db, task, split, max_seeds)
+        links = _link_evaluation(checkpoint, db, task, split, max_seeds, gbdt)
         if links is not None:  # a checkpoint with a link head answers link tasks
             print_link_results(links, f"{db} — link tasks, split {split}")
             if json_out:
@@ -265,7 +268,7 @@ def evaluate_cmd(
 
 
 def _link_evaluation(checkpoint: Path, db: Path, tasks: list[str] | None, split: str,
-                     max_seeds: int) -> dict | None:
+                     max_seeds: int, gbdt: bool) -> dict | None:
     """`evaluate_links` of a checkpoint trained with a link head (`train-links`) on the store's link tasks (those of
     `tasks`, default all); None for a checkpoint without one, which `evaluate` scores on cell tasks."""
     from confluence.evaluation.links import evaluate_links
@@ -274,7 +277,8 @@ def _link_evaluation(checkpoint: Path, db: Path, tasks: list[str] | None, split:
 
     if not read_checkpoint(Path(checkpoint)).meta.get("link_task"):
         return None
-    return evaluate_links(load_model(checkpoint), db, tasks=tasks or None, split=split, max_seeds=max_seeds or None)
+    return evaluate_links(load_model(checkpoint), db, tasks=tasks or None, split=split, max_seeds=max_seeds or None,
+                          gbdt=gbdt)
 
 
 def _print_certificate(results: dict) -> None:

@@ -37,12 +37,14 @@ def baseline_rankings(store: Store, task: str, eval_ids: np.ndarray, k: int | No
 
 def run_link_baselines(db: str | Store, *, tasks: Sequence[str] | None = None, split: str = "test",
                        max_seeds: int | None = 5000, gbdt: bool = False, max_train: int = 50_000,
-                       progress: Any = None) -> dict[str, dict[str, Any]]:
+                       progress: Any = None, rankings: dict[str, dict[str, np.ndarray]] | None = None
+                       ) -> dict[str, dict[str, Any]]:
     """`{task: {<baseline>: metrics, "baseline": best by MAP@k with its name, "info": ...}}` for the link tasks
     (`tasks`: some of them; default all) on `split`, at most `max_seeds` seeds (a fixed draw). `gbdt`: also the
     LightGBM ranker (`evaluation.link_gbdt`) trained on at most `max_train` train seeds, as "gbdt", with
     "gbdt_vs_best_baseline" (its MAP@k minus the best baseline's, a paired bootstrap interval over the seeds).
-    `progress`: a `confluence.toolkit.progress.Reporter` for the ranker's stages."""
+    `progress`: a `confluence.toolkit.progress.Reporter` for the ranker's stages. `rankings`: a dict that receives
+    each task's ranked rows by ranker name (for paired intervals against another ranker)."""
     store = db if isinstance(db, Store) else Store.open(db)
     builder = None
     known = [t.name for t in store.link_tasks]
@@ -77,6 +79,7 @@ def run_link_baselines(db: str | Store, *, tasks: Sequence[str] | None = None, s
                 meta["note"] = str(exc)
             else:
                 entry["gbdt"] = L.metrics(res.predictions, counts, flat)
+                ranked["gbdt"] = res.predictions
                 entry["gbdt_vs_best_baseline"] = {
                     **L.paired_bootstrap(res.predictions, ranked[best], counts, flat), "baseline": best}
                 meta["gbdt"] = {"n_train_seeds": res.num_train_seeds, "n_train_pairs": res.num_train_pairs,
@@ -85,6 +88,8 @@ def run_link_baselines(db: str | Store, *, tasks: Sequence[str] | None = None, s
             meta["note"] = "no train seeds: no LightGBM ranker"
         entry["info"] = meta
         out[task] = entry
+        if rankings is not None:
+            rankings[task] = ranked
     return out
 
 
@@ -185,11 +190,18 @@ class LinkRanker:
 
 
 def evaluate_links(loaded: Any, db: str | Store, *, tasks: Sequence[str] | None = None, split: str = "test",
-                   max_seeds: int | None = 5000) -> dict[str, dict[str, Any]]:
-    """The model beside the baselines on each link task it has a head for: `run_link_baselines`' entry plus
-    "model" (metrics) and "model_vs_baseline" (the paired MAP@k interval against the best baseline)."""
+                   max_seeds: int | None = 5000, gbdt: bool = False, progress: Any = None
+                   ) -> dict[str, dict[str, Any]]:
+    """The model beside the baselines on each link task (default: those of the store the checkpoint was trained
+    on, else all): `run_link_baselines`' entry plus "model" (metrics), "model_vs_baseline" (the paired MAP@k
+    interval against the best baseline) and, with `gbdt`, the LightGBM ranker and "model_vs_gbdt"."""
     store = db if isinstance(db, Store) else Store.open(db)
-    out = run_link_baselines(store, tasks=tasks, split=split, max_seeds=max_seeds)
+    trained = [t.split("/", 1)[1] for t in loaded.trained_tasks if t.startswith(f"{store.name}/")]
+    if tasks is None:
+        tasks = [t.name for t in store.link_tasks if t.name in trained] or None
+    ranked_by: dict[str, dict[str, np.ndarray]] = {}
+    out = run_link_baselines(store, tasks=tasks, split=split, max_seeds=max_seeds, gbdt=gbdt, progress=progress,
+                             rankings=ranked_by)
     for task, entry in out.items():
         if "baseline" not in entry:
             continue
@@ -202,8 +214,10 @@ def evaluate_links(loaded: Any, db: str | Store, *, tasks: Sequence[str] | None 
             pred = ranker.rank(eval_ids)
         finally:
             ranker.close()
-        best = baseline_rankings(store, task, eval_ids)[entry["baseline"]["name"]]
+        best = ranked_by[task][entry["baseline"]["name"]]
         entry["model"] = L.metrics(pred, counts, flat)
         entry["model_vs_baseline"] = {**L.paired_bootstrap(pred, best, counts, flat),
                                       "baseline": entry["baseline"]["name"]}
+        if "gbdt" in ranked_by[task]:
+            entry["model_vs_gbdt"] = L.paired_bootstrap(pred, ranked_by[task]["gbdt"], counts, flat)
     return out
