@@ -94,7 +94,7 @@ def run_link_baselines(db: str | Store, *, tasks: Sequence[str] | None = None, s
 
 
 # -- the model ----------------------------------------------------------------------------------------------------
-POPULAR_PRIOR = 100  # the most linked rows outside a context that can enter a model's list
+POPULAR_PRIOR = 100  # the rows of the fallback list (past targets, then the most linked) that can enter a model's
 
 
 @functools.partial(jax.jit, static_argnames=("num_rows",))
@@ -106,10 +106,11 @@ def _link_probabilities(model: Any, inputs: dict[str, jax.Array], col_tab: jax.A
 class LinkRanker:
     """A checkpoint with a link head bound to one store's link task: each seed's ranked target rows.
 
-    The rows of the target table in a seed's context get the model's probability of a link; the most linked rows
-    known at the seed's observation time that are not in its context get the rate at which rows of that place in
-    the popularity list outside a context were linked, measured on the latest train seeds (`calibrate`). The k
-    most probable of both, so a catalogue row the context never reached can still be answered."""
+    The rows of the target table in a seed's context get the model's probability of a link. The rows of the
+    fallback list, the past-targets baseline's (the anchor's own targets known at the observation time, then the
+    most linked rows), that are not in the context get the rate at which rows of that place in the list outside a
+    context were linked on the latest train seeds (`calibrate`). The k most probable of both: a target the anchor
+    linked long ago, or a catalogue row the context never reached, can still be answered."""
 
     def __init__(self, loaded: Any, store: Store, task: str):
         from confluence.model.inputs import DbTables, fitted_max_k
@@ -148,15 +149,17 @@ class LinkRanker:
         return out
 
     def popular(self, seed_ids: np.ndarray) -> np.ndarray:
-        """[n, POPULAR_PRIOR]: the most linked rows known at each seed's observation time."""
+        """[n, POPULAR_PRIOR]: the fallback list of each seed, from links known at its observation time: its
+        anchor's own earlier targets, then the most linked rows."""
         arr = self.store.link_arrays(self.task)
         table = self.store.table(self.info.target_table)
-        return L.popularity(np.asarray(arr.anchor_row), np.asarray(arr.obs_time), np.asarray(arr.offsets),
-                            np.asarray(arr.targets), self.info.horizon_us,
-                            (table.row_offset, table.row_offset + table.num_rows), seed_ids, POPULAR_PRIOR)
+        args = (np.asarray(arr.anchor_row), np.asarray(arr.obs_time), np.asarray(arr.offsets),
+                np.asarray(arr.targets), self.info.horizon_us)
+        pop = L.popularity(*args, (table.row_offset, table.row_offset + table.num_rows), seed_ids, POPULAR_PRIOR)
+        return L.past_targets(*args, seed_ids, POPULAR_PRIOR, fill=pop)
 
     def calibrate(self, n: int = 1000) -> np.ndarray:
-        """The link rate of each place in the popularity list outside a context, on the latest `n` train seeds."""
+        """The link rate of each place in the fallback list outside a context, on the latest `n` train seeds."""
         arr = self.store.link_arrays(self.task)
         train = link_split_ids(self.store, self.task, "train")
         ids = np.sort(train[np.argsort(np.asarray(arr.obs_time)[train], kind="stable")[-n:]])
