@@ -106,11 +106,12 @@ def _link_probabilities(model: Any, inputs: dict[str, jax.Array], col_tab: jax.A
 class LinkRanker:
     """A checkpoint with a link head bound to one store's link task: each seed's ranked target rows.
 
-    The rows of the target table in a seed's context get the model's probability of a link. The rows of the
-    fallback list, the past-targets baseline's (the anchor's own targets known at the observation time, then the
-    most linked rows), that are not in the context get the rate at which rows of that place in the list outside a
-    context were linked on the latest train seeds (`calibrate`). The k most probable of both: a target the anchor
-    linked long ago, or a catalogue row the context never reached, can still be answered."""
+    A seed's candidates are the rows of the target table in its context, which the model gives a probability of a
+    link, and the rows of its fallback list, the past-targets baseline's (the anchor's own targets known at the
+    observation time, then the most linked rows), each with its place. A logistic regression fitted on the latest
+    train seeds (`calibrate`) turns both into one chance of a link, and the k likeliest are the answer: a target
+    the anchor linked long ago, or a row the context never reached, can still be answered, and a model that knows
+    little leaves the list as the fallback had it."""
 
     def __init__(self, loaded: Any, store: Store, task: str):
         from confluence.model.inputs import DbTables, fitted_max_k
@@ -124,7 +125,7 @@ class LinkRanker:
         self.source = LinkSource(store, task, loaded.config)
         tables = DbTables.for_model(store, fitted_max_k(loaded.config.loss.max_k, [store]), loaded.config.model)
         self.col_tab, self.cat_tab = jnp.asarray(tables.column_embeddings), jnp.asarray(tables.categorical_embeddings)
-        self.prior = np.zeros(POPULAR_PRIOR)
+        self.combiner: Any = None  # fitted by `calibrate`
 
     def close(self) -> None:
         self.source.close()
@@ -158,38 +159,71 @@ class LinkRanker:
         pop = L.popularity(*args, (table.row_offset, table.row_offset + table.num_rows), seed_ids, POPULAR_PRIOR)
         return L.past_targets(*args, seed_ids, POPULAR_PRIOR, fill=pop)
 
-    def calibrate(self, n: int = 1000) -> np.ndarray:
-        """The link rate of each place in the fallback list outside a context, on the latest `n` train seeds."""
+    def features(self, rows: np.ndarray, p: np.ndarray, fallback: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One seed's candidates (its context's target rows and its fallback list, each row once, ascending) and
+        their features: the model's logit and whether the context holds the row; log(1 + place) in the fallback
+        list and whether the list holds it."""
+        fb = fallback[fallback >= 0]
+        cand = np.unique(np.concatenate([rows, fb]))
+        in_ctx = np.isin(cand, rows)
+        logit = np.zeros(len(cand))
+        q = np.clip(p.astype(np.float64), 1e-6, 1 - 1e-6)
+        logit[in_ctx] = (np.log(q) - np.log1p(-q))[_positions(rows, cand[in_ctx])]
+        in_fb = np.isin(cand, fb)
+        place = np.zeros(len(cand))
+        place[in_fb] = np.log1p(_positions(fb, cand[in_fb]))
+        return cand, np.stack([logit, in_ctx, place, in_fb], axis=1).astype(np.float64)
+
+    def calibrate(self, n: int | None = None) -> np.ndarray:
+        """Fit how the model's probability and the fallback list's place combine into the chance of a link (a
+        logistic regression over every candidate of the train seeds the head did not train on,
+        `train_and_calibration_ids`; at most `n` of them, the latest); returns its coefficients."""
+        from sklearn.linear_model import LogisticRegression
+
+        from confluence.sampler.links import train_and_calibration_ids
+
         arr = self.store.link_arrays(self.task)
-        train = link_split_ids(self.store, self.task, "train")
-        ids = np.sort(train[np.argsort(np.asarray(arr.obs_time)[train], kind="stable")[-n:]])
-        ctx = self.contexts(ids, scores=False)
-        pop = self.popular(ids)
-        hits = np.zeros(POPULAR_PRIOR)
-        seen = np.zeros(POPULAR_PRIOR)
+        _, ids = train_and_calibration_ids(self.store, self.task)
+        if n is not None:
+            ids = ids[np.argsort(np.asarray(arr.obs_time)[ids], kind="stable")[-n:]]
+        if len(ids) == 0:
+            raise ConfluenceError(f"link task {self.task!r}: no train seed after the ones the head trained on "
+                                  "to calibrate the ranker on (it needs several observation times)")
+        ids = np.sort(ids)
+        ctx = self.contexts(ids)
+        fallback = self.popular(ids)
+        xs, ys = [], []
         for i, s in enumerate(ids):
-            truth = np.asarray(arr.targets[arr.offsets[s]:arr.offsets[s + 1]])
-            outside = pop[i][(pop[i] >= 0) & ~np.isin(pop[i], ctx[i][0])]
-            seen[:len(outside)] += 1
-            hits[:len(outside)] += np.isin(outside, truth)
-        self.prior = hits / np.maximum(seen, 1)
-        return self.prior
+            cand, x = self.features(*ctx[i], fallback[i])
+            xs.append(x)
+            ys.append(np.isin(cand, arr.targets[arr.offsets[s]:arr.offsets[s + 1]]))
+        x, y = np.concatenate(xs), np.concatenate(ys)
+        if y.all() or not y.any():
+            raise ConfluenceError(f"link task {self.task!r}: the latest train seeds' candidates are all "
+                                  f"{'links' if y.any() else 'non-links'}; nothing to calibrate on")
+        self.combiner = LogisticRegression(C=1.0, max_iter=1000).fit(x, y)
+        return np.concatenate([self.combiner.intercept_, self.combiner.coef_[0]])
 
     def rank(self, seed_ids: np.ndarray, k: int | None = None) -> np.ndarray:
-        """[n, k] target rows, most probable first (-1 pads)."""
+        """[n, k] target rows, most probable first (-1 pads); `calibrate` first."""
+        if self.combiner is None:
+            raise ConfluenceError("LinkRanker.rank needs calibrate() first")
         k = k or self.info.k
         seed_ids = np.asarray(seed_ids, dtype=np.int64)
         ctx = self.contexts(seed_ids)
-        pop = self.popular(seed_ids)
+        fallback = self.popular(seed_ids)
         out = np.full((len(seed_ids), k), -1, dtype=np.int64)
         for i in range(len(seed_ids)):
-            rows, p = ctx[i]
-            outside = pop[i][(pop[i] >= 0) & ~np.isin(pop[i], rows)]
-            all_rows = np.concatenate([rows, outside])
-            all_p = np.concatenate([p, self.prior[:len(outside)]])
-            order = np.lexsort((all_rows, -all_p))[:k]
-            out[i, :len(order)] = all_rows[order]
+            cand, x = self.features(*ctx[i], fallback[i])
+            order = np.lexsort((cand, -self.combiner.decision_function(x)))[:k]
+            out[i, :len(order)] = cand[order]
         return out
+
+
+def _positions(rows: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """The index in `rows` (distinct values) of each of `wanted` (all present)."""
+    order = np.argsort(rows, kind="stable")
+    return order[np.searchsorted(rows[order], wanted)]
 
 
 def evaluate_links(loaded: Any, db: str | Store, *, tasks: Sequence[str] | None = None, split: str = "test",

@@ -32,6 +32,27 @@ def link_split_ids(store: Any, task: str, split: str) -> np.ndarray:
     return np.flatnonzero(ids == split_index(split)).astype(np.int64)
 
 
+CALIBRATION_SHARE = 0.1  # the latest train seeds the link head never trains on: its ranker is calibrated on them
+MAX_CALIBRATION = 1000
+
+
+def train_and_calibration_ids(store: Any, task: str) -> tuple[np.ndarray, np.ndarray]:
+    """A link task's train seeds split in two by observation time: those the link head trains on, and the latest
+    (`CALIBRATION_SHARE` of them, at most `MAX_CALIBRATION`, whole observation times), on which the ranker learns
+    how far to trust the model's probabilities against the fallback list: fitted on seeds the model was trained on,
+    it would trust them too much."""
+    ids = link_split_ids(store, task, "train")
+    obs = np.asarray(store.link_arrays(task).obs_time)[ids]
+    want = min(MAX_CALIBRATION, int(len(ids) * CALIBRATION_SHARE))
+    if want == 0:
+        return ids, ids[:0]
+    cut = np.sort(obs)[len(ids) - want]
+    calib = obs >= cut
+    if calib.all():  # one observation time: no later part to hold out
+        return ids, ids[:0]
+    return ids[~calib], ids[calib]
+
+
 def link_task_data(store: Any, name: str) -> TaskData:
     """A link task of `store` as the kernels read a task: a derived boolean question cell (its value is never
     shown: the cell is the target) and the observation-time cell; no excluded columns."""
@@ -103,8 +124,9 @@ class LinkSource:
                                 self.targets, epoch)
 
     def train_batches(self, seed: int) -> Iterator[tuple[int, np.ndarray]]:
-        """Endless (epoch, seed ids) of the train split, each epoch in its own fixed order."""
-        ids = link_split_ids(self.store, self.task, "train")
+        """Endless (epoch, seed ids) of the train seeds the head trains on (`train_and_calibration_ids`), each epoch
+        in its own fixed order."""
+        ids, _ = train_and_calibration_ids(self.store, self.task)
         if len(ids) == 0:
             raise ConfluenceError(f"link task {self.task!r} has no train seeds")
         epoch = 0
