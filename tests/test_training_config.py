@@ -20,7 +20,8 @@ def test_recipes_are_files_and_load_by_name():
     assert (base.model.n_layers, base.sampler.batch_size, base.model.attention_impl) == (12, 32, "auto")
     # the demo's recipe: `small` plus the settings the demo measured better
     # (its model, except the column codes pretrained:small was made without, which it pins off)
-    assert demo.model == replace(small.model, column_codes=0.0) and demo.loop == replace(small.loop, patience=0)
+    assert demo.model == replace(small.model, column_codes=0.0, time_reference_gate="learned")
+    assert demo.loop == replace(small.loop, patience=0)
     assert (demo.loss.numeric_loss, demo.sampler.recent, demo.sampler.width_per_fk, demo.sampler.child_counts,
             demo.sampler.task_recent) == ("median", 16, True, "anchor", {"flights.dep_at": 0})
     # `small`, the recipe of `confluence train` without --config: column codes and the anchor's windowed counts

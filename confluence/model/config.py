@@ -47,7 +47,8 @@ class ModelConfig:
     # seeds' values: a saved config that does not name one (saved before it existed) was trained without it, and
     # configs/seed.toml sets them so (docs/design/decisions.md, "Defaults are what ships").
     SEED: ClassVar[dict[str, Any]] = {"category_codes": 0.0, "column_codes": 0.0, "row_age": False,
-                                       "numeric_by_column": False, "copy_head": False, "time_reference": False}
+                                       "numeric_by_column": False, "copy_head": False, "time_reference": False,
+                                       "time_reference_gate": "learned"}
 
     d_model: int = 256  # D, the width of every cell's hidden state
     n_layers: int = 12  # blocks (each: outbound, inbound and column attention, then a SwiGLU FFN)
@@ -101,10 +102,11 @@ class ModelConfig:
     # scheduled time plus a delay" needs no absolute date carried through the model; False is seed 004's absolute
     # timestamp decoder alone
     time_reference: bool = True
-    # how the time reference's answer mixes with the absolute head's: "learned" (a gate from the target's state,
-    # the first form) or "open" (the reference alone whenever a timestamp is visible: an absolute date learnt on the
-    # training period cannot reach a later split; docs/design/decisions.md)
-    time_reference_gate: Literal["learned", "open"] = "learned"
+    # how the time reference's answer mixes with the absolute head's: "open" (the reference alone whenever a
+    # timestamp is visible: an absolute date learnt on the training period cannot reach a later split) or "learned"
+    # (a gate from the target's state, the first form, which answered "when next" times days early on the tune
+    # databases' validation; docs/design/decisions.md, "The time reference's gate")
+    time_reference_gate: Literal["learned", "open"] = "open"
     # the attention kinds whose softmax also has a learned per-head sink: a virtual key with a learned logit and a
     # zero value, so a query can attend to "nothing" and the output's size tells how many keys matched (softmax
     # alone averages: 3 matching children and 30 give the same output); () is seed 000's softmax
