@@ -71,7 +71,7 @@ def test_a_trained_link_head_ranks_and_is_evaluated_beside_the_baselines(store, 
     ranker = LinkRanker(loaded, store, TASK)
     try:
         coef = ranker.calibrate(200)
-        assert coef.shape == (5,) and np.isfinite(coef).all()  # intercept; logit, in context, place, in list
+        assert coef.shape == (9,) and np.isfinite(coef).all()  # intercept; logit, in context; place, in list x 3
         ids = link_split_ids(store, TASK, "val")[:20]
         ranked = ranker.rank(ids)
     finally:

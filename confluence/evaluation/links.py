@@ -107,11 +107,11 @@ class LinkRanker:
     """A checkpoint with a link head bound to one store's link task: each seed's ranked target rows.
 
     A seed's candidates are the rows of the target table in its context, which the model gives a probability of a
-    link, and the rows of its fallback list, the past-targets baseline's (the anchor's own targets known at the
-    observation time, then the most linked rows), each with its place. A logistic regression fitted on the latest
-    train seeds (`calibrate`) turns both into one chance of a link, and the k likeliest are the answer: a target
-    the anchor linked long ago, or a row the context never reached, can still be answered, and a model that knows
-    little leaves the list as the fallback had it."""
+    link, and the rows of the baselines' lists (the anchor's own targets known at the observation time, the most
+    linked rows, the most linked of the last horizon), each with its place. A logistic regression fitted on the
+    latest train seeds (`calibrate`) turns them into one chance of a link, and the k likeliest are the answer: a
+    target the anchor linked long ago, or a row the context never reached, can still be answered, and where the
+    model knows little the best baseline's list stands."""
 
     def __init__(self, loaded: Any, store: Store, task: str):
         from confluence.model.inputs import DbTables, fitted_max_k
@@ -150,29 +150,35 @@ class LinkRanker:
         return out
 
     def popular(self, seed_ids: np.ndarray) -> np.ndarray:
-        """[n, POPULAR_PRIOR]: the fallback list of each seed, from links known at its observation time: its
-        anchor's own earlier targets, then the most linked rows."""
+        """[n, 3, POPULAR_PRIOR]: the baselines' lists of each seed, from links known at its observation time: its
+        anchor's own earlier targets (then the most linked rows), the most linked rows, the most linked in the
+        last horizon."""
         arr = self.store.link_arrays(self.task)
         table = self.store.table(self.info.target_table)
         args = (np.asarray(arr.anchor_row), np.asarray(arr.obs_time), np.asarray(arr.offsets),
                 np.asarray(arr.targets), self.info.horizon_us)
-        pop = L.popularity(*args, (table.row_offset, table.row_offset + table.num_rows), seed_ids, POPULAR_PRIOR)
-        return L.past_targets(*args, seed_ids, POPULAR_PRIOR, fill=pop)
+        catalog = (table.row_offset, table.row_offset + table.num_rows)
+        pop = L.popularity(*args, catalog, seed_ids, POPULAR_PRIOR)
+        recent = L.popularity(*args, catalog, seed_ids, POPULAR_PRIOR, window_us=self.info.horizon_us)
+        return np.stack([L.past_targets(*args, seed_ids, POPULAR_PRIOR, fill=pop), pop, recent], axis=1)
 
-    def features(self, rows: np.ndarray, p: np.ndarray, fallback: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """One seed's candidates (its context's target rows and its fallback list, each row once, ascending) and
-        their features: the model's logit and whether the context holds the row; log(1 + place) in the fallback
-        list and whether the list holds it."""
-        fb = fallback[fallback >= 0]
-        cand = np.unique(np.concatenate([rows, fb]))
+    def features(self, rows: np.ndarray, p: np.ndarray, lists: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One seed's candidates (its context's target rows and the rows of its baselines' `lists`, each row once,
+        ascending) and their features: the model's logit and whether the context holds the row; per list,
+        log(1 + place) and whether the list holds it."""
+        lists = [lst[lst >= 0] for lst in lists]
+        cand = np.unique(np.concatenate([rows, *lists]))
         in_ctx = np.isin(cand, rows)
         logit = np.zeros(len(cand))
         q = np.clip(p.astype(np.float64), 1e-6, 1 - 1e-6)
         logit[in_ctx] = (np.log(q) - np.log1p(-q))[_positions(rows, cand[in_ctx])]
-        in_fb = np.isin(cand, fb)
-        place = np.zeros(len(cand))
-        place[in_fb] = np.log1p(_positions(fb, cand[in_fb]))
-        return cand, np.stack([logit, in_ctx, place, in_fb], axis=1).astype(np.float64)
+        cols = [logit, in_ctx]
+        for lst in lists:
+            inside = np.isin(cand, lst)
+            place = np.zeros(len(cand))
+            place[inside] = np.log1p(_positions(lst, cand[inside]))
+            cols += [place, inside]
+        return cand, np.stack(cols, axis=1).astype(np.float64)
 
     def calibrate(self, n: int | None = None) -> np.ndarray:
         """Fit how the model's probability and the fallback list's place combine into the chance of a link (a
