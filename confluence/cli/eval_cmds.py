@@ -270,13 +270,15 @@ def evaluate_cmd(
 def _link_evaluation(checkpoint: Path, db: Path, tasks: list[str] | None, split: str,
                      max_seeds: int, gbdt: bool) -> dict | None:
     """`evaluate_links` of a checkpoint trained with a link head (`train-links`) on the store's link tasks (those of
-    `tasks`, default all); None for a checkpoint without one, which `evaluate` scores on cell tasks."""
+    `tasks`, default those it trained on); None for a checkpoint without one or a store without link tasks, whose
+    cell tasks `evaluate` scores."""
     from confluence.evaluation.links import evaluate_links
     from confluence.inference.predictor import load_model
+    from confluence.store import Store
     from confluence.toolkit.checkpoint import read_checkpoint
 
-    if not read_checkpoint(Path(checkpoint)).meta.get("link_task"):
-        return None
+    if not read_checkpoint(Path(checkpoint)).meta.get("link_task") or not Store.open(db).link_tasks:
+        return None  # no link head, or no link task here: the cell tasks are scored
     return evaluate_links(load_model(checkpoint), db, tasks=tasks or None, split=split, max_seeds=max_seeds or None,
                           gbdt=gbdt)
 
