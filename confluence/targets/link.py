@@ -14,20 +14,11 @@ t + horizon on, so a seed observed at T sees only links whose seed time is at mo
 from __future__ import annotations
 
 import math
-from typing import ClassVar
 
 import numpy as np
 
 HEADLINE = ("map", True)  # MAP@k, higher is better
 METRICS = ("map", "precision", "recall", "ndcg")
-
-
-class Link:
-    """The link target kind (it ranks rows; the single-value kinds of `confluence.targets` predict one cell)."""
-
-    label: ClassVar[str] = "link"
-    headline: ClassVar[tuple[str, bool]] = HEADLINE
-    relbench_type: ClassVar[str] = "link_prediction"
 
 
 def truth_sets(offsets: np.ndarray, targets: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
