@@ -225,3 +225,24 @@ def test_run_link_baselines_scores_every_baseline(store):
     assert res["info"]["k"] == 5 and res["info"]["n_eval"] == res["popularity"]["n"] > 0
     for name in ("popularity", "recent_popularity", "past_targets"):
         assert 0.0 <= res[name]["map"] <= 1.0
+
+
+@pytest.mark.parametrize("query, refusal", [
+    ("SELECT o.customer_id, o.ordered_at AS observed_at, o.book_id FROM orders o WHERE o.order_id NOT IN (SELECT"
+     " length(column0) FROM read_csv('/etc/passwd', header = false, columns = {'column0': 'VARCHAR'}))",
+     "read_csv"),
+    ("SELECT customer_id, ordered_at AS observed_at, book_id FROM orders); ATTACH 'x.db' AS pwn; SELECT (1",
+     "its query fails"),  # closing the subquery it is wrapped in: a parse error, nothing attached
+])
+def test_a_hostile_link_query_is_refused_and_writes_nothing(tmp_path, query, refusal):
+    """A link task's SQL is untrusted like every task's: validation names the task and refuses to run it, and
+    preprocessing writes no store."""
+    from confluence.errors import ConfluenceError
+
+    src = write_bookstore(tmp_path, size="small")
+    out = tmp_path / "store"
+    with pytest.raises(ConfluenceError) as err:
+        preprocess(src, write_metadata(tmp_path, meta_with(query=query)), out, encoder=HashEncoder(8),
+                   progress=False)
+    assert "link task 'customer_books'" in str(err.value) and refusal in str(err.value), str(err.value)
+    assert not out.exists() and not (tmp_path / "x.db").exists() and not (src / "x.db").exists()

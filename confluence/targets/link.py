@@ -17,7 +17,6 @@ import math
 
 import numpy as np
 
-HEADLINE = ("map", True)  # MAP@k, higher is better
 METRICS = ("map", "precision", "recall", "ndcg")
 
 
