@@ -107,3 +107,17 @@ def test_the_cli_trains_and_evaluates_a_link_task_and_never_writes_into_a_users_
                               "--max-seeds", "40"])
     assert res.exit_code == 0, res.output
     assert "link to books" in res.output and "model" in res.output and "map" in res.output
+
+
+def test_fewer_train_seeds_than_a_batch_still_make_batches(store):
+    """A link task with fewer train seeds than a batch trains on short batches instead of waiting forever."""
+    from confluence.sampler.links import train_and_calibration_ids
+
+    fit, _ = train_and_calibration_ids(store, TASK)
+    source = LinkSource(store, TASK, tiny_run_config(sampler={**SAMPLER, "batch_size": len(fit) + 5}))
+    try:
+        batches = source.train_batches(0)
+        (e0, first), (e1, second) = next(batches), next(batches)
+        assert (e0, e1) == (0, 1) and sorted(first.tolist()) == sorted(fit.tolist()) == sorted(second.tolist())
+    finally:
+        source.close()

@@ -132,7 +132,8 @@ class LinkSource:
         epoch = 0
         while True:
             order = np.random.default_rng((seed, epoch)).permutation(ids)
-            for lo in range(0, len(order) - self.batch_size + 1, self.batch_size):
+            # whole batches; fewer seeds than a batch make one short batch (the builder pads it), never none
+            for lo in range(0, max(len(order) - self.batch_size, 0) + 1, self.batch_size):
                 yield epoch, np.sort(order[lo:lo + self.batch_size])
             epoch += 1
 
