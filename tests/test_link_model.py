@@ -4,13 +4,16 @@ baselines, and the CLI's `train-links` / `evaluate` on its checkpoint."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from confluence.cli.main import app
 from confluence.errors import ConfluenceError
-from confluence.evaluation.links import LinkRanker, evaluate_links
+from confluence.evaluation.links import evaluate_links
+from confluence.inference.links import LinkRanker
 from confluence.inference.predictor import LoadedModel, load_model
 from confluence.preprocess.pipeline import preprocess
 from confluence.sampler.links import LinkSource, link_split_ids
@@ -71,7 +74,8 @@ def test_a_trained_link_head_ranks_and_is_evaluated_beside_the_baselines(store, 
     ranker = LinkRanker(loaded, store, TASK)
     try:
         coef = ranker.calibrate(200)
-        assert coef.shape == (9,) and np.isfinite(coef).all()  # intercept; logit, in context; place, in list x 3
+        # intercept; in-context logit, in context; catalogue logit; place, in list x (catalogue + 3 baselines)
+        assert coef.shape == (12,) and np.isfinite(coef).all()
         ids = link_split_ids(store, TASK, "val")[:20]
         ranked = ranker.rank(ids)
     finally:
@@ -114,10 +118,26 @@ def test_fewer_train_seeds_than_a_batch_still_make_batches(store):
     from confluence.sampler.links import train_and_calibration_ids
 
     fit, _ = train_and_calibration_ids(store, TASK)
-    source = LinkSource(store, TASK, tiny_run_config(sampler={**SAMPLER, "batch_size": len(fit) + 5}))
+    cfg = tiny_run_config(sampler={**SAMPLER, "batch_size": len(fit) + 5})
+    source = LinkSource(store, TASK, replace(cfg, link=replace(cfg.link, catalogue=False)))
     try:
         batches = source.train_batches(0)
         (e0, first), (e1, second) = next(batches), next(batches)
         assert (e0, e1) == (0, 1) and sorted(first.tolist()) == sorted(fit.tolist()) == sorted(second.tolist())
+    finally:
+        source.close()
+    # with the catalogue side, a batch holds the seeds of one observation time, and an epoch every one of them
+    source = LinkSource(store, TASK, cfg)
+    obs = np.asarray(store.link_arrays(TASK).obs_time)
+    try:
+        batches = source.train_batches(0)
+        epoch = []
+        while True:
+            e, ids = next(batches)
+            if e > 0:
+                break
+            assert len(np.unique(obs[ids])) == 1
+            epoch.append(ids)
+        assert sorted(np.concatenate(epoch).tolist()) == sorted(fit.tolist())
     finally:
         source.close()

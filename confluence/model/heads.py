@@ -243,22 +243,41 @@ class TimeReference(eqx.Module):
 
 
 class LinkHead(eqx.Module):
-    """Scores of the rows of a context as answers to a link question: the question cell's final state (a query)
-    against each row's mean final state (a key), scaled by 1/sqrt(D), plus a learned offset: a logit per row of
-    whether the anchor links to it within the horizon (`confluence.links`)."""
+    """Scores of target rows as answers to a link question: the question cell's final state (a query) against a
+    row's mean final state (a key), scaled by 1/sqrt(D), plus a learned offset: a logit of whether the anchor links
+    to the row within the horizon (`confluence.sampler.links`). A row is read either inside the anchor's context
+    (`key`: it depends on the anchor) or from its own context (`own`: the catalogue side, one vector per row and
+    observation time, so every row of the target table can be scored with one matrix product)."""
 
     query: Linear
     key: Linear
     offset: jax.Array
+    own: Linear
+    own_offset: jax.Array
 
     def __init__(self, d_model: int, *, key: jax.Array):
-        kq, kk = jax.random.split(key)
+        kq, kk, ko = jax.random.split(key, 3)
         self.query = Linear(d_model, d_model, key=kq)
         self.key = Linear(d_model, d_model, key=kk, use_bias=False)
         self.offset = jnp.zeros((), jnp.float32)
+        self.own = Linear(d_model, d_model, key=ko, use_bias=False)
+        self.own_offset = jnp.zeros((), jnp.float32)
 
     def __call__(self, question: jax.Array, rows: jax.Array) -> jax.Array:
-        """question [B, D], rows [B, R, D] -> logits [B, R] (float32)."""
+        """question [B, D], rows [B, R, D] (in the anchor's context) -> logits [B, R] (float32)."""
         q = self.query(question).astype(jnp.float32)
         k = self.key(rows).astype(jnp.float32)
         return jnp.einsum("bd,brd->br", q, k) / math.sqrt(q.shape[-1]) + self.offset
+
+    def queries(self, question: jax.Array) -> jax.Array:
+        """[B, D] float32: the questions as the catalogue side reads them (scaled by 1/sqrt(D))."""
+        q = self.query(question).astype(jnp.float32)
+        return q / math.sqrt(q.shape[-1])
+
+    def catalogue_keys(self, rows: jax.Array) -> jax.Array:
+        """rows [M, D] (each from its own context) -> keys [M, D] float32."""
+        return self.own(rows).astype(jnp.float32)
+
+    def catalogue(self, queries: jax.Array, keys: jax.Array) -> jax.Array:
+        """queries [B, D] (`queries`), keys [M, D] (`catalogue_keys`) -> logits [B, M] (float32)."""
+        return queries @ keys.T + self.own_offset

@@ -162,3 +162,15 @@ def link_loss(logits: jax.Array, candidates: jax.Array, positives: jax.Array, se
     per_seq = (bce * w).sum(axis=1) / jnp.maximum(n, 1.0)
     counted = (n > 0).astype(jnp.float32)
     return (per_seq * counted).sum() / jnp.maximum(counted.sum(), 1.0), counted.sum()
+
+
+def catalogue_loss(logits: jax.Array, truth: jax.Array, seq_valid: jax.Array, item_valid: jax.Array) -> jax.Array:
+    """The catalogue side's loss: per seed the mean binary cross-entropy of its logits [B, M] against every
+    catalogue row of the batch (`truth` [B, M]: the row is in the seed's answer; `item_valid` [M]: a real row, not
+    padding), averaged over the valid seeds. Binary for the same reason as `link_loss`."""
+    w = (seq_valid[:, None] & item_valid[None, :]).astype(jnp.float32)
+    bce = optax.sigmoid_binary_cross_entropy(logits, truth.astype(jnp.float32))
+    n = w.sum(axis=1)
+    per_seq = (bce * w).sum(axis=1) / jnp.maximum(n, 1.0)
+    counted = (n > 0).astype(jnp.float32)
+    return (per_seq * counted).sum() / jnp.maximum(counted.sum(), 1.0)

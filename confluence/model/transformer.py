@@ -93,13 +93,11 @@ class RelationalTransformer(eqx.Module):
         return out
 
 
-    def link_scores(
+    def link_states(
         self, inputs: dict[str, jax.Array], column_table: jax.Array, category_table: jax.Array, num_rows: int
-    ) -> jax.Array:
-        """[B, num_rows] link logits: every sequence-local row's mean final state (over its real cells) scored
-        against the target cell's by the link head. Needs `cfg.link_head`."""
-        if self.link is None:
-            raise ValueError("this model has no link head (model.link_head = false)")
+    ) -> tuple[jax.Array, jax.Array]:
+        """The question cell's final state [B, D] and every sequence-local row's mean final state over its real
+        cells [B, num_rows, D] (float32): what the link head scores."""
         m = cast_floating(self, jnp.dtype(self.cfg.compute_dtype))
         inputs = {k: jnp.asarray(v) for k, v in inputs.items()}
         hn = m.final_norm(self.hidden(inputs, column_table, category_table))
@@ -108,8 +106,33 @@ class RelationalTransformer(eqx.Module):
         member = jax.nn.one_hot(inputs["seq_row_ids"].astype(jnp.int32), num_rows, dtype=jnp.float32)
         member = member * (~inputs["is_padding"] & ~inputs["is_target"])[..., None]
         sums = jnp.einsum("bsr,bsd->brd", member, hn.astype(jnp.float32))
-        rows = sums / jnp.maximum(member.sum(axis=1), 1.0)[..., None]
-        return m.link(question.astype(hn.dtype), rows.astype(hn.dtype))
+        return question, sums / jnp.maximum(member.sum(axis=1), 1.0)[..., None]
+
+    def link_scores(
+        self, inputs: dict[str, jax.Array], column_table: jax.Array, category_table: jax.Array, num_rows: int
+    ) -> jax.Array:
+        """[B, num_rows] link logits: every sequence-local row's mean final state (over its real cells) scored
+        against the target cell's by the link head. Needs `cfg.link_head`."""
+        head = self._link_head()
+        question, rows = self.link_states(inputs, column_table, category_table, num_rows)
+        return head(question, rows)
+
+    def link_queries(self, question: jax.Array) -> jax.Array:
+        """[B, D]: questions (`link_states`) as the catalogue side reads them."""
+        return self._link_head().queries(question)
+
+    def catalogue_keys(
+        self, inputs: dict[str, jax.Array], column_table: jax.Array, category_table: jax.Array
+    ) -> jax.Array:
+        """[B, D] float32: each sequence's anchor row (a target row in its own context) as a catalogue key."""
+        head = self._link_head()
+        _, rows = self.link_states(inputs, column_table, category_table, 1)
+        return head.catalogue_keys(rows[:, 0])
+
+    def _link_head(self) -> LinkHead:
+        if self.link is None:
+            raise ValueError("this model has no link head (model.link_head = false)")
+        return self.link
 
 
 def is_abstract_param(x: object) -> bool:

@@ -105,14 +105,20 @@ def popularity(anchor_row: np.ndarray, obs_time: np.ndarray, offsets: np.ndarray
     (seed time <= T - horizon); `window_us`: count only links whose seed time is within that long before the
     newest known one (T - horizon - window_us < t), "recent popularity". `catalog`: the target table's global
     rows [first, end)."""
+    return popularity_at(obs_time, offsets, targets, horizon_us, catalog,
+                         np.asarray(obs_time)[np.asarray(eval_ids, dtype=np.int64)], k, window_us)
+
+
+def popularity_at(obs_time: np.ndarray, offsets: np.ndarray, targets: np.ndarray, horizon_us: int,
+                  catalog: tuple[int, int], times: np.ndarray, k: int, window_us: int | None = None) -> np.ndarray:
+    """`popularity` at any observation times `times` (not only the task's seeds'): [len(times), k]."""
     first, end = catalog
-    seed_of_link = np.repeat(np.arange(len(anchor_row)), np.diff(offsets))
+    seed_of_link = np.repeat(np.arange(len(obs_time)), np.diff(offsets))
     link_time = np.asarray(obs_time)[seed_of_link]
     order = np.argsort(link_time, kind="stable")
     link_time, link_row = link_time[order], np.asarray(targets)[order] - first
-    eval_ids = np.asarray(eval_ids, dtype=np.int64)
-    t_eval = np.asarray(obs_time)[eval_ids] - horizon_us
-    out = np.full((len(eval_ids), k), -1, dtype=np.int64)
+    t_eval = np.asarray(times, dtype=np.int64) - horizon_us
+    out = np.full((len(t_eval), k), -1, dtype=np.int64)
     counts = np.zeros(end - first, dtype=np.float64)
     added = removed = 0
     for t in np.unique(t_eval):
@@ -131,20 +137,29 @@ def past_targets(anchor_row: np.ndarray, obs_time: np.ndarray, offsets: np.ndarr
                  horizon_us: int, eval_ids: np.ndarray, k: int, fill: np.ndarray | None = None) -> np.ndarray:
     """[n, k]: per evaluated seed, the target rows its own anchor linked to in links known at its observation time,
     most often first, then most recent, then row; the rest of the list from `fill` ([n, k], e.g. popularity)."""
-    anchor_row, obs_time = np.asarray(anchor_row), np.asarray(obs_time)
     eval_ids = np.asarray(eval_ids, dtype=np.int64)
-    out = np.full((len(eval_ids), k), -1, dtype=np.int64)
-    for i, s in enumerate(eval_ids):
-        a, cutoff = anchor_row[s], obs_time[s] - horizon_us
+    return past_targets_at(anchor_row, obs_time, offsets, targets, horizon_us, np.asarray(anchor_row)[eval_ids],
+                           np.asarray(obs_time)[eval_ids], k, fill)
+
+
+def past_targets_at(anchor_row: np.ndarray, obs_time: np.ndarray, offsets: np.ndarray, targets: np.ndarray,
+                    horizon_us: int, anchors: np.ndarray, times: np.ndarray, k: int, fill: np.ndarray | None = None
+                    ) -> np.ndarray:
+    """`past_targets` of any anchor rows `anchors` at observation times `times` (an anchor with no seed of the
+    task gets only `fill`)."""
+    anchor_row, obs_time = np.asarray(anchor_row), np.asarray(obs_time)
+    out = np.full((len(anchors), k), -1, dtype=np.int64)
+    for i, (a, t) in enumerate(zip(np.asarray(anchors), np.asarray(times), strict=True)):
+        cutoff = t - horizon_us
         lo, hi = np.searchsorted(anchor_row, a, side="left"), np.searchsorted(anchor_row, a, side="right")
         hi = lo + int(np.searchsorted(obs_time[lo:hi], cutoff, side="right"))
         rows = [np.asarray(targets[offsets[j]:offsets[j + 1]]) for j in range(lo, hi)]
         if rows:
-            times = np.concatenate([np.full(len(r), obs_time[j]) for j, r in zip(range(lo, hi), rows, strict=True)])
+            times_all = np.concatenate([np.full(len(r), obs_time[j]) for j, r in zip(range(lo, hi), rows, strict=True)])
             rows_all = np.concatenate(rows)
             uniq, inv, cnt = np.unique(rows_all, return_inverse=True, return_counts=True)
             last = np.full(len(uniq), np.iinfo(np.int64).min)
-            np.maximum.at(last, inv, times)
+            np.maximum.at(last, inv, times_all)
             ranked = uniq[np.lexsort((uniq, -last, -cnt))][:k]
         else:
             ranked = np.zeros(0, np.int64)
@@ -154,3 +169,27 @@ def past_targets(anchor_row: np.ndarray, obs_time: np.ndarray, offsets: np.ndarr
             take = extra[:k - len(ranked)]
             out[i, len(ranked):len(ranked) + len(take)] = take
     return out
+
+
+def top_k(queries: np.ndarray, keys: np.ndarray, k: int, *, block: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-k of every query against every key by inner product: (indices [n, k] into `keys`, scores [n, k]),
+    best first, ties by index ascending (as a full sort would order them); k > len(keys) pads with -1 / -inf.
+    Blocks of `block` queries at a time keep memory at block x len(keys) scores."""
+    queries = np.asarray(queries, dtype=np.float32)
+    keys = np.asarray(keys, dtype=np.float32)
+    n, m = queries.shape[0], keys.shape[0]
+    idx = np.full((n, k), -1, dtype=np.int64)
+    val = np.full((n, k), -np.inf, dtype=np.float32)
+    take = min(k, m)
+    if take == 0:
+        return idx, val
+    for lo in range(0, n, block):
+        s = queries[lo:lo + block] @ keys.T
+        # every key scoring at least the k-th best is a candidate (ties at the boundary included), then sorted
+        kth = np.partition(s, m - take, axis=1)[:, m - take]
+        for j in range(s.shape[0]):
+            cand = np.flatnonzero(s[j] >= kth[j])
+            order = cand[np.lexsort((cand, -s[j, cand]))][:take]
+            idx[lo + j, :take] = order
+            val[lo + j, :take] = s[j, order]
+    return idx, val

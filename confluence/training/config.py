@@ -2,7 +2,8 @@
 
 `RunConfig` holds every setting of a run, each declared once in its own section: `model` (`ModelConfig`),
 `sampler` (`SamplerConfig`: batch shapes, context walk, task choice, splits), `optim` (`OptimConfig`), `loss`
-(`LossConfig`), `loop` (`LoopConfig`: run length, validation, checkpoints, logs) and the run's `seed`.
+(`LossConfig`), `loop` (`LoopConfig`: run length, validation, checkpoints, logs), `link` (`LinkConfig`: link
+tasks) and the run's `seed`.
 
 Recipes are TOML files in `confluence/configs/` (`small`, `base`, `demo`, ...), loaded by name; any other TOML /
 JSON file works too. A file may start from a recipe (`extends = "small"`) and overrides the settings it names.
@@ -60,6 +61,26 @@ class LoopConfig:
 
 
 @dataclass(frozen=True)
+class LinkConfig:
+    """How a link task trains and ranks (section `link`; `confluence train-links`, `evaluate` on its run)."""
+
+    # score every row of the target table, each by the transformer over its own context at the observation time,
+    # besides the rows the anchor's context reaches: rows the anchor never touched (new items) can rank
+    catalogue: bool = True
+    negatives: int = 32  # target rows drawn uniformly per training batch as the catalogue's negatives
+    positives: int = 1  # of each seed's answer, this many rows per batch as the catalogue's positives
+    item_cells: int = 128  # cells of a target row's own context (the catalogue side)
+    # the catalogue's best this many rows per seed join the ranker's candidates (beside the context's rows and the
+    # baselines' lists)
+    shortlist: int = 100
+
+    def __post_init__(self) -> None:
+        for name in ("negatives", "positives", "item_cells", "shortlist"):
+            if getattr(self, name) < 1:
+                raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """Every setting of a relational training run (module doc). Saved with each checkpoint, so evaluation and
     prediction rebuild contexts the way training did."""
@@ -69,6 +90,7 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
+    link: LinkConfig = field(default_factory=LinkConfig)
     seed: int = 0  # model initialisation, task choice, seed order and the context walk
 
     def __post_init__(self) -> None:

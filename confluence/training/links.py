@@ -3,7 +3,10 @@ link to within the horizon?".
 
 Each step draws `sampler.batch_size` train seeds of the task (a fixed shuffle per epoch), builds their contexts as
 for any derived task (`confluence.sampler.links`), scores every row of the target table that the context reached
-and fits them to the seed's answer (`model.loss.link_loss`). The optimizer, its schedule and the checkpoints are
+and fits them to the seed's answer (`model.loss.link_loss`). With the catalogue side (`link.catalogue`, the
+default) the batch's seeds share an observation time, and some target rows (part of each seed's answer, the rest
+drawn uniformly) are read from their own contexts at that time and scored against every seed of the batch
+(`model.loss.catalogue_loss`): what lets rows the anchor never touched rank. The optimizer, its schedule and the checkpoints are
 the cell tasks' (`toolkit.optim`, `toolkit.checkpoint`); a run can start from a cell-task checkpoint or a
 pretrained model (`init_from`), whose parameters all load and the link head starts fresh.
 """
@@ -25,9 +28,9 @@ import optax
 
 from confluence import outputs
 from confluence.model.inputs import DbTables, batch_to_inputs, fitted_max_k
-from confluence.model.loss import link_loss
+from confluence.model.loss import catalogue_loss, link_loss
 from confluence.model.transformer import RelationalTransformer
-from confluence.sampler.links import LinkBatch, LinkSource
+from confluence.sampler.links import LinkBatch, LinkSource, catalogue_sample
 from confluence.store import Store
 from confluence.toolkit.checkpoint import read_checkpoint, save_checkpoint
 from confluence.toolkit.optim import make_optimizer
@@ -44,13 +47,32 @@ def link_inputs(batch: LinkBatch) -> dict[str, np.ndarray]:
     return inputs
 
 
-def _forward_loss(params: Any, static: Any, inputs: dict[str, jax.Array], col_tab: jax.Array, cat_tab: jax.Array
-                  ) -> jax.Array:
+def _forward_loss(params: Any, static: Any, inputs: dict[str, jax.Array], items: dict[str, jax.Array] | None,
+                  col_tab: jax.Array, cat_tab: jax.Array) -> jax.Array:
     model = eqx.combine(params, static)
     cand = inputs["link_candidates"]
-    logits = model.link_scores(inputs, col_tab, cat_tab, cand.shape[1])
-    loss, _ = link_loss(logits, cand, inputs["link_positives"], inputs["seq_valid"])
-    return loss
+    question, rows = model.link_states(inputs, col_tab, cat_tab, cand.shape[1])
+    loss, _ = link_loss(model.link(question, rows), cand, inputs["link_positives"], inputs["seq_valid"])
+    if items is None:
+        return loss
+    keys = model.catalogue_keys(items, col_tab, cat_tab)
+    logits = model.link.catalogue(model.link_queries(question), keys)
+    return loss + catalogue_loss(logits, items["catalogue_truth"], inputs["seq_valid"], items["seq_valid"])
+
+
+def catalogue_inputs(source: LinkSource, ids: np.ndarray, rng: np.random.Generator, epoch: int
+                     ) -> dict[str, np.ndarray]:
+    """The catalogue side of a training batch of seeds `ids` (one observation time): the sampled rows' own
+    contexts (padded to `source.item_batch_size`) and "catalogue_truth" [batch_size, item_batch_size]."""
+    link = source.link
+    rows, truth = catalogue_sample(ids, source.offsets, source.targets, source.catalog, link.positives,
+                                   link.negatives, rng)
+    t = np.full(len(rows), source.obs_time[ids[0]], dtype=np.int64)
+    items = batch_to_inputs(source.item_batch(rows, t, epoch).batch)
+    full = np.zeros((source.batch_size, source.item_batch_size), dtype=bool)
+    full[:truth.shape[0], :truth.shape[1]] = truth
+    items["catalogue_truth"] = full
+    return items
 
 
 def train_links(store: Store | str | Path, task: str, out_dir: str | Path, cfg: RunConfig, *, steps: int,
@@ -89,8 +111,8 @@ def _train_links(store: Store, task: str, out_dir: Path, cfg: RunConfig, steps: 
     opt_state = optimizer.init(params)
 
     @jax.jit
-    def step_fn(params, opt_state, inputs, col_tab, cat_tab):
-        loss, grads = jax.value_and_grad(_forward_loss)(params, static, inputs, col_tab, cat_tab)
+    def step_fn(params, opt_state, inputs, items, col_tab, cat_tab):
+        loss, grads = jax.value_and_grad(_forward_loss)(params, static, inputs, items, col_tab, cat_tab)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
@@ -100,11 +122,13 @@ def _train_links(store: Store, task: str, out_dir: Path, cfg: RunConfig, steps: 
     source = LinkSource(store, task, cfg)
     try:
         batches = source.train_batches(cfg.seed)
+        rng = np.random.default_rng((cfg.seed, 1))  # the catalogue rows each step draws
         t0 = time.perf_counter()
         for step in range(steps):
             epoch, ids = next(batches)
             inputs = link_inputs(source.batch(ids, epoch))
-            params, opt_state, loss = step_fn(params, opt_state, inputs, col_tab, cat_tab)
+            items = catalogue_inputs(source, ids, rng, epoch) if cfg.link.catalogue else None
+            params, opt_state, loss = step_fn(params, opt_state, inputs, items, col_tab, cat_tab)
             if on_step is not None:
                 on_step(step + 1, float(loss))
         meta = {"config": cfg.to_dict(), "link_task": task, "databases": [store.name],

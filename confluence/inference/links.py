@@ -1,0 +1,224 @@
+"""Ranking the target rows of a link task with a trained link head: "which rows of that table will this anchor link
+to within the horizon?" answered as the k likeliest rows, for the task's seeds (evaluation) or any anchor at any
+observation time (prediction, serving).
+
+A question's candidates come from three places: the target rows its context reaches, scored by the head inside the
+context; every row of the target table, scored by the head against the row's own context at the observation time
+(the catalogue side, `LinkConfig.catalogue`: an exact top-k over the whole table, `targets.link.top_k`); and the
+baselines' lists (the anchor's own earlier targets, the most linked rows, the most linked of the last horizon).
+A logistic regression fitted on the latest train seeds, which the head never trained on (`calibrate`), turns each
+candidate's scores and places into one chance of a link; the k likeliest are the answer. Where the model knows
+little, the best baseline's list stands.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from confluence.errors import ConfluenceError
+from confluence.store import Store
+from confluence.targets import link as L
+
+POPULAR_PRIOR = 100  # the length of each baseline list whose rows can enter a question's candidates
+
+
+@functools.partial(jax.jit, static_argnames=("num_rows",))
+def _question_scores(model: Any, inputs: dict[str, jax.Array], col_tab: jax.Array, cat_tab: jax.Array,
+                     num_rows: int) -> tuple[jax.Array, jax.Array]:
+    """In-context link probabilities [B, num_rows] and the questions as the catalogue reads them [B, D]."""
+    question, rows = model.link_states(inputs, col_tab, cat_tab, num_rows)
+    return jax.nn.sigmoid(model.link(question, rows)), model.link.queries(question)
+
+
+@jax.jit
+def _catalogue_keys(model: Any, inputs: dict[str, jax.Array], col_tab: jax.Array, cat_tab: jax.Array) -> jax.Array:
+    return model.catalogue_keys(inputs, col_tab, cat_tab)
+
+
+class LinkRanker:
+    """A checkpoint with a link head bound to one store's link task (module doc)."""
+
+    def __init__(self, loaded: Any, store: Store, task: str):
+        from confluence.model.inputs import DbTables, fitted_max_k
+        from confluence.sampler.links import LinkSource
+
+        if loaded.model.link is None:
+            raise ConfluenceError(f"checkpoint {loaded.path} has no link head: train it on a link task first "
+                                  "(confluence train-links)")
+        self.loaded, self.store, self.task = loaded, store, task
+        self.info = store.link_task(task)
+        self.arr = store.link_arrays(task)
+        self.catalogue_on = bool(loaded.config.link.catalogue)
+        self.shortlist = int(loaded.config.link.shortlist)
+        self.source = LinkSource(store, task, loaded.config)
+        tables = DbTables.for_model(store, fitted_max_k(loaded.config.loss.max_k, [store]), loaded.config.model)
+        self.col_tab, self.cat_tab = jnp.asarray(tables.column_embeddings), jnp.asarray(tables.categorical_embeddings)
+        self._keys: dict[int, np.ndarray] = {}  # observation time -> the catalogue's keys [N, D]
+        self.combiner: Any = None  # fitted by `calibrate`
+
+    def close(self) -> None:
+        self.source.close()
+
+    # -- the model's scores -----------------------------------------------------------------------------------
+    def catalogue_keys(self, time: int) -> np.ndarray:
+        """[N, D]: every row of the target table (in row order) read from its own context at observation time
+        `time`, as the head's keys; computed once per time."""
+        t = int(time)
+        if t not in self._keys:
+            first, end = self.source.catalog
+            rows = np.arange(first, end, dtype=np.int64)
+            bs = self.source.item_batch_size
+            parts = []
+            for lo in range(0, len(rows), bs):
+                chunk = rows[lo:lo + bs]
+                from confluence.model.inputs import batch_to_inputs
+
+                inputs = batch_to_inputs(self.source.item_batch(chunk, np.full(len(chunk), t)).batch)
+                keys = _catalogue_keys(self.loaded.model, inputs, self.col_tab, self.cat_tab)
+                parts.append(np.asarray(keys)[:len(chunk)])
+            self._keys[t] = np.concatenate(parts) if parts else np.zeros((0, 1), np.float32)
+        return self._keys[t]
+
+    def contexts(self, anchors: np.ndarray, times: np.ndarray
+                 ) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
+        """Per question (anchor row, observation time): the target rows its context holds with the model's
+        probability of each; and the questions as the catalogue reads them [n, D]."""
+        from confluence.training.links import link_inputs
+
+        out: list[tuple[np.ndarray, np.ndarray]] = []
+        queries = []
+        bs = self.source.batch_size
+        for lo in range(0, len(anchors), bs):
+            batch = self.source.anchor_batch(anchors[lo:lo + bs], times[lo:lo + bs])
+            n = min(bs, len(anchors) - lo)
+            p, q = _question_scores(self.loaded.model, link_inputs(batch), self.col_tab, self.cat_tab,
+                                    batch.candidates.shape[1])
+            p, q = np.asarray(p), np.asarray(q)
+            for i in range(n):
+                cand = batch.candidates[i]
+                out.append((batch.rows[i][cand], p[i][cand]))
+            queries.append(q[:n])
+        d = self.loaded.config.model.d_model
+        return out, (np.concatenate(queries) if queries else np.zeros((0, d), np.float32))
+
+    def lists(self, anchors: np.ndarray, times: np.ndarray) -> np.ndarray:
+        """[n, 3, POPULAR_PRIOR]: the baselines' lists of each question from links known at its observation time:
+        its anchor's own earlier targets (then the most linked rows), the most linked rows, the most linked in the
+        last horizon."""
+        a = self.arr
+        common = (np.asarray(a.obs_time), np.asarray(a.offsets), np.asarray(a.targets), self.info.horizon_us)
+        pop = L.popularity_at(*common, self.source.catalog, times, POPULAR_PRIOR)
+        recent = L.popularity_at(*common, self.source.catalog, times, POPULAR_PRIOR, window_us=self.info.horizon_us)
+        past = L.past_targets_at(np.asarray(a.anchor_row), *common, anchors, times, POPULAR_PRIOR, fill=pop)
+        return np.stack([past, pop, recent], axis=1)
+
+    def shortlists(self, queries: np.ndarray, times: np.ndarray) -> np.ndarray:
+        """[n, link.shortlist]: each question's best rows of the whole target table by the catalogue side (global
+        rows, exact: `targets.link.top_k`; -1 pads a smaller table); empty without the catalogue side."""
+        out = np.full((len(times), self.shortlist if self.catalogue_on else 0), -1, dtype=np.int64)
+        if not self.catalogue_on:
+            return out
+        for t in np.unique(times):
+            at = np.flatnonzero(times == t)
+            idx, _ = L.top_k(queries[at], self.catalogue_keys(int(t)), self.shortlist)
+            out[at] = np.where(idx >= 0, idx + self.source.catalog[0], -1)
+        return out
+
+    def features(self, rows: np.ndarray, p: np.ndarray, lists: np.ndarray, query: np.ndarray | None = None,
+                 time: int | None = None, short: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """One question's candidates (its context's target rows, the catalogue's best `link.shortlist` rows and the
+        rows of its baselines' `lists`, each once, ascending) and their features: the in-context logit and whether
+        the context holds the row; the catalogue logit, log(1 + place) in the catalogue's list and whether it holds
+        the row; per baseline list, log(1 + place) and whether it holds the row."""
+        lists = [lst[lst >= 0] for lst in lists]
+        first = self.source.catalog[0]
+        if self.catalogue_on:
+            keys = self.catalogue_keys(int(time))
+            short = np.asarray(short)[np.asarray(short) >= 0]
+        else:
+            short = np.zeros(0, np.int64)
+        cand = np.unique(np.concatenate([rows, short, *lists]))
+        in_ctx = np.isin(cand, rows)
+        logit = np.zeros(len(cand))
+        q = np.clip(p.astype(np.float64), 1e-6, 1 - 1e-6)
+        logit[in_ctx] = (np.log(q) - np.log1p(-q))[_positions(rows, cand[in_ctx])]
+        cols = [logit, in_ctx]
+        if self.catalogue_on:
+            own = float(self.loaded.model.link.own_offset)
+            cols.append(keys[cand - first].astype(np.float64) @ query.astype(np.float64) + own)
+            lists = [short, *lists]
+        for lst in lists:
+            inside = np.isin(cand, lst)
+            place = np.zeros(len(cand))
+            place[inside] = np.log1p(_positions(lst, cand[inside]))
+            cols += [place, inside]
+        return cand, np.stack(cols, axis=1).astype(np.float64)
+
+    def _candidates(self, anchors: np.ndarray, times: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        ctx, queries = self.contexts(anchors, times)
+        fallback = self.lists(anchors, times)
+        short = self.shortlists(queries, times)
+        return [self.features(*ctx[i], fallback[i], queries[i], int(times[i]), short[i]) for i in range(len(anchors))]
+
+    # -- calibration and ranking ------------------------------------------------------------------------------
+    def calibrate(self, n: int | None = None) -> np.ndarray:
+        """Fit how the candidates' features combine into the chance of a link: a logistic regression over every
+        candidate of the train seeds the head did not train on (`train_and_calibration_ids`; at most `n` of them,
+        the latest). Returns its coefficients."""
+        from sklearn.linear_model import LogisticRegression
+
+        from confluence.sampler.links import train_and_calibration_ids
+
+        arr = self.arr
+        _, ids = train_and_calibration_ids(self.store, self.task)
+        if n is not None:
+            ids = ids[np.argsort(np.asarray(arr.obs_time)[ids], kind="stable")[-n:]]
+        if len(ids) == 0:
+            raise ConfluenceError(f"link task {self.task!r}: no train seed after the ones the head trained on "
+                                  "to calibrate the ranker on (it needs several observation times)")
+        ids = np.sort(ids)
+        found = self._candidates(np.asarray(arr.anchor_row)[ids], np.asarray(arr.obs_time)[ids])
+        xs, ys = [], []
+        for (cand, x), s in zip(found, ids, strict=True):
+            xs.append(x)
+            ys.append(np.isin(cand, arr.targets[arr.offsets[s]:arr.offsets[s + 1]]))
+        x, y = np.concatenate(xs), np.concatenate(ys)
+        if y.all() or not y.any():
+            raise ConfluenceError(f"link task {self.task!r}: the latest train seeds' candidates are all "
+                                  f"{'links' if y.any() else 'non-links'}; nothing to calibrate on")
+        self.combiner = LogisticRegression(C=1.0, max_iter=1000).fit(x, y)
+        return np.concatenate([self.combiner.intercept_, self.combiner.coef_[0]])
+
+    def rank_at(self, anchors: np.ndarray, times: np.ndarray, k: int | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """For any anchor rows (global) at observation times: [n, k] target rows, likeliest first (-1 pads), and
+        [n, k] their chances of a link (NaN pads); `calibrate` first."""
+        if self.combiner is None:
+            raise ConfluenceError("LinkRanker.rank needs calibrate() first")
+        k = k or self.info.k
+        anchors, times = np.asarray(anchors, dtype=np.int64), np.asarray(times, dtype=np.int64)
+        rows = np.full((len(anchors), k), -1, dtype=np.int64)
+        chance = np.full((len(anchors), k), np.nan)
+        for i, (cand, x) in enumerate(self._candidates(anchors, times)):
+            z = self.combiner.decision_function(x)
+            order = np.lexsort((cand, -z))[:k]
+            rows[i, :len(order)] = cand[order]
+            chance[i, :len(order)] = 1.0 / (1.0 + np.exp(-z[order]))
+        return rows, chance
+
+    def rank(self, seed_ids: np.ndarray, k: int | None = None) -> np.ndarray:
+        """[n, k] target rows of the task's seeds `seed_ids`, likeliest first (-1 pads); `calibrate` first."""
+        seed_ids = np.asarray(seed_ids, dtype=np.int64)
+        return self.rank_at(np.asarray(self.arr.anchor_row)[seed_ids], np.asarray(self.arr.obs_time)[seed_ids],
+                            k)[0]
+
+
+def _positions(rows: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """The index in `rows` (distinct values) of each of `wanted` (all present)."""
+    order = np.argsort(rows, kind="stable")
+    return order[np.searchsorted(rows[order], wanted)]
