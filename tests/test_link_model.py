@@ -141,3 +141,64 @@ def test_fewer_train_seeds_than_a_batch_still_make_batches(store):
         assert sorted(np.concatenate(epoch).tolist()) == sorted(fit.tolist())
     finally:
         source.close()
+
+
+def test_the_catalogue_side_reads_each_target_row_from_its_own_context_and_nothing_later(store):
+    """A target row's own context starts at that row and holds no row after the observation time it is read at
+    (the catalogue side's leak rule); an anchor asked at any time gets the context its seed gets."""
+    source = LinkSource(store, TASK, tiny_run_config(sampler=SAMPLER))
+    row_time = np.asarray(store.row_time)
+    books = store.table("books")
+    arr = store.link_arrays(TASK)
+    try:
+        rows = np.arange(books.row_offset, books.row_offset + min(books.num_rows, source.item_batch_size))
+        for t in np.unique(arr.obs_time)[:3]:
+            res = source.item_batch(rows, np.full(len(rows), t))
+            for i, r in enumerate(rows):
+                seen = res.rows[i, :res.nrows[i]]
+                assert seen[0] == r
+                assert ((row_time[seen] == STATIC_TIME) | (row_time[seen] <= t)).all()
+        ids = link_split_ids(store, TASK, "val")[:8]
+        by_seed = source.batch(ids)
+        by_anchor = source.anchor_batch(arr.anchor_row[ids], arr.obs_time[ids])
+        assert (by_seed.rows == by_anchor.rows).all() and (by_seed.candidates == by_anchor.candidates).all()
+        assert not by_anchor.positives.any()  # asked as anchors, no answer is known
+    finally:
+        source.close()
+
+
+def test_catalogue_samples_hold_part_of_each_answer_and_uniform_rows():
+    from confluence.sampler.links import catalogue_sample
+
+    offsets = np.array([0, 3, 4, 6])
+    targets = np.array([10, 11, 12, 15, 10, 19])
+    rows, truth = catalogue_sample(np.array([0, 1, 2]), offsets, targets, (10, 20), 1, 5, np.random.default_rng(0))
+    assert (np.diff(rows) > 0).all() and ((rows >= 10) & (rows < 20)).all()
+    for i, s in enumerate([0, 1, 2]):
+        answer = targets[offsets[s]:offsets[s + 1]]
+        assert (truth[i] == np.isin(rows, answer)).all() and truth[i].any()
+
+
+def test_the_ranker_reaches_rows_outside_the_context_and_its_shortlist_is_the_exact_top_k(store, run):
+    from confluence.targets.link import top_k
+
+    ranker = LinkRanker(load_model(run), store, TASK)
+    try:
+        arr = store.link_arrays(TASK)
+        ids = link_split_ids(store, TASK, "val")[:6]
+        anchors, times = arr.anchor_row[ids], arr.obs_time[ids]
+        ctx, queries = ranker.contexts(anchors, times)
+        short = ranker.shortlists(queries, times)
+        first = ranker.source.catalog[0]
+        for i in range(len(ids)):
+            keys = ranker.catalogue_keys(int(times[i]))
+            scores = keys @ queries[i]
+            brute = np.lexsort((np.arange(len(scores)), -scores))[:ranker.shortlist] + first
+            assert (short[i][short[i] >= 0] == brute).all()
+            idx, _ = top_k(queries[i:i + 1], keys, 3)
+            assert (idx[0] + first == brute[:3]).all()
+            lists = ranker.lists(anchors[i:i + 1], times[i:i + 1])[0]
+            cand, x = ranker.features(*ctx[i], lists, queries[i], int(times[i]), short[i])
+            assert x.shape == (len(cand), 11) and set(short[i][short[i] >= 0]) <= set(cand.tolist())
+    finally:
+        ranker.close()
