@@ -188,18 +188,14 @@ def evaluate_cmd(
                                    "CPU, 65,536 cells' worth on a GPU)."),
     threads: int = typer.Option(None, "--threads", min=1, help="Sampler threads (default: 1 on a CPU, the CPUs "
                                 "less 2 on a GPU)."),
-    certify: bool = typer.Option(False, "--certify", help="Also prove the contexts leak nothing: for up to "
-                                 "--certify-seeds seeds a task, rebuild each context with every cell dated after "
-                                 "its observation time and every label not yet known randomized, and require the "
-                                 "model's inputs bit-identical (docs/design/evaluation.md, \"The leakage certificate\"). "
-                                 "A leak is an error naming the task, anchor, table, row and column."),
+    certify: bool = typer.Option(False, "--certify", help="Also prove the contexts leak nothing, on up to "
+                                 "--certify-seeds seeds a task (docs/design/evaluation.md, \"The leakage "
+                                 "certificate\"). A leak is an error naming the task, anchor, table, row and column."),
     certify_seeds: int = typer.Option(200, "--certify-seeds", min=1, help="Seeds a task the certificate checks."),
     importance: int = typer.Option(0, "--importance", min=0, metavar="SEEDS", help="Also say which columns each "
                                    "task relies on: the model's permutation importance on this many validation "
-                                   "seeds (each column's cells shuffled across the contexts, the headline metric's "
-                                   "loss), beside LightGBM's gain share with --gbdt; in the JSON and the report "
-                                   "(0: off; a forward pass per column: 256 seeds took about 50 s a task on 2 busy CPU "
-                                   "cores)."),
+                                   "seeds, beside LightGBM's gain share with --gbdt; in the JSON and the report "
+                                   "(0: off; costs a forward pass per column)."),
     explain: int = typer.Option(0, "--explain", min=0, metavar="ROWS", help="Also explain this many evaluated "
                                 "rows a task (spread over the split): the context rows and cells that moved each "
                                 "answer most, with its truth; in the JSON and the report (0: off)."),
@@ -359,10 +355,8 @@ def predict_cmd(
                               "(gbdt_prediction, blend_prediction, ...): LightGBM fitted on the train seeds, the "
                               "blend weight chosen on at most --max-seeds (0: 5,000) validation seeds."),
     certify: bool = typer.Option(False, "--certify", help="Also prove these predictions saw nothing from the "
-                                 "future: up to --certify-seeds of the anchors get their contexts rebuilt with every "
-                                 "later cell and every label not yet known randomized, which must leave the model's "
-                                 "inputs bit-identical; the certificate goes into the table's metadata "
-                                 "(confluence.certificate) and a leak exits 1 naming it."),
+                                 "future, on up to --certify-seeds anchors (as evaluate --certify); the certificate "
+                                 "goes into the table's metadata (confluence.certificate) and a leak exits 1 naming it."),
     certify_seeds: int = typer.Option(200, "--certify-seeds", min=1, help="Anchors the certificate checks."),
     explain: int = typer.Option(0, "--explain", min=0, metavar="ROWS", help="Also say why: a column "
                                 "'explanation' holding, per prediction, the ROWS context rows that moved it most "
