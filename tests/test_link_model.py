@@ -202,3 +202,25 @@ def test_the_ranker_reaches_rows_outside_the_context_and_its_shortlist_is_the_ex
             assert x.shape == (len(cand), 11) and set(short[i][short[i] >= 0]) <= set(cand.tolist())
     finally:
         ranker.close()
+
+
+def test_the_catalogue_loss_is_a_sampled_softmax_of_each_answer_against_the_non_answers():
+    import jax.numpy as jnp
+
+    from confluence.model.loss import catalogue_loss
+
+    logits = np.array([[2.0, 0.0, 1.0, 5.0], [0.5, 0.5, 0.5, 0.5], [1.0, 1.0, 1.0, 1.0]], np.float32)
+    truth = np.array([[1, 0, 1, 0], [0, 0, 0, 0], [1, 0, 0, 0]], bool)
+    seq_valid = np.array([True, True, False])
+    item_valid = np.array([True, True, True, False])  # the last column is padding
+    got = float(catalogue_loss(jnp.asarray(logits), jnp.asarray(truth), jnp.asarray(seq_valid),
+                               jnp.asarray(item_valid)))
+    # seed 0: answers 2.0 and 1.0 against the one non-answer 0.0; seed 1 has no answer, seed 2 is padding
+    want = np.mean([-np.log(np.exp(s) / (np.exp(s) + 1.0)) for s in (2.0, 1.0)])
+    assert abs(got - want) < 1e-5
+    shifted = float(catalogue_loss(jnp.asarray(logits + 3.0), jnp.asarray(truth), jnp.asarray(seq_valid),
+                                   jnp.asarray(item_valid)))
+    assert abs(shifted - got) < 1e-5  # a score shared by every row changes nothing
+    binary = float(catalogue_loss(jnp.asarray(logits), jnp.asarray(truth), jnp.asarray(seq_valid),
+                                  jnp.asarray(item_valid), "binary"))
+    assert binary > 0 and abs(binary - got) > 1e-3

@@ -164,13 +164,28 @@ def link_loss(logits: jax.Array, candidates: jax.Array, positives: jax.Array, se
     return (per_seq * counted).sum() / jnp.maximum(counted.sum(), 1.0), counted.sum()
 
 
-def catalogue_loss(logits: jax.Array, truth: jax.Array, seq_valid: jax.Array, item_valid: jax.Array) -> jax.Array:
-    """The catalogue side's loss: per seed the mean binary cross-entropy of its logits [B, M] against every
-    catalogue row of the batch (`truth` [B, M]: the row is in the seed's answer; `item_valid` [M]: a real row, not
-    padding), averaged over the valid seeds. Binary for the same reason as `link_loss`."""
-    w = (seq_valid[:, None] & item_valid[None, :]).astype(jnp.float32)
-    bce = optax.sigmoid_binary_cross_entropy(logits, truth.astype(jnp.float32))
-    n = w.sum(axis=1)
-    per_seq = (bce * w).sum(axis=1) / jnp.maximum(n, 1.0)
-    counted = (n > 0).astype(jnp.float32)
-    return (per_seq * counted).sum() / jnp.maximum(counted.sum(), 1.0)
+def catalogue_loss(logits: jax.Array, truth: jax.Array, seq_valid: jax.Array, item_valid: jax.Array,
+                   kind: str = "softmax") -> jax.Array:
+    """The catalogue side's loss over a batch's seeds [B] and catalogue rows [M] (`truth` [B, M]: the row is in the
+    seed's answer; `item_valid` [M]: a real row, not padding), averaged over the valid seeds with a positive.
+
+    "softmax" (sampled softmax): each positive against the seed's non-answer rows, -log(e^s+ / (e^s+ + sum e^s-)),
+    averaged over its positives; a score shared by every row cancels, so it learns only what tells rows apart.
+    "binary": the mean binary cross-entropy over all rows, as `link_loss` (measured slower to learn, which rows
+    match, docs/design/decisions.md)."""
+    valid = seq_valid[:, None] & item_valid[None, :]
+    pos = truth & valid
+    neg = ~truth & valid
+    if kind == "binary":
+        w = valid.astype(jnp.float32)
+        bce = optax.sigmoid_binary_cross_entropy(logits, truth.astype(jnp.float32))
+        n = w.sum(axis=1)
+        per_seq = (bce * w).sum(axis=1) / jnp.maximum(n, 1.0)
+        counted = (n > 0).astype(jnp.float32)
+    else:
+        neg_lse = jax.nn.logsumexp(jnp.where(neg, logits, -1e9), axis=1, keepdims=True)  # [B, 1]; finite: no NaN
+        nll = jnp.logaddexp(logits, neg_lse) - logits  # each row taken as the positive
+        n_pos = pos.sum(axis=1).astype(jnp.float32)
+        per_seq = jnp.where(pos, nll, 0.0).sum(axis=1) / jnp.maximum(n_pos, 1.0)
+        counted = ((n_pos > 0) & neg.any(axis=1)).astype(jnp.float32)
+    return (jnp.where(counted > 0, per_seq, 0.0)).sum() / jnp.maximum(counted.sum(), 1.0)

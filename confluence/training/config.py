@@ -70,6 +70,9 @@ class LinkConfig:
     negatives: int = 32  # target rows drawn uniformly per training batch as the catalogue's negatives
     positives: int = 1  # of each seed's answer, this many rows per batch as the catalogue's positives
     item_cells: int = 128  # cells of a target row's own context (the catalogue side)
+    # the catalogue side's loss: "softmax" (each answer row against the batch's other rows) or "binary" (each row's
+    # own cross-entropy; measured slower to learn which rows match, docs/design/decisions.md)
+    loss: str = "softmax"
     # the catalogue's best this many rows per seed join the ranker's candidates (beside the context's rows and the
     # baselines' lists)
     shortlist: int = 100
@@ -78,6 +81,8 @@ class LinkConfig:
         for name in ("negatives", "positives", "item_cells", "shortlist"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
+        if self.loss not in ("softmax", "binary"):
+            raise ConfigError("loss", f"must be 'softmax' or 'binary', got {self.loss!r}")
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ for any derived task (`confluence.sampler.links`), scores every row of the targe
 and fits them to the seed's answer (`model.loss.link_loss`). With the catalogue side (`link.catalogue`, the
 default) the batch's seeds share an observation time, and some target rows (part of each seed's answer, the rest
 drawn uniformly) are read from their own contexts at that time and scored against every seed of the batch
-(`model.loss.catalogue_loss`): what lets rows the anchor never touched rank. The optimizer, its schedule and the checkpoints are
+(`model.loss.catalogue_loss`, a sampled softmax): what lets rows the anchor never touched rank. The optimizer, its schedule and the checkpoints are
 the cell tasks' (`toolkit.optim`, `toolkit.checkpoint`); a run can start from a cell-task checkpoint or a
 pretrained model (`init_from`), whose parameters all load and the link head starts fresh.
 """
@@ -48,7 +48,7 @@ def link_inputs(batch: LinkBatch) -> dict[str, np.ndarray]:
 
 
 def _forward_loss(params: Any, static: Any, inputs: dict[str, jax.Array], items: dict[str, jax.Array] | None,
-                  col_tab: jax.Array, cat_tab: jax.Array) -> jax.Array:
+                  col_tab: jax.Array, cat_tab: jax.Array, kind: str = "softmax") -> jax.Array:
     model = eqx.combine(params, static)
     cand = inputs["link_candidates"]
     question, rows = model.link_states(inputs, col_tab, cat_tab, cand.shape[1])
@@ -57,7 +57,7 @@ def _forward_loss(params: Any, static: Any, inputs: dict[str, jax.Array], items:
         return loss
     keys = model.catalogue_keys(items, col_tab, cat_tab)
     logits = model.link.catalogue(model.link_queries(question), keys)
-    return loss + catalogue_loss(logits, items["catalogue_truth"], inputs["seq_valid"], items["seq_valid"])
+    return loss + catalogue_loss(logits, items["catalogue_truth"], inputs["seq_valid"], items["seq_valid"], kind)
 
 
 def catalogue_inputs(source: LinkSource, ids: np.ndarray, rng: np.random.Generator, epoch: int
@@ -112,7 +112,8 @@ def _train_links(store: Store, task: str, out_dir: Path, cfg: RunConfig, steps: 
 
     @jax.jit
     def step_fn(params, opt_state, inputs, items, col_tab, cat_tab):
-        loss, grads = jax.value_and_grad(_forward_loss)(params, static, inputs, items, col_tab, cat_tab)
+        loss, grads = jax.value_and_grad(_forward_loss)(params, static, inputs, items, col_tab, cat_tab,
+                                                        cfg.link.loss)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
