@@ -74,8 +74,8 @@ def test_a_trained_link_head_ranks_and_is_evaluated_beside_the_baselines(store, 
     ranker = LinkRanker(loaded, store, TASK)
     try:
         coef = ranker.calibrate(200)
-        # intercept; in-context logit, in context; catalogue logit; place, in list x (catalogue + 3 baselines)
-        assert coef.shape == (12,) and np.isfinite(coef).all()
+        # intercept; in-context logit, in context; catalogue logit; place, in list x (catalogue + 4 baselines)
+        assert coef.shape == (14,) and np.isfinite(coef).all()
         ids = link_split_ids(store, TASK, "val")[:20]
         ranked = ranker.rank(ids)
     finally:
@@ -199,7 +199,7 @@ def test_the_ranker_reaches_rows_outside_the_context_and_its_shortlist_is_the_ex
             assert (idx[0] + first == brute[:3]).all()
             lists = ranker.lists(anchors[i:i + 1], times[i:i + 1])[0]
             cand, x = ranker.features(*ctx[i], lists, queries[i], int(times[i]), short[i])
-            assert x.shape == (len(cand), 11) and set(short[i][short[i] >= 0]) <= set(cand.tolist())
+            assert x.shape == (len(cand), 13) and set(short[i][short[i] >= 0]) <= set(cand.tolist())
     finally:
         ranker.close()
 

@@ -219,11 +219,26 @@ def test_past_targets_rank_the_anchors_own_known_links_first():
     assert pop.tolist() == [[11, 10, 13]]  # known by t=7: 10, 11, 11, 13 (seed at t=9 not yet)
 
 
+def test_co_linked_ranks_what_other_anchors_linked_to_along_with_the_anchors_own_targets():
+    # seeds at t=1 (horizon 0): a0 -> {10, 11}, a1 -> {10, 12}, a2 -> {11, 12, 13}; a0 again at t=5 -> {14}
+    anchor, obs = np.array([0, 1, 2, 0]), np.array([1, 1, 1, 5])
+    offsets, targets = np.array([0, 2, 4, 7, 8]), np.array([10, 11, 10, 12, 11, 12, 13, 14])
+    fill = np.array([[19, 12, 18, 17]] * 3)
+    out = L.co_linked_at(anchor, obs, offsets, targets, 0, (10, 20), np.array([0, 3, 0]), np.array([2, 2, 1]), 4,
+                         fill=fill)
+    # a0 at t=2: 12 through a1 and a2, 13 through a2; its own 10, 11 left out; then the fill without repeats
+    assert out[0].tolist() == [12, 13, 19, 18]
+    assert out[1].tolist() == [19, 12, 18, 17]  # an anchor with no known link: the fill alone
+    # at t=1 nothing is known yet (a seed's links are known from its time + horizon on, here t=1 itself)
+    assert L.co_linked_at(anchor, obs, offsets, targets, 1, (10, 20), np.array([0]), np.array([1]), 2).tolist() \
+        == [[-1, -1]]
+
+
 def test_run_link_baselines_scores_every_baseline(store):
     res = run_link_baselines(store, split="test")["customer_books"]
-    assert set(res) >= {"popularity", "recent_popularity", "past_targets", "baseline", "info"}
+    assert set(res) >= {"popularity", "recent_popularity", "past_targets", "co_linked", "baseline", "info"}
     assert res["info"]["k"] == 5 and res["info"]["n_eval"] == res["popularity"]["n"] > 0
-    for name in ("popularity", "recent_popularity", "past_targets"):
+    for name in ("popularity", "recent_popularity", "past_targets", "co_linked"):
         assert 0.0 <= res[name]["map"] <= 1.0
 
 

@@ -125,14 +125,16 @@ def link_results_lines(results: dict, title: str) -> list[str]:
     lines = [f"[bold]{title}[/]"]
     for task, r in results.items():
         info = r.get("info", {})
-        rankers = [n for n in ("model", "gbdt", "popularity", "recent_popularity", "past_targets") if n in r]
+        rankers = [n for n in ("model", "gbdt", "popularity", "recent_popularity", "past_targets", "co_linked")
+                   if n in r]
         lines += ["", f"[bold]{task}[/] (link to {info.get('target_table', '?')}, k = {info.get('k', '?')}, "
                   f"n = {info.get('n_eval', '?')})"]
         if not rankers:
             lines.append(f"    {info.get('note', 'not evaluated')}")
             continue
         best = (r.get("baseline") or {}).get("name")
-        short = {"popularity": "popular", "recent_popularity": "recent", "past_targets": "past", "gbdt": "GBDT"}
+        short = {"popularity": "popular", "recent_popularity": "recent", "past_targets": "past", "co_linked": "co-linked",
+                 "gbdt": "GBDT"}
         lines.append(f"    {'metric@k':<12}" + "".join(f"{short.get(n, n) + ('*' if n == best else ''):>10}"
                                                        for n in rankers))
         for m in METRICS:

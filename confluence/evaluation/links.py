@@ -1,5 +1,5 @@
 """Link tasks scored on a split: the ranking baselines (global popularity, recent popularity, the anchor's own past
-targets filled by popularity) and optionally the LightGBM ranker (`evaluation.link_gbdt`) with MAP@k, precision,
+targets filled by popularity, the targets co-linked with them by other anchors) and optionally the LightGBM ranker (`evaluation.link_gbdt`) with MAP@k, precision,
 recall and NDCG, the best baseline named, and paired intervals between any two rankers (`confluence.targets.link`)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from confluence.sampler.splits import subsample
 from confluence.store import Store
 from confluence.targets import link as L
 
-BASELINES = ("popularity", "recent_popularity", "past_targets")
+BASELINES = ("popularity", "recent_popularity", "past_targets", "co_linked")
 
 
 def baseline_rankings(store: Store, task: str, eval_ids: np.ndarray, k: int | None = None) -> dict[str, np.ndarray]:
@@ -29,7 +29,9 @@ def baseline_rankings(store: Store, task: str, eval_ids: np.ndarray, k: int | No
     pop = L.popularity(*args, catalog, eval_ids, k)
     recent = L.popularity(*args, catalog, eval_ids, k, window_us=info.horizon_us)
     past = L.past_targets(*args, eval_ids, k, fill=pop)
-    return {"popularity": pop, "recent_popularity": recent, "past_targets": past}
+    ids = np.asarray(eval_ids, dtype=np.int64)
+    co = L.co_linked_at(*args, catalog, args[0][ids], args[1][ids], k, fill=pop)
+    return {"popularity": pop, "recent_popularity": recent, "past_targets": past, "co_linked": co}
 
 
 def run_link_baselines(db: str | Store, *, tasks: Sequence[str] | None = None, split: str = "test",

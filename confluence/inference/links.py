@@ -5,7 +5,8 @@ observation time (prediction, serving).
 A question's candidates come from three places: the target rows its context reaches, scored by the head inside the
 context; every row of the target table, scored by the head against the row's own context at the observation time
 (the catalogue side, `LinkConfig.catalogue`: an exact top-k over the whole table, `targets.link.top_k`); and the
-baselines' lists (the anchor's own earlier targets, the most linked rows, the most linked of the last horizon).
+baselines' lists (the anchor's own earlier targets, the most linked rows, the most linked of the last horizon, the
+rows other anchors linked to along with the anchor's own targets).
 A logistic regression fitted on the latest train seeds, which the head never trained on (`calibrate`), turns each
 candidate's scores and places into one chance of a link; the k likeliest are the answer. Where the model knows
 little, the best baseline's list stands.
@@ -107,15 +108,17 @@ class LinkRanker:
         return out, (np.concatenate(queries) if queries else np.zeros((0, d), np.float32))
 
     def lists(self, anchors: np.ndarray, times: np.ndarray) -> np.ndarray:
-        """[n, 3, POPULAR_PRIOR]: the baselines' lists of each question from links known at its observation time:
+        """[n, 4, POPULAR_PRIOR]: the baselines' lists of each question from links known at its observation time:
         its anchor's own earlier targets (then the most linked rows), the most linked rows, the most linked in the
-        last horizon."""
+        last horizon, the rows co-linked with its anchor's targets (then the most linked)."""
         a = self.arr
         common = (np.asarray(a.obs_time), np.asarray(a.offsets), np.asarray(a.targets), self.info.horizon_us)
         pop = L.popularity_at(*common, self.source.catalog, times, POPULAR_PRIOR)
         recent = L.popularity_at(*common, self.source.catalog, times, POPULAR_PRIOR, window_us=self.info.horizon_us)
         past = L.past_targets_at(np.asarray(a.anchor_row), *common, anchors, times, POPULAR_PRIOR, fill=pop)
-        return np.stack([past, pop, recent], axis=1)
+        co = L.co_linked_at(np.asarray(a.anchor_row), *common, self.source.catalog, anchors, times, POPULAR_PRIOR,
+                            fill=pop)
+        return np.stack([past, pop, recent, co], axis=1)
 
     def shortlists(self, queries: np.ndarray, times: np.ndarray) -> np.ndarray:
         """[n, link.shortlist]: each question's best rows of the whole target table by the catalogue side (global

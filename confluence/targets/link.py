@@ -193,3 +193,52 @@ def top_k(queries: np.ndarray, keys: np.ndarray, k: int, *, block: int = 64) -> 
             idx[lo + j, :take] = order
             val[lo + j, :take] = s[j, order]
     return idx, val
+
+
+def co_linked_at(anchor_row: np.ndarray, obs_time: np.ndarray, offsets: np.ndarray, targets: np.ndarray,
+                 horizon_us: int, catalog: tuple[int, int], anchors: np.ndarray, times: np.ndarray, k: int,
+                 fill: np.ndarray | None = None) -> np.ndarray:
+    """[n, k]: per question (anchor row, observation time), the target rows that other anchors linked to along with
+    the anchor's own earlier targets ("who linked to what you linked to also linked to ..."), ranked by the number
+    of such (shared target, other anchor) paths, then row; the anchor's own earlier targets are left out (the
+    past-targets list has them); the rest of the list from `fill`. Only links known at the observation time count
+    (seed time <= T - horizon), as for every baseline."""
+    from scipy import sparse
+
+    first, end = catalog
+    anchor_row, obs_time = np.asarray(anchor_row), np.asarray(obs_time)
+    anchors, times = np.asarray(anchors, dtype=np.int64), np.asarray(times, dtype=np.int64)
+    seed_of_link = np.repeat(np.arange(len(anchor_row)), np.diff(offsets))
+    link_time, link_anchor = obs_time[seed_of_link], anchor_row[seed_of_link]
+    link_row = np.asarray(targets)[: len(seed_of_link)] - first
+    uniq_anchor, link_a = np.unique(link_anchor, return_inverse=True)
+    out = np.full((len(anchors), k), -1, dtype=np.int64)
+    n_items = end - first
+    for t in np.unique(times):
+        known = link_time <= t - horizon_us
+        m = sparse.csr_matrix((np.ones(int(known.sum())), (link_a[known], link_row[known])),
+                              shape=(len(uniq_anchor), n_items))
+        m.data[:] = 1.0  # an (anchor, target) pair counts once however often it was linked
+        m.sum_duplicates()
+        m.data[:] = 1.0
+        at = np.flatnonzero(times == t)
+        pos = np.searchsorted(uniq_anchor, anchors[at])
+        has = (pos < len(uniq_anchor)) & (uniq_anchor[np.minimum(pos, len(uniq_anchor) - 1)] == anchors[at])
+        own = sparse.csr_matrix((len(at), n_items))
+        if has.any():
+            own = m[pos[has]]
+        shared = (own @ m.T).tocsr()  # [q, anchors]: targets shared with each anchor
+        if has.any():
+            shared = shared - sparse.csr_matrix((own.sum(axis=1).A1, (np.arange(len(pos[has])), pos[has])),
+                                                shape=shared.shape)  # not the anchor itself
+        scores = (shared @ m).toarray() if has.any() else np.zeros((0, n_items))
+        for j, i in enumerate(at[has]):
+            s = scores[j]
+            s[own[j].indices] = 0.0
+            out[i] = _top(s, k, first)
+        for i in at:
+            if fill is not None:
+                got = out[i][out[i] >= 0]
+                extra = [r for r in fill[i] if r >= 0 and r not in set(got.tolist())][:k - len(got)]
+                out[i, len(got):len(got) + len(extra)] = extra
+    return out
