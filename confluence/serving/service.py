@@ -277,7 +277,7 @@ class PredictionService:
                 log.info("link task %s: ranker calibrated in %.1f s", name, time.perf_counter() - t0)
         for t in self.store.link_tasks:
             if t.name not in self.links and t.name not in self._link_refused:
-                self._link_refused[t.name] = f"the checkpoint's link head was trained on other link tasks " \
+                self._link_refused[t.name] = "the checkpoint's link head was trained on other link tasks " \
                                              f"({', '.join(served_link_tasks(self.loaded, self.store))})"
 
     def _fit_blends(self) -> None:
