@@ -20,8 +20,7 @@ import uvicorn
 from typer.testing import CliRunner
 
 from confluence.cli.main import app as cli
-from confluence.evaluation.link_predict import LinkAnswerer, link_summary, seed_anchors
-from confluence.evaluation.predict import predict
+from confluence.evaluation.link_predict import LinkAnswerer, link_summary, predict_links, seed_anchors
 from confluence.inference.predictor import load_model
 from confluence.model.transformer import RelationalTransformer
 from confluence.preprocess.pipeline import preprocess
@@ -133,11 +132,14 @@ def anchors_file(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def anchor_answer(store, run, anchors_file, tmp_path_factory) -> pa.Table:
+    """What the CLI writes for `anchors_file` (its anchor without a time at --observation-time), top 4."""
     out = tmp_path_factory.mktemp("link_out") / "anchors_out.parquet"
-    table = predict(run, store, TASK, anchors=anchors_file, observation_time="2024-10-15T00:00:00", top_k=4,
-                    out=out)
-    assert pq.read_table(out).to_pylist() == table.to_pylist()
-    assert link_summary(pq.read_table(out)) == {"task": TASK, "k": 4, "anchors": 3, "target_table": "books"}
+    res = CliRunner().invoke(cli, ["predict", "--checkpoint", str(run), "--db", str(store.path), "--task", TASK,
+                                   "--anchors", str(anchors_file), "--observation-time", "2024-10-15T00:00:00",
+                                   "--top-k", "4", "-o", str(out), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    table = pq.read_table(out)
+    assert link_summary(table) == {"task": TASK, "k": 4, "anchors": 3, "target_table": "books"}
     return table
 
 
@@ -158,6 +160,32 @@ def test_an_anchors_file_and_a_new_anchor_without_history(store, answerer, ancho
     for g, wk, ws in zip(got, want_keys, want_scores, strict=True):
         assert len(g["book_id"]) == 4 == len(set(g["book_id"]))  # the new customer too: k distinct books
         assert g["book_id"] == wk and np.allclose(g["score"], ws, rtol=1e-12)
+
+
+class Steps:
+    """A progress reporter that records its steps and advances."""
+
+    def __init__(self):
+        self.steps: list[list] = []
+
+    def step(self, desc: str, total: int) -> None:
+        self.steps.append([desc, total, 0])
+
+    def advance(self, n: int = 1) -> None:
+        self.steps[-1][2] += n
+
+
+def test_the_python_api_reports_progress_in_anchors(store, answerer, anchors_file, anchor_answer):
+    steps = Steps()
+    table = predict_links(None, store, TASK, anchors=anchors_file, observation_time="2024-10-15T00:00:00", k=4,
+                          progress=steps, answerer=answerer)
+    assert steps.steps == [[f"predict {TASK}", 3, 3]]
+    assert table.to_pylist() == anchor_answer.to_pylist()
+    steps = Steps()
+    table = predict_links(None, store, TASK, split="val", max_seeds=70, progress=steps, answerer=answerer)
+    assert steps.steps == [[f"predict {TASK}", 70, 70]]  # in two chunks of whole batches: as one call ranks
+    rows, obs, _ = seed_anchors(store, TASK, "val", 70)
+    assert [g["book_id"] for g in _grouped(table)] == _expected(store, answerer, rows, obs)[0]
 
 
 @pytest.mark.parametrize("args, fragment", [
