@@ -324,7 +324,7 @@ def predict_cmd(
     db: Path = typer.Option(..., "--db", help="Processed store to predict on (any store preprocessed with the "
                             "checkpoint's text encoder, not only the one it was trained on)."),
     task: str = typer.Option(..., "--task", help="Task of the store to predict (`confluence inspect STORE` lists "
-                             "them)."),
+                             "them); a link task needs a checkpoint with a link head (train-links)."),
     split: str = typer.Option("test", "--split", help="Predict every seed of this split: train | val | test "
                               "(ignored with --anchors)."),
     anchors: Path = typer.Option(None, "--anchors", help="Predict for these anchors instead: a .parquet or .csv file "
@@ -343,8 +343,9 @@ def predict_cmd(
     clip_numbers: bool = typer.Option(True, "--clip-numbers/--no-clip-numbers",
                                       help="Numbers within the train targets' range, rounded when they are all "
                                            "whole (--no-clip-numbers: the plain de-normalized number)."),
-    top_k: int = typer.Option(3, "--top-k", help="Categorical tasks: also list the K most probable classes "
-                              "(class_1, prob_1, ...); 0: none."),
+    top_k: int = typer.Option(None, "--top-k", help="Categorical tasks: also list the K most probable classes "
+                              "(class_1, prob_1, ...; default 3, 0: none). Link tasks: the K target rows ranked "
+                              "per anchor (default: the task's k)."),
     max_seeds: int = typer.Option(0, "--max-seeds", help="Predict at most this many seeds of the split, chosen "
                                   "deterministically (0: all)."),
     draws: int = typer.Option(DEFAULT_DRAWS, "--draws", min=1, help="Contexts drawn per seed, their answers combined "
@@ -369,7 +370,8 @@ def predict_cmd(
                                "write (a Parquet file of an earlier predict is replaced without it)."),
 ) -> None:
     """Write a table of anchor key, observation time, prediction, p_null and the target type's extra columns
-    (docs/design/evaluation.md); with --explain, why each prediction is what it is (docs/guide/README.md)."""
+    (docs/design/evaluation.md); with --explain, why each prediction is what it is (docs/guide/README.md). For a
+    link task: one row per anchor and rank with the target row's key and its score (docs/guide/serving.md)."""
     from confluence.errors import ConfluenceError
     from confluence.evaluation.blend import check_blend
     from confluence.evaluation.predict import blend_summary, predict, table_format
@@ -391,6 +393,12 @@ def predict_cmd(
                             certify=certify_seeds if certify else 0)
     except (ConfluenceError, OSError) as exc:
         fail(exc)
+    from confluence.evaluation.link_predict import link_summary
+
+    if (link := link_summary(table)) is not None:
+        typer.echo(f"wrote the top {link['k']} {link['target_table']} rows of {link['anchors']} anchor(s) "
+                   f"({table.num_rows} rows) to {out}")
+        return
     typer.echo(f"wrote {table.num_rows} predictions to {out}")
     summary = blend_summary(table)
     if summary is not None:

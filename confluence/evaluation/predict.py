@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 
 from confluence import outputs
 from confluence.errors import ConfluenceError
+from confluence.evaluation.link_predict import anchor_table_of, check_cell_only, is_link_task, predict_links
 from confluence.inference.draws import DEFAULT_DRAWS
 from confluence.inference.predictor import HeadOutputs, LoadedModel, Predictor, load_model
 from confluence.sampler.splits import split_index, subsample
@@ -53,10 +54,12 @@ def table_format(path: Path, what: str = "output") -> str:
 
 
 def require_task(store: Store, task: str) -> None:
-    """A ConfluenceError naming the store and its tasks when `task` is not one of them."""
+    """A ConfluenceError naming the store and its tasks (and link tasks) when `task` is none of them."""
     names = [t.name for t in store.tasks]
-    if task not in names:
-        raise ConfluenceError(f"no task {task!r} in {store.path}; tasks: {', '.join(names) or 'none'}")
+    links = [t.name for t in store.link_tasks]
+    if task not in names + links:
+        raise ConfluenceError(f"no task {task!r} in {store.path}; tasks: {', '.join(names) or 'none'}"
+                              + (f"; link tasks: {', '.join(links)}" if links else ""))
 
 
 def anchor_keys(store: Any, table: str, global_rows: np.ndarray) -> pa.Array:
@@ -188,7 +191,7 @@ def resolve_anchors(store: Any, task: str, keys: pa.Array, times: pa.Array | Non
     the anchor row's own time, else no cut-off. A NULL time is no cut-off (a file's empty cell), or with
     `null_time_default` the cascade's time for that anchor (a request's anchor without a time). `index`: the
     anchor table's `KeyIndex`, when the caller keeps one."""
-    table = store.table(store.task(task).anchor_table)
+    table = store.table(anchor_table_of(store, task))
     if index is None:
         store_keys = store.keys(table.name) if hasattr(store, "keys") else None
         if store_keys is None:
@@ -229,7 +232,7 @@ def read_anchor_file(path: Path, store: Any, task: str, observation_time: str | 
     cut-off: the context may show every row of the store, the future of that row included) or an ISO 8601 time.
     (Before, an empty cell silently meant no cut-off: a row that saw its own future.)"""
     path = Path(path)
-    table = store.table(store.task(task).anchor_table)
+    table = store.table(anchor_table_of(store, task))
     t = _read_table(path)
     key_col = table.primary_key if table.primary_key in t.column_names else "key"
     if key_col not in t.column_names:
@@ -257,7 +260,7 @@ def read_anchor_file(path: Path, store: Any, task: str, observation_time: str | 
 def default_times(store: Any, task: str, rows: np.ndarray, observation_time: str) -> np.ndarray:
     """The observation time (epoch µs) `--observation-time` gives anchor rows: "row" (each row's own time; no
     cut-off for a table without time), "latest" (no cut-off) or one ISO 8601 time for all."""
-    table = store.table(store.task(task).anchor_table)
+    table = store.table(anchor_table_of(store, task))
     if observation_time == "row":
         if not table.temporal_column:
             return np.full(len(rows), NO_CUTOFF, np.int64)
@@ -300,7 +303,7 @@ def predict(
     batch_size: int | None = None,
     threads: int | None = None,
     max_seeds: int | None = None,
-    top_k: int = 3,
+    top_k: int | None = None,
     progress: Any = None,
     clip_numbers: bool = True,
     draws: int = DEFAULT_DRAWS,
@@ -327,7 +330,10 @@ def predict(
     (that many) and their cells (`confluence.inference.explain`). `certify` > 0 checks up to that many of the
     predicted anchors for leakage (`confluence.evaluation.certify.certify_task`: their contexts rebuilt with every
     later cell and every unknown label randomized must be bit-identical) and puts the certificate in the table's
-    schema metadata `confluence.certificate` (`certificate_of`); a leak is reported there, not raised. Bad arguments (output suffix, task, split, anchors file, label scope) are refused before the model loads."""
+    schema metadata `confluence.certificate` (`certificate_of`); a leak is reported there, not raised. Bad arguments (output suffix, task, split, anchors file, label scope) are refused before the model loads.
+    `top_k`: classes listed for a categorical task (None: 3). A link task answers `link_predict.predict_links`'
+    table instead (`top_k` target rows per anchor, None: the task's k); `blend`, `explain`, `certify` and
+    `context_labels` are refused for it, `draws`, `clip_numbers`, `batch_size` and `threads` do not apply."""
     out_path = None if out is None else Path(out)
     if out_path is not None:
         table_format(out_path)
@@ -341,6 +347,11 @@ def predict(
     check_blend(blend)
     store = db if isinstance(db, Store) else Store.open(db)
     require_task(store, task)
+    if is_link_task(store, task):
+        check_cell_only(task, blend=blend, explain=explain, certify=certify, context_labels=context_labels)
+        return predict_links(checkpoint, store, task, split=split, anchors=anchors, out=out, max_seeds=max_seeds,
+                             k=top_k, observation_time=observation_time, progress=progress)
+    top_k = 3 if top_k is None else top_k
     if anchors is None:
         split_index(split or "test")  # an unknown split is named as such, before the label scope it implies
     context = context_labels or ("all" if anchors is not None else split or "test")

@@ -80,12 +80,14 @@ class PredictRequest(BaseModel):
     anchors: list[Anchor] = Field(min_length=1, description="The anchors, answered in this order.")
     top_k: int | None = Field(None, ge=0, le=MAX_TOP_K, description="Categorical tasks: classes listed "
                                                                      "(class_1, prob_1, ...); default: the "
-                                                                     "server's --top-k.")
+                                                                     "server's --top-k. Link tasks: target rows "
+                                                                     "ranked per anchor (at least 1); default: "
+                                                                     "the task's k.")
     context_labels: Literal["train", "val", "test", "all"] = Field(
         "all", description="Whose labels a labelled context may show: every label known at the observation time "
                            "(all, the default), or those an evaluation of that split reads (test: train and "
                            "validation labels): with 'test', a test seed's answer is exactly the one `confluence "
-                           "evaluate` scored and `predict --split test` wrote.")
+                           "evaluate` scored and `predict --split test` wrote. Link tasks show no labels.")
 
 
 class ExplainRequest(BaseModel):
@@ -109,11 +111,18 @@ class ExplainResponse(BaseModel):
 
 class PredictResponse(BaseModel):
     task: str
+    kind: Literal["cell", "link"] = Field("cell", description="A link task's answer says 'link' (cell tasks' "
+                                                              "answers omit the field).")
     key_column: str = Field(description="The anchor table's primary-key column, the first field of each row.")
+    target_key_column: str | None = Field(None, description="Link tasks: the field of each row listing the "
+                                                            "target rows' keys, likeliest first.")
     rows: list[dict[str, Any]] = Field(description="One row per anchor, in request order, with the columns of "
                                                    "`confluence predict` (docs/design/evaluation.md): the key, "
                                                    "observation_time, prediction, the target type's columns, "
-                                                   "p_null. Timestamps are ISO 8601 (UTC); NaN is null.")
+                                                   "p_null. Link tasks: the key, observation_time, the list of "
+                                                   "target keys (target_key_column) and the list of their "
+                                                   "'score' (calibrated chance of a link within the horizon). "
+                                                   "Timestamps are ISO 8601 (UTC); NaN is null.")
 
 
 class Error(BaseModel):
@@ -149,6 +158,8 @@ class Health(BaseModel):
 
 class TaskInfo(BaseModel):
     name: str
+    kind: Literal["cell", "link"] = Field("cell", description="cell: predict a value of the anchor row; link: "
+                                                              "rank the target table's rows it will link to.")
     anchor_table: str
     key_column: str | None
     key_type: Literal["integer", "string"] | None
@@ -158,6 +169,9 @@ class TaskInfo(BaseModel):
     blend: dict[str, Any] | None = Field(None, description="With the server's --blend gbdt: the task's blend "
                                          "(weight: the model's share; the validation scores it was chosen on; "
                                          "ship: model, LightGBM or blend); null without one.")
+    target_table: str | None = Field(None, description="Link tasks: the table whose rows are ranked.")
+    target_key_column: str | None = Field(None, description="Link tasks: the answer rows' field of target keys.")
+    k: int | None = Field(None, description="Link tasks: target rows ranked per anchor by default.")
 
 
 class StoreInfo(BaseModel):
@@ -183,6 +197,8 @@ class ModelCard(BaseModel):
     config: dict[str, Any] = Field(description="The run's model settings, and a summary of its sampler, loss and "
                                                "schedule.")
     store: StoreInfo
+    link_tasks: list[str] = Field(default_factory=list, description="The link tasks its link head answers (kind "
+                                                                    "'link' in GET /tasks); none without one.")
 
 
 def _field(loc: tuple[Any, ...]) -> str:
@@ -274,10 +290,15 @@ def shorten(message: str, values: list[Any]) -> str:
     return message
 
 
-def _render(task: str, key_column: str, table: Any) -> bytes:
-    """The `POST /predict` answer as JSON bytes (on a worker thread: a 1,000-row answer is no event-loop work)."""
-    return json.dumps({"task": task, "key_column": key_column, "rows": json_rows(table)}, allow_nan=False,
-                      separators=(",", ":")).encode()
+def _render(task: str, key_column: str, table: Any, target_key_column: str | None = None) -> bytes:
+    """The `POST /predict` answer as JSON bytes (on a worker thread: a 1,000-row answer is no event-loop work);
+    with `target_key_column`, a link task's (`table`: its rows, already JSON)."""
+    if target_key_column is None:
+        body = {"task": task, "key_column": key_column, "rows": json_rows(table)}
+    else:
+        body = {"task": task, "kind": "link", "key_column": key_column, "target_key_column": target_key_column,
+                "rows": table}
+    return json.dumps(body, allow_nan=False, separators=(",", ":")).encode()
 
 
 async def _discard(receive: Callable[[], Awaitable[Message]], budget: int) -> None:
@@ -509,6 +530,14 @@ def build_app(service: PredictionService) -> FastAPI:
         if isinstance(req, Response):
             return req
         keys, times = _keys_and_times(req)
+        if service.is_link(req.task):  # ranked on this worker thread by the task's calibrated ranker
+            try:
+                rows = await run_in_threadpool(service.link_rows, req.task, keys, times, req.top_k)
+            except RequestError as exc:
+                return _refused(exc, req)
+            content = await run_in_threadpool(_render, req.task, service.key_column(req.task), rows,
+                                              service.target_key_column(req.task))
+            return Response(content, media_type="application/json")
         try:
             job = await run_in_threadpool(service.job, req.task, keys, times, req.top_k, req.context_labels)
         except RequestError as exc:

@@ -21,6 +21,15 @@ import numpy as np
 import pyarrow as pa
 
 from confluence.errors import ConfluenceError
+from confluence.evaluation.link_predict import (
+    LinkAnswerer,
+    anchor_table_of,
+    describe_link_task,
+    is_link_task,
+    link_json_rows,
+    served_link_tasks,
+    target_column,
+)
 from confluence.evaluation.predict import (
     KeyIndex,
     TaskBlend,
@@ -152,21 +161,42 @@ def model_card(loaded: LoadedModel, store: Store, details: bool = False) -> dict
     }
 
 
-def task_infos(store: Store) -> list[dict[str, Any]]:
-    """Per task of the store: name, anchor table, its key column and key type, target type, how the observation
-    time defaults, and what the task asks."""
+def _key_type(store: Store, table: str) -> str | None:
+    keys = store.keys(table)
+    return None if keys is None else ("integer" if pa.types.is_integer(keys.type) else "string")
+
+
+def task_infos(store: Store, link_tasks: list[str] = ()) -> list[dict[str, Any]]:
+    """Per task of the store (kind "cell"), then per link task of `link_tasks` (kind "link"): name, anchor table,
+    its key column and key type, target type, how the observation time defaults, and what the task asks; a link
+    task also its target table, that table's key column as the answer names it, and its k."""
     out = []
     for t in store.tasks:
         table = store.table(t.anchor_table)
-        keys = store.keys(table.name)
         out.append({
             "name": t.name,
+            "kind": "cell",
             "anchor_table": t.anchor_table,
             "key_column": table.primary_key,
-            "key_type": None if keys is None else ("integer" if pa.types.is_integer(keys.type) else "string"),
+            "key_type": _key_type(store, table.name),
             "target_type": SemanticType(int(t.target_stype)).label,
             "observation_time": t.observation_time,
             "description": describe_task(store, t.name),
+        })
+    for name in link_tasks:
+        info = store.link_task(name)
+        out.append({
+            "name": name,
+            "kind": "link",
+            "anchor_table": info.anchor_table,
+            "key_column": store.table(info.anchor_table).primary_key,
+            "key_type": _key_type(store, info.anchor_table),
+            "target_type": "link",
+            "observation_time": "observation_time_column",
+            "description": describe_link_task(store, name),
+            "target_table": info.target_table,
+            "target_key_column": target_column(store, name),
+            "k": info.k,
         })
     return out
 
@@ -193,19 +223,24 @@ class PredictionService:
         self.settings = settings or ServeSettings()
         self.settings.check()
         self.store = Store.open(db)
-        if not self.store.tasks:
-            raise ConfluenceError(f"store {db} has no tasks to serve")
         self.loaded = load_model(checkpoint)
+        # link tasks: the link head's ranker of each task it answers, calibrated once now (`_calibrate_links`)
+        self.links: dict[str, LinkAnswerer] = {}
+        self._link_refused: dict[str, str] = {}  # link task -> why it is not served
+        self._calibrate_links()
+        if not self.store.tasks and not self.links:
+            raise ConfluenceError(f"store {db} has no tasks to serve")
         self.predictor = Predictor(self.loaded, self.store, batch_size=self.settings.batch_size,
                                    threads=self.settings.threads, draws=self.settings.draws)
         self.card = model_card(self.loaded, self.store, self.settings.model_details)
-        self.tasks = task_infos(self.store)
+        self.card["link_tasks"] = list(self.links)
+        self.tasks = task_infos(self.store, list(self.links))
         # each anchor table's keys sorted once (not hashed again on every request)
         self._indexes = {}
-        for t in self.store.tasks:
-            keys = self.store.keys(t.anchor_table)
-            if keys is not None and t.anchor_table not in self._indexes:
-                self._indexes[t.anchor_table] = KeyIndex(keys)
+        for table in [t.anchor_table for t in self.store.tasks] + [a.info.anchor_table for a in self.links.values()]:
+            keys = self.store.keys(table)
+            if keys is not None and table not in self._indexes:
+                self._indexes[table] = KeyIndex(keys)
         # the train seeds that bound each task's numerical predictions, as predict uses them (None: no clipping)
         self._train_ids = {t.name: self.predictor.seed_ids("train", t.name) if self.settings.clip_numbers else None
                            for t in self.store.tasks}
@@ -217,10 +252,33 @@ class PredictionService:
         if self.settings.blend:
             self._fit_blends()
         self._explain_lock = threading.Lock()  # one explanation at a time (`explain`)
+        self._stats_lock = threading.Lock()  # link requests count into the batcher's stats
         self._explainers: dict[str, Any] = {}
         self.compiled = (0, 0)  # batch shapes compiled, of those to compile before ready
         self.batcher = Batcher(self.predictor, max_wait_s=self.settings.max_wait_ms / 1000.0,
                                warm_up=self._warm_up)
+
+    def _calibrate_links(self) -> None:
+        """A calibrated `LinkAnswerer` per link task the checkpoint answers (`served_link_tasks`), a log line each;
+        a task that cannot be calibrated is not served (a request for it is told why)."""
+        if getattr(self.loaded.model, "link", None) is None:
+            for t in self.store.link_tasks:
+                self._link_refused[t.name] = (f"checkpoint {self.loaded.path.name} has no link head: train it on a "
+                                              "link task first (confluence train-links)")
+            return
+        for name in served_link_tasks(self.loaded, self.store):
+            t0 = time.perf_counter()
+            try:
+                self.links[name] = LinkAnswerer(self.loaded, self.store, name)
+            except ConfluenceError as exc:
+                self._link_refused[name] = str(exc)
+                log.warning("link task %s is not served: %s", name, exc)
+            else:
+                log.info("link task %s: ranker calibrated in %.1f s", name, time.perf_counter() - t0)
+        for t in self.store.link_tasks:
+            if t.name not in self.links and t.name not in self._link_refused:
+                self._link_refused[t.name] = "the checkpoint's link head was trained on other link tasks " \
+                                             f"({', '.join(served_link_tasks(self.loaded, self.store))})"
 
     def _fit_blends(self) -> None:
         """Fit each task's blend (`predict.fit_task_blend`), a log line per task; a task without labelled train
@@ -256,6 +314,8 @@ class PredictionService:
     def stop(self) -> None:
         self.batcher.stop()
         self.predictor.close()
+        for answerer in self.links.values():
+            answerer.close()
 
     def stop_after(self, seconds: float) -> None:
         """Begin shutting down: requests in progress get `seconds` more, then the rest get HTTP 503 (the CLI
@@ -313,6 +373,8 @@ class PredictionService:
         """A request checked and resolved (RequestError naming the field otherwise), ready for the batcher;
         `context_labels`: whose labels its contexts may show (`predict --context-labels`)."""
         self._check(task, keys, self.settings.max_anchors, "--max-anchors")
+        if task in self.links:
+            raise RequestError(f"task: {task!r} is a link task (PredictionService.link_rows answers it)")
         k = self.settings.top_k if top_k is None else top_k
         rows, obs, cast_keys = self._anchors(task, keys, times)
         train_ids = self._train_ids[task]
@@ -331,10 +393,40 @@ class PredictionService:
 
         return Job(task, rows, obs, finish, context=context_labels)
 
+    def is_link(self, task: str) -> bool:
+        """Whether `task` is a link task this service answers (`link_rows`)."""
+        return task in self.links
+
+    def link_rows(self, task: str, keys: list[Any], times: list[str | None] | None,
+                  top_k: int | None) -> list[dict[str, Any]]:
+        """`POST /predict` on a link task: per anchor its key, observation time, the `top_k` (default the task's
+        k) likeliest target keys and their scores (`link_predict.link_json_rows`), ranked on the request's thread
+        by the task's calibrated ranker (one request at a time per task; the batcher's passes go on)."""
+        self._check(task, keys, self.settings.max_anchors, "--max-anchors")
+        if top_k == 0:
+            raise RequestError("top_k: a link task ranks at least 1 target row")
+        if self.batcher.stopping.is_set():
+            raise RequestError("the prediction service is shutting down; try again later", status=503)
+        rows, obs, cast_keys = self._anchors(task, keys, times)
+        answerer = self.links[task]
+        ranked, chances = answerer.rank(rows, obs, top_k)
+        out = link_json_rows(self.store, task, cast_keys, obs, ranked, chances, answerer)
+        with self._stats_lock:
+            self.stats.requests += 1
+            self.stats.anchors += len(out)
+        return out
+
+    def target_key_column(self, task: str) -> str | None:
+        """A link task's target-key field in its answer rows (None for a cell task)."""
+        return target_column(self.store, task) if is_link_task(self.store, task) else None
+
     def _check(self, task: str, keys: list[Any], most: int, option: str) -> None:
-        if task not in self._train_ids:
+        if task in self._link_refused:
+            raise RequestError(f"task: link task {task!r} is not served: {self._link_refused[task]}")
+        if task not in self._train_ids and task not in self.links:
+            links = f"; link tasks: {', '.join(self.links)}" if self.links else ""
             raise RequestError(f"task: no task {task!r} in store '{self.store.name}'; tasks: "
-                               f"{', '.join(t.name for t in self.store.tasks)} (GET /tasks)")
+                               f"{', '.join(t.name for t in self.store.tasks)}{links} (GET /tasks)")
         if not keys:
             raise RequestError("anchors: give at least one anchor")
         if len(keys) > most:
@@ -353,7 +445,7 @@ class PredictionService:
             time_arr = None if times is None else pa.array(times, pa.string())
             rows, obs, cast_keys = resolve_anchors(self.store, task, key_arr, time_arr, lambda i: f"anchors[{i}]",
                                                    null_time_default=True,
-                                                   index=self._indexes.get(self.store.task(task).anchor_table))
+                                                   index=self._indexes.get(anchor_table_of(self.store, task)))
         except ConfluenceError as exc:
             raise RequestError(str(exc)) from None
         return rows, obs, cast_keys
@@ -365,6 +457,8 @@ class PredictionService:
         from confluence.inference.explain import Explainer
 
         self._check(task, keys, self.settings.max_explain_anchors, "--max-explain-anchors")
+        if task in self.links:
+            raise RequestError(f"task: {task!r} is a link task; /explain answers cell tasks")
         grows, obs, _ = self._anchors(task, keys, times)
         with self._explain_lock:
             if task not in self._explainers or self._explainers[task].top != rows:
@@ -373,4 +467,4 @@ class PredictionService:
         return [e.to_dict() for e in out]
 
     def key_column(self, task: str) -> str:
-        return self.store.table(self.store.task(task).anchor_table).primary_key or "anchor"
+        return self.store.table(anchor_table_of(self.store, task)).primary_key or "anchor"
