@@ -191,7 +191,7 @@ def test_the_ranker_reaches_rows_outside_the_context_and_its_shortlist_is_the_ex
         short = ranker.shortlists(queries, times)
         first = ranker.source.catalog[0]
         for i in range(len(ids)):
-            keys = ranker.catalogue_keys(int(times[i]))
+            keys = ranker.catalogue_keys(int(ranker.catalogue_time(times[i:i + 1])[0]))
             scores = keys @ queries[i]
             brute = np.lexsort((np.arange(len(scores)), -scores))[:ranker.shortlist] + first
             assert (short[i][short[i] >= 0] == brute).all()
@@ -224,3 +224,21 @@ def test_the_catalogue_loss_is_a_sampled_softmax_of_each_answer_against_the_non_
     binary = float(catalogue_loss(jnp.asarray(logits), jnp.asarray(truth), jnp.asarray(seq_valid),
                                   jnp.asarray(item_valid), "binary"))
     assert binary > 0 and abs(binary - got) > 1e-3
+
+
+def test_the_catalogue_is_read_at_the_start_of_the_questions_day_and_a_bounded_number_of_times_is_kept(store, run):
+    from confluence.inference.links import KEPT_TIMES
+    from confluence.stypes import US_PER_DAY
+
+    times = np.array([5 * US_PER_DAY + 7, 5 * US_PER_DAY, -3], dtype=np.int64)
+    assert LinkRanker.catalogue_time(times).tolist() == [5 * US_PER_DAY, 5 * US_PER_DAY, -US_PER_DAY]
+    ranker = LinkRanker(load_model(run), store, TASK)
+    try:
+        ranker.source.item_batch_size = 64  # fewer passes over the small table
+        first = ranker.catalogue_keys(0)
+        for day in range(1, KEPT_TIMES + 3):
+            ranker.catalogue_keys(day * US_PER_DAY)
+        assert len(ranker._keys) == KEPT_TIMES and 0 not in ranker._keys
+        assert (ranker.catalogue_keys(0) == first).all()  # recomputed alike
+    finally:
+        ranker.close()

@@ -31,7 +31,6 @@ log = logging.getLogger("confluence.serving")
 
 LINK_METADATA_KEY = b"confluence.link"  # schema metadata of a link task's prediction table: task, k, anchors, JSON
 CELL_ONLY = ("blend", "explain", "certify", "context_labels")  # `predict` options a link task refuses
-MAX_CACHED_TIMES = 16  # observation times whose catalogue (every target row's keys) an answerer keeps
 CHUNK_BATCHES = 8  # anchors ranked per progress step, in the ranker's batches
 
 
@@ -111,24 +110,12 @@ class LinkAnswerer:
         out_p = np.full((len(rows), k), np.nan)
         step = self.ranker.source.batch_size * CHUNK_BATCHES
         with self._lock:
-            try:
-                for lo in range(0, len(rows), step):
-                    r, p = self.ranker.rank_at(rows[lo:lo + step], obs[lo:lo + step], k)
-                    out_rows[lo:lo + len(r)], out_p[lo:lo + len(r)] = r, p
-                    if advance is not None:
-                        advance(len(r))
-            finally:
-                _trim(self.ranker)
+            for lo in range(0, len(rows), step):
+                r, p = self.ranker.rank_at(rows[lo:lo + step], obs[lo:lo + step], k)
+                out_rows[lo:lo + len(r)], out_p[lo:lo + len(r)] = r, p
+                if advance is not None:
+                    advance(len(r))
         return out_rows, out_p
-
-
-def _trim(ranker: Any) -> None:
-    """Keep the catalogue keys of at most MAX_CACHED_TIMES observation times (the latest used): a long-running
-    service asked at ever new times would otherwise keep a copy of the target table's keys per time."""
-    cache = getattr(ranker, "_keys", None)
-    if isinstance(cache, dict):
-        while len(cache) > MAX_CACHED_TIMES:
-            cache.pop(next(iter(cache)))
 
 
 def _target_keys(store: Any, task: str, rows: np.ndarray, answerer: LinkAnswerer | None) -> pa.Array:

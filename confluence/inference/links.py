@@ -15,6 +15,7 @@ little, the best baseline's list stands.
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 from typing import Any
 
 import jax
@@ -23,9 +24,11 @@ import numpy as np
 
 from confluence.errors import ConfluenceError
 from confluence.store import Store
+from confluence.stypes import US_PER_DAY
 from confluence.targets import link as L
 
 POPULAR_PRIOR = 100  # the length of each baseline list whose rows can enter a question's candidates
+KEPT_TIMES = 16  # the catalogue's keys are kept for this many observation times (the latest used)
 
 
 @functools.partial(jax.jit, static_argnames=("num_rows",))
@@ -59,7 +62,7 @@ class LinkRanker:
         self.source = LinkSource(store, task, loaded.config)
         tables = DbTables.for_model(store, fitted_max_k(loaded.config.loss.max_k, [store]), loaded.config.model)
         self.col_tab, self.cat_tab = jnp.asarray(tables.column_embeddings), jnp.asarray(tables.categorical_embeddings)
-        self._keys: dict[int, np.ndarray] = {}  # observation time -> the catalogue's keys [N, D]
+        self._keys: OrderedDict[int, np.ndarray] = OrderedDict()  # observation time -> the catalogue's keys [N, D]
         self.combiner: Any = None  # fitted by `calibrate`
 
     def close(self) -> None:
@@ -68,9 +71,12 @@ class LinkRanker:
     # -- the model's scores -----------------------------------------------------------------------------------
     def catalogue_keys(self, time: int) -> np.ndarray:
         """[N, D]: every row of the target table (in row order) read from its own context at observation time
-        `time`, as the head's keys; computed once per time."""
+        `time`, as the head's keys; kept for the `KEPT_TIMES` latest used times (a service asked at ever new times
+        keeps a bounded number of copies)."""
         t = int(time)
-        if t not in self._keys:
+        if t in self._keys:
+            self._keys.move_to_end(t)
+        else:
             first, end = self.source.catalog
             rows = np.arange(first, end, dtype=np.int64)
             bs = self.source.item_batch_size
@@ -83,6 +89,8 @@ class LinkRanker:
                 keys = _catalogue_keys(self.loaded.model, inputs, self.col_tab, self.cat_tab)
                 parts.append(np.asarray(keys)[:len(chunk)])
             self._keys[t] = np.concatenate(parts) if parts else np.zeros((0, 1), np.float32)
+            while len(self._keys) > KEPT_TIMES:
+                self._keys.popitem(last=False)
         return self._keys[t]
 
     def contexts(self, anchors: np.ndarray, times: np.ndarray
@@ -120,14 +128,22 @@ class LinkRanker:
                             fill=pop)
         return np.stack([past, pop, recent, co], axis=1)
 
+    @staticmethod
+    def catalogue_time(times: np.ndarray) -> np.ndarray:
+        """The time the catalogue is read at for questions at `times`: the start of their UTC day (never later than
+        the question, so nothing after it; one pass over the target table serves every question of a day)."""
+        t = np.asarray(times, dtype=np.int64)
+        return t - np.mod(t, US_PER_DAY)
+
     def shortlists(self, queries: np.ndarray, times: np.ndarray) -> np.ndarray:
         """[n, link.shortlist]: each question's best rows of the whole target table by the catalogue side (global
         rows, exact: `targets.link.top_k`; -1 pads a smaller table); empty without the catalogue side."""
         out = np.full((len(times), self.shortlist if self.catalogue_on else 0), -1, dtype=np.int64)
         if not self.catalogue_on:
             return out
-        for t in np.unique(times):
-            at = np.flatnonzero(times == t)
+        day = self.catalogue_time(times)
+        for t in np.unique(day):
+            at = np.flatnonzero(day == t)
             idx, _ = L.top_k(queries[at], self.catalogue_keys(int(t)), self.shortlist)
             out[at] = np.where(idx >= 0, idx + self.source.catalog[0], -1)
         return out
@@ -141,7 +157,7 @@ class LinkRanker:
         lists = [lst[lst >= 0] for lst in lists]
         first = self.source.catalog[0]
         if self.catalogue_on:
-            keys = self.catalogue_keys(int(time))
+            keys = self.catalogue_keys(int(self.catalogue_time(np.array([time]))[0]))
             short = np.asarray(short)[np.asarray(short) >= 0]
         else:
             short = np.zeros(0, np.int64)

@@ -67,7 +67,9 @@ def catalogue_inputs(source: LinkSource, ids: np.ndarray, rng: np.random.Generat
     link = source.link
     rows, truth = catalogue_sample(ids, source.offsets, source.targets, source.catalog, link.positives,
                                    link.negatives, rng)
-    t = np.full(len(rows), source.obs_time[ids[0]], dtype=np.int64)
+    from confluence.inference.links import LinkRanker
+
+    t = np.full(len(rows), LinkRanker.catalogue_time(source.obs_time[ids[:1]])[0], dtype=np.int64)
     items = batch_to_inputs(source.item_batch(rows, t, epoch).batch)
     full = np.zeros((source.batch_size, source.item_batch_size), dtype=bool)
     full[:truth.shape[0], :truth.shape[1]] = truth
