@@ -542,32 +542,25 @@ def bench_quality_cmd(
 
 
 def bench_links_cmd(
-    db: Path = typer.Option(..., "--db", metavar="STORE", help="Processed store holding the link task."),
-    task: str = typer.Option(..., "--task", help="The link task whose target table is keyed and trained on."),
-    checkpoint: Path | None = typer.Option(None, "--checkpoint", help="Key the catalogue with this trained link "
-                                           "run (its own settings) instead of a fresh model of --config."),
-    config: str = typer.Option("demo", "--config", help="Recipe or .toml / .json file of the model, sampler and "
-                               "link settings (training and, without --checkpoint, keying)."),
+    db: Path = typer.Option(..., "--db", metavar="STORE", help="Processed store."),
+    task: str = typer.Option(..., "--task", help="Its link task."),
+    checkpoint: Path | None = typer.Option(None, "--checkpoint", help="Key with this link run, not a fresh "
+                                           "model."),
+    config: str = typer.Option("demo", "--config", help="Recipe or settings file."),
     set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a setting."),
-    size: list[int] = typer.Option([], "--size", metavar="N", min=1, help="Catalogue size of the top-k "
-                                   "(repeatable; default 1e3, 1e4, 1e5, 1e6)."),
-    dim: list[int] = typer.Option([], "--dim", metavar="D", min=1, help="Key width of the top-k (repeatable; "
-                                  "default: the demo and small recipes' d_model and --config's)."),
-    anchors: int = typer.Option(256, "--anchors", min=1, help="Anchors (queries) a top-k call ranks."),
-    k: int | None = typer.Option(None, "--k", min=1, help="The top-k's k (default link.shortlist: what the "
-                                 "ranker asks of the catalogue)."),
-    key_rows: int = typer.Option(512, "--key-rows", min=1, help="Target rows keyed to time the catalogue keys "
-                                 "(after one compiling chunk; the table's rows cycled if it has fewer)."),
-    train_steps: int = typer.Option(20, "--train-steps", min=1, help="Timed training steps per run."),
-    warmup: int = typer.Option(3, "--warmup", min=1, help="Training steps before the timed ones (the first "
-                               "compiles)."),
-    train: bool = typer.Option(True, "--train/--no-train", help="Also time training (train_links, catalogue "
-                               "on and off, beside a cell-task step)."),
-    json_out: Path | None = typer.Option(None, "--out", "--json", help="Also write the figures to this JSON file."),
+    size: list[int] = typer.Option([], "--size", metavar="N", min=1, help="Catalogue sizes (default 1e3-1e6)."),
+    dim: list[int] = typer.Option([], "--dim", metavar="D", min=1, help="Key widths (default: demo's, small's, "
+                                  "--config's)."),
+    anchors: int = typer.Option(256, "--anchors", min=1, help="Queries a top-k call ranks."),
+    k: int | None = typer.Option(None, "--k", min=1, help="The top-k's k (default link.shortlist)."),
+    key_rows: int = typer.Option(512, "--key-rows", min=1, help="Target rows keyed."),
+    train_steps: int = typer.Option(20, "--train-steps", min=1, help="Timed training steps a run."),
+    warmup: int = typer.Option(3, "--warmup", min=1, help="Untimed steps before them."),
+    train: bool = typer.Option(True, "--train/--no-train", help="Also time training."),
+    json_out: Path | None = typer.Option(None, "--out", "--json", help="Also write JSON here."),
 ) -> None:
-    """What ranking a link task's whole target table costs: top-k latency per anchor against catalogue size, the
-    target rows keyed per second by the transformer (and the time to key 1M rows), and train_links steps/s
-    beside a cell-task training step, in one table (docs/design/link-cost.md)."""
+    """Link ranking cost: top-k ms per anchor by catalogue size, catalogue rows keyed per second, train_links
+    steps/s beside a cell-task step (docs/design/link-cost.md)."""
     from rich.console import Console
     from rich.table import Table
 
