@@ -242,3 +242,42 @@ def test_the_catalogue_is_read_at_the_start_of_the_questions_day_and_a_bounded_n
         assert (ranker.catalogue_keys(0) == first).all()  # recomputed alike
     finally:
         ranker.close()
+def test_evaluate_writes_relbenchs_recommendation_layout_for_a_link_run(store, run, tmp_path):
+    """`evaluate --relbench-json` on a link run: per split, RelBench's metric names and `pred`, [n, k] target keys
+    per (source key, timestamp) row, whose MAP@k by RelBench's formula is the file's."""
+    import json
+
+    from tests.test_links import _relbench_map
+
+    out = tmp_path / "relbench.json"
+    res = CliRunner().invoke(app, ["evaluate", "--checkpoint", str(run), "--db", str(store.path), "--max-seeds", "40",
+                                   "--relbench-json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "split val" in res.output and "split test" in res.output
+    data = json.loads(out.read_text())
+    info = data["tasks"][TASK]
+    assert info == {"task_type": "link_prediction", "eval_k": 5, "src_entity_table": "customers",
+                    "src_entity_col": "customer_id", "dst_entity_table": "books", "dst_entity_col": "book_id",
+                    "time_col": "observed_at", "n": info["n"]}
+    arr, books, customers = store.link_arrays(TASK), store.table("books"), store.table("customers")
+    book_keys, customer_keys = store.keys("books").to_pylist(), store.keys("customers").to_pylist()
+    seed_of = {(customer_keys[a - customers.row_offset], t): s
+               for s, (a, t) in enumerate(zip(arr.anchor_row.tolist(), arr.obs_time.tolist(), strict=True))}
+    from confluence.schema.relbench import iso
+
+    for split in ("val", "test"):
+        metrics, pred = data["model"][TASK][split], data["predictions"][TASK][split]
+        assert set(metrics) == {"link_prediction_precision", "link_prediction_recall", "link_prediction_map", "ndcg"}
+        assert len(pred["src"]) == len(pred["timestamp"]) == len(pred["pred"]) <= 40
+        assert all(len(p) == 5 for p in pred["pred"])
+        assert set(data["baselines"]) >= {"popularity", "recent_popularity", "past_targets"}
+        isin, counts = [], []
+        by_iso = {iso(t): t for t in arr.obs_time.tolist()}
+        for src, ts, p in zip(pred["src"], pred["timestamp"], pred["pred"], strict=True):
+            s = seed_of[(src, by_iso[ts])]
+            truth = [book_keys[r - books.row_offset] for r in arr.targets[arr.offsets[s]:arr.offsets[s + 1]]]
+            assert {x for x in p if x is not None} <= set(book_keys)
+            isin.append(np.isin(np.array(p, dtype=object), np.array(truth, dtype=object)))
+            counts.append(len(truth))
+        assert info["n"][split] == sum(c > 0 for c in counts)
+        assert metrics["link_prediction_map"] == pytest.approx(_relbench_map(np.stack(isin), np.array(counts)))

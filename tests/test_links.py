@@ -261,3 +261,35 @@ def test_a_hostile_link_query_is_refused_and_writes_nothing(tmp_path, query, ref
                    progress=False)
     assert "link task 'customer_books'" in str(err.value) and refusal in str(err.value), str(err.value)
     assert not out.exists() and not (tmp_path / "x.db").exists() and not (src / "x.db").exists()
+
+
+# -- exact top-k ---------------------------------------------------------------------------------------------------
+@st.composite
+def _top_k_case(draw) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Queries and keys of small whole numbers (many equal scores), k from 1 to past the number of keys, and a
+    block of a few queries (several blocks a call)."""
+    d, n, m = draw(st.integers(1, 4)), draw(st.integers(1, 9)), draw(st.integers(0, 12))
+    whole = st.integers(-2, 2).map(float)
+
+    def matrix(rows: int) -> np.ndarray:
+        cells = draw(st.lists(whole, min_size=rows * d, max_size=rows * d))
+        return np.array(cells, dtype=np.float32).reshape(rows, d)
+
+    return matrix(n), matrix(m), draw(st.integers(1, m + 3)), draw(st.integers(1, 4))
+
+
+@settings(max_examples=200, deadline=None)
+@given(_top_k_case())
+def test_top_k_equals_a_full_sort(case):
+    """`top_k` is the full sort of every key by score (descending, index ascending on ties) cut at k; past the
+    number of keys it pads with -1 and -inf."""
+    queries, keys, k, block = case
+    idx, val = L.top_k(queries, keys, k, block=block)
+    assert idx.shape == val.shape == (len(queries), k)
+    for q, got_idx, got_val in zip(queries, idx, val, strict=True):
+        scores = [float(np.dot(q.astype(np.float64), key)) for key in keys.astype(np.float64)]
+        order = sorted(range(len(keys)), key=lambda j: (-scores[j], j))[:k]
+        want_idx = order + [-1] * (k - len(order))
+        want_val = [scores[j] for j in order] + [-np.inf] * (k - len(order))
+        assert got_idx.tolist() == want_idx
+        assert got_val.tolist() == want_val

@@ -541,6 +541,52 @@ def bench_quality_cmd(
         typer.echo(t.line())
 
 
+def bench_links_cmd(
+    db: Path = typer.Option(..., "--db", metavar="STORE", help="Processed store."),
+    task: str = typer.Option(..., "--task", help="Its link task."),
+    checkpoint: Path | None = typer.Option(None, "--checkpoint", help="Key with this link run, not a fresh "
+                                           "model."),
+    config: str = typer.Option("demo", "--config", help="Recipe or settings file."),
+    set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a setting."),
+    size: list[int] = typer.Option([], "--size", metavar="N", min=1, help="Catalogue sizes (default 1e3-1e6)."),
+    dim: list[int] = typer.Option([], "--dim", metavar="D", min=1, help="Key widths (default: demo's, small's, "
+                                  "--config's)."),
+    anchors: int = typer.Option(256, "--anchors", min=1, help="Queries a top-k call ranks."),
+    k: int | None = typer.Option(None, "--k", min=1, help="The top-k's k (default link.shortlist)."),
+    key_rows: int = typer.Option(512, "--key-rows", min=1, help="Target rows keyed."),
+    train_steps: int = typer.Option(20, "--train-steps", min=1, help="Timed training steps a run."),
+    warmup: int = typer.Option(3, "--warmup", min=1, help="Untimed steps before them."),
+    train: bool = typer.Option(True, "--train/--no-train", help="Also time training."),
+    json_out: Path | None = typer.Option(None, "--out", "--json", help="Also write JSON here."),
+) -> None:
+    """Link ranking cost: top-k ms per anchor by catalogue size, catalogue rows keyed per second, train_links
+    steps/s beside a cell-task step (docs/design/link-cost.md)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from confluence.bench.links import SIZES, bench_links, table_rows
+    from confluence.cli.train_cmds import run_config
+
+    console = Console()
+    try:
+        cfg = run_config(config, set_)
+        res = bench_links(db, task, cfg, sizes=size or SIZES, widths=dim or None, anchors=anchors, k=k,
+                          key_rows=key_rows, checkpoint=checkpoint, train_steps=train_steps, warmup=warmup,
+                          train=train, log=lambda m: console.print(f"[dim]{m}[/dim]"))
+    except ConfluenceError as exc:
+        fail(exc)
+    table = Table(title=f"link ranking cost: {res['store']} / {task} (target table {res['target_table']}), "
+                        f"{res['machine']}")
+    for name, justify in (("what", "left"), ("setting", "left"), ("value", "right"), ("unit", "left")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for what, setting, value, unit in table_rows(res):
+        table.add_row(what, setting, f"{value:,.4g}" if value < 1000 else f"{value:,.0f}", unit)
+    console.print(table)
+    console.print(f"config {config}{''.join(' --set ' + x for x in set_)}; {res['seconds']:.0f} s; 1-min load "
+                  f"average {res['loadavg_1min'][0]:.1f} -> {res['loadavg_1min'][1]:.1f} (other jobs on the machine)")
+    _write_json(json_out, res)
+
+
 def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) -> None:
     """Add every `confluence bench ...` command."""
     del app, text_app
@@ -548,5 +594,6 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
                      ("text-encoder", bench_text_encoder_cmd), ("sampler", bench_sampler_cmd),
                      ("train", bench_train_cmd), ("attention", bench_attention_cmd),
                      ("learnability", bench_learnability_cmd), ("serve", bench_serve_cmd),
-                     ("predict", bench_predict_cmd), ("quality", bench_quality_cmd)):
+                     ("predict", bench_predict_cmd), ("quality", bench_quality_cmd),
+                     ("links", bench_links_cmd)):
         bench_app.command(name)(fn)

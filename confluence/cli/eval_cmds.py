@@ -174,7 +174,8 @@ def evaluate_cmd(
                                 "rows, every metric and the run's training curves)."),
     relbench_json: Path = typer.Option(None, "--relbench-json", help="Also write RelBench's result layout here: "
                                        "val and test, RelBench's metric names, for the tasks from RelBench task "
-                                       "folders (or --task); docs/guide/relbench.md."),
+                                       "folders (or --task); of a link run, its link tasks with their top-k "
+                                       "keys (RelBench's pred); docs/guide/relbench.md."),
     max_seeds: int = typer.Option(None, "--max-seeds", help="Evaluate at most this many seeds per task (0: all; "
                                   "default 5000, all with --relbench-json)."),
     gbdt: bool = typer.Option(False, "--gbdt/--no-gbdt", help="Also train and score the LightGBM baseline."),
@@ -231,17 +232,26 @@ def evaluate_cmd(
                 raise ConfluenceError(f"--relbench-json reports val and test; --split {split!r} (the split --json "
                                       "writes) must be one of them")
             store = Store.open(db)
+        found = _link_evaluation(checkpoint, db, task, list(RELBENCH_SPLITS) if relbench_json else [split],
+                                 max_seeds, gbdt)
+        if found is not None:  # a checkpoint with a link head answers link tasks
+            loaded, links = found
+            for s in links.results:
+                print_link_results(links.results[s], f"{db} — link tasks, split {s}")
+            if json_out:
+                typer.echo(f"wrote {write_json(links.results[split], json_out)}")
+            if relbench_json:
+                from confluence.evaluation.relbench import relbench_link_results
+
+                res = relbench_link_results(store, links.results, links.rankings, loaded.step)
+                typer.echo(f"wrote {write_json(res, relbench_json)}")
+            return
+        if relbench_json:
             task = task or relbench_tasks(store.meta)
             if not task:
                 raise ConfluenceError(f"no task of {db} comes from a RelBench task folder (a task whose split "
                                       "names each row's file); name tasks with --task")
             splits = list(RELBENCH_SPLITS)
-        links = _link_evaluation(checkpoint, db, task, split, max_seeds, gbdt)
-        if links is not None:  # a checkpoint with a link head answers link tasks
-            print_link_results(links, f"{db} — link tasks, split {split}")
-            if json_out:
-                typer.echo(f"wrote {write_json(links, json_out)}")
-            return
         by_split = {}
         with Reporter(enabled=not no_progress) as rep:
             model = load_model(checkpoint) if len(splits) > 1 else checkpoint  # loaded once for both splits
@@ -265,20 +275,21 @@ def evaluate_cmd(
         _print_certificate(by_split[split])
 
 
-def _link_evaluation(checkpoint: Path, db: Path, tasks: list[str] | None, split: str,
-                     max_seeds: int, gbdt: bool) -> dict | None:
-    """`evaluate_links` of a checkpoint trained with a link head (`train-links`) on the store's link tasks (those of
-    `tasks`, default those it trained on); None for a checkpoint without one or a store without link tasks, whose
-    cell tasks `evaluate` scores."""
-    from confluence.evaluation.links import evaluate_links
+def _link_evaluation(checkpoint: Path, db: Path, tasks: list[str] | None, splits: list[str],
+                     max_seeds: int, gbdt: bool) -> tuple | None:
+    """The loaded checkpoint and `evaluate_link_splits` of it, when it was trained with a link head
+    (`train-links`), on the store's link tasks (those of `tasks`, default those it trained on); None for a checkpoint
+    without one or a store without link tasks, whose cell tasks `evaluate` scores."""
+    from confluence.evaluation.links import evaluate_link_splits
     from confluence.inference.predictor import load_model
     from confluence.store import Store
     from confluence.toolkit.checkpoint import read_checkpoint
 
     if not read_checkpoint(Path(checkpoint)).meta.get("link_task") or not Store.open(db).link_tasks:
         return None  # no link head, or no link task here: the cell tasks are scored
-    return evaluate_links(load_model(checkpoint), db, tasks=tasks or None, split=split, max_seeds=max_seeds or None,
-                          gbdt=gbdt)
+    loaded = load_model(checkpoint)
+    return loaded, evaluate_link_splits(loaded, db, splits=splits, tasks=tasks or None, max_seeds=max_seeds or None,
+                                        gbdt=gbdt)
 
 
 def _print_certificate(results: dict) -> None:

@@ -5,6 +5,7 @@ recall and NDCG, the best baseline named, and paired intervals between any two r
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -98,31 +99,55 @@ def evaluate_links(loaded: Any, db: str | Store, *, tasks: Sequence[str] | None 
     """The model beside the baselines on each link task (default: those of the store the checkpoint was trained
     on, else all): `run_link_baselines`' entry plus "model" (metrics), "model_vs_baseline" (the paired MAP@k
     interval against the best baseline) and, with `gbdt`, the LightGBM ranker and "model_vs_gbdt"."""
+    return evaluate_link_splits(loaded, db, splits=(split,), tasks=tasks, max_seeds=max_seeds, gbdt=gbdt,
+                                progress=progress).results[split]
+
+
+@dataclass
+class LinkSplits:
+    """`evaluate_link_splits`' answer: per split, `results` (as `evaluate_links`) and `rankings`, per task the
+    ranked target rows ([n, k], global rows) by ranker name ("model" and the baselines') and the seeds they rank
+    ("seed_ids")."""
+
+    results: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    rankings: dict[str, dict[str, dict[str, np.ndarray]]] = field(default_factory=dict)
+
+
+def evaluate_link_splits(loaded: Any, db: str | Store, *, splits: Sequence[str], tasks: Sequence[str] | None = None,
+                         max_seeds: int | None = 5000, gbdt: bool = False, progress: Any = None) -> LinkSplits:
+    """`evaluate_links` on several splits, each task's ranker calibrated once for all of them."""
     from confluence.inference.links import LinkRanker
 
     store = db if isinstance(db, Store) else Store.open(db)
     trained = [t.split("/", 1)[1] for t in loaded.trained_tasks if t.startswith(f"{store.name}/")]
     if tasks is None:
         tasks = [t.name for t in store.link_tasks if t.name in trained] or None
-    ranked_by: dict[str, dict[str, np.ndarray]] = {}
-    out = run_link_baselines(store, tasks=tasks, split=split, max_seeds=max_seeds, gbdt=gbdt, progress=progress,
-                             rankings=ranked_by)
-    for task, entry in out.items():
-        if "baseline" not in entry:
-            continue
-        arr = store.link_arrays(task)
-        eval_ids = subsample(link_split_ids(store, task, split), max_seeds)
-        counts, flat = L.truth_sets(np.asarray(arr.offsets), np.asarray(arr.targets), eval_ids)
-        ranker = LinkRanker(loaded, store, task)
-        try:
-            ranker.calibrate()
-            pred = ranker.rank(eval_ids)
-        finally:
+    answer = LinkSplits()
+    rankers: dict[str, Any] = {}
+    try:
+        for split in splits:
+            ranked_by: dict[str, dict[str, np.ndarray]] = {}
+            out = run_link_baselines(store, tasks=tasks, split=split, max_seeds=max_seeds, gbdt=gbdt,
+                                     progress=progress, rankings=ranked_by)
+            for task, entry in out.items():
+                if "baseline" not in entry:
+                    continue
+                arr = store.link_arrays(task)
+                eval_ids = subsample(link_split_ids(store, task, split), max_seeds)
+                counts, flat = L.truth_sets(np.asarray(arr.offsets), np.asarray(arr.targets), eval_ids)
+                if task not in rankers:
+                    rankers[task] = LinkRanker(loaded, store, task)
+                    rankers[task].calibrate()
+                pred = rankers[task].rank(eval_ids)
+                best = ranked_by[task][entry["baseline"]["name"]]
+                entry["model"] = L.metrics(pred, counts, flat)
+                entry["model_vs_baseline"] = {**L.paired_bootstrap(pred, best, counts, flat),
+                                              "baseline": entry["baseline"]["name"]}
+                if "gbdt" in ranked_by[task]:
+                    entry["model_vs_gbdt"] = L.paired_bootstrap(pred, ranked_by[task]["gbdt"], counts, flat)
+                ranked_by[task] = {**ranked_by[task], "model": pred, "seed_ids": eval_ids}
+            answer.results[split], answer.rankings[split] = out, ranked_by
+    finally:
+        for ranker in rankers.values():
             ranker.close()
-        best = ranked_by[task][entry["baseline"]["name"]]
-        entry["model"] = L.metrics(pred, counts, flat)
-        entry["model_vs_baseline"] = {**L.paired_bootstrap(pred, best, counts, flat),
-                                      "baseline": entry["baseline"]["name"]}
-        if "gbdt" in ranked_by[task]:
-            entry["model_vs_gbdt"] = L.paired_bootstrap(pred, ranked_by[task]["gbdt"], counts, flat)
-    return out
+    return answer

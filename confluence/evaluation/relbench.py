@@ -25,7 +25,8 @@ from confluence.schema.relbench import TASK_TYPES
 from confluence.stypes import SemanticType
 from confluence.targets import kind
 
-__all__ = ["RELBENCH_SPLITS", "relbench_metrics", "relbench_results", "relbench_tasks"]
+__all__ = ["LINK_METRICS", "RELBENCH_SPLITS", "relbench_link_results", "relbench_metrics", "relbench_results",
+           "relbench_tasks"]
 
 RELBENCH_SPLITS = ("val", "test")
 
@@ -79,4 +80,87 @@ def relbench_results(by_split: Mapping[str, Mapping[str, dict]], dataset: str) -
                 block[split] = relbench_metrics(stype, rows.truth, pred, rows.train_std)
         if not info["notes"]:
             del info["notes"]
+    return out
+
+
+# Confluence's ranking metrics (`confluence.targets.link.metrics`) under the names of RelBench's functions
+# (relbench/metrics.py: the same formulas, seeds with no destination dropped); NDCG@k is not in every RelBench
+# version's list, so it keeps Confluence's name, as `nmae` does
+LINK_METRICS = {"precision": "link_prediction_precision", "recall": "link_prediction_recall",
+                "map": "link_prediction_map", "ndcg": "ndcg"}
+
+
+def _link_metrics(m: Mapping[str, float]) -> dict[str, float]:
+    return {name: m[ours] for ours, name in LINK_METRICS.items()}
+
+
+def _key_values(store: Any, table: str) -> tuple[Any, bool]:
+    """A function from global rows of `table` to its primary-key values (-1: None), and whether they are keys
+    (False: the table has none in the store, and a row's position in the table stands for it)."""
+    first = store.table(table).row_offset
+    keys = store.keys(table)
+    values = keys.to_pylist() if keys is not None else None
+
+    def of(rows: np.ndarray) -> list:
+        rows = np.asarray(rows, dtype=np.int64)
+        flat = [None if r < 0 else values[r - first] if values is not None else int(r - first)
+                for r in rows.ravel().tolist()]
+        if rows.ndim == 1:
+            return flat
+        width = max(rows.shape[1], 1)
+        return [flat[i:i + width] for i in range(0, len(flat), width)]
+
+    return of, values is not None
+
+
+def relbench_link_results(store: Any, results: Mapping[str, Mapping[str, dict]],
+                          rankings: Mapping[str, Mapping[str, dict]], checkpoint_step: int | None) -> dict[str, Any]:
+    """RelBench's layout for link tasks (its RecommendationTask) from `evaluation.links.evaluate_link_splits` on
+    the val and test splits (`results`, `rankings`): per task and split, RelBench's metrics of the model and of each
+    baseline, and the model's predictions as RelBench's `task.evaluate(pred, table)` takes them: `pred`, [n, eval_k]
+    destination keys (the target table's primary-key values, best first; null pads a shorter list), one row per
+    (source key, timestamp) of the split, in `src` / `timestamp` (RelBench's `src_entity_col` / `time_col`; its
+    table's rows may come in another order: align on them)."""
+    from confluence.evaluation.links import BASELINES
+    from confluence.schema.relbench import iso
+
+    out: dict[str, Any] = {"dataset": store.name, "checkpoint_step": checkpoint_step, "tasks": {}, "model": {},
+                           "baselines": {}, "predictions": {}}
+    declared = (store.meta.get("database") or {}).get("link_tasks") or {}
+    names = list(dict.fromkeys(t for s in RELBENCH_SPLITS for t in results.get(s, {})))
+    for task in names:
+        info, arr, meta = store.link_task(task), store.link_arrays(task), declared.get(task) or {}
+        entry: dict[str, Any] = {
+            "task_type": "link_prediction", "eval_k": info.k, "src_entity_table": info.anchor_table,
+            "src_entity_col": meta.get("anchor_key"), "dst_entity_table": info.target_table,
+            "dst_entity_col": meta.get("target_key"), "time_col": meta.get("observation_time_column"), "n": {},
+            "notes": {}}
+        out["tasks"][task] = entry
+        src_of, src_keyed = _key_values(store, info.anchor_table)
+        dst_of, dst_keyed = _key_values(store, info.target_table)
+        for table, keyed in ((info.anchor_table, src_keyed), (info.target_table, dst_keyed)):
+            if not keyed:
+                entry["notes"][table] = f"table {table!r} has no primary key in the store: its rows' positions " \
+                                        "stand for its keys"
+        for split in RELBENCH_SPLITS:
+            r = results.get(split, {}).get(task)
+            if r is None:
+                continue
+            if "model" not in r:
+                out["model"].setdefault(task, {})[split] = None
+                entry["notes"][split] = (r.get("info") or {}).get("note") or "not evaluated"
+                continue
+            ranked = rankings[split][task]
+            entry["n"][split] = int(r["model"]["n"])
+            out["model"].setdefault(task, {})[split] = _link_metrics(r["model"])
+            for name in (*BASELINES, "gbdt"):
+                if name in r:
+                    out["baselines"].setdefault(name, {}).setdefault(task, {})[split] = _link_metrics(r[name])
+            ids = np.asarray(ranked["seed_ids"], dtype=np.int64)
+            out["predictions"].setdefault(task, {})[split] = {
+                "src": src_of(np.asarray(arr.anchor_row)[ids]),
+                "timestamp": [iso(int(t)) for t in np.asarray(arr.obs_time)[ids]],
+                "pred": dst_of(ranked["model"])}
+        if not entry["notes"]:
+            del entry["notes"]
     return out
