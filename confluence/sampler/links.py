@@ -176,9 +176,9 @@ class LinkSource:
         self.item_batch_size = cfg.sampler.batch_size * cfg.link.positives + cfg.link.negatives
         cells = min(cfg.link.item_cells, cfg.sampler.seq_len)
         rows = min(cfg.sampler.max_rows, max(b for b in (*cfg.sampler.row_buckets, 16) if b <= max(cells // 2, 16)))
+        # one row bucket: every catalogue batch has one shape, compiled once (not again mid-training)
         self.item_sampler = Sampler([store], replace(
-            plain, batch_size=self.item_batch_size, seq_len=cells, max_rows=rows,
-            row_buckets=tuple(b for b in cfg.sampler.row_buckets if b <= rows) or (rows,)), seed=cfg.seed)
+            plain, batch_size=self.item_batch_size, seq_len=cells, max_rows=rows, row_buckets=(rows,)), seed=cfg.seed)
 
     def batch(self, seed_ids: np.ndarray, epoch: int = 0) -> LinkBatch:
         return build_link_batch(self.sampler.builders[0], self.data, seed_ids, self.catalog, self.offsets,
