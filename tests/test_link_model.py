@@ -76,6 +76,12 @@ def test_a_trained_link_head_ranks_and_is_evaluated_beside_the_baselines(store, 
         coef = ranker.calibrate(200)
         # intercept; in-context logit, in context; catalogue logit; place, in list x (catalogue + 4 baselines)
         assert coef.shape == (14,) and np.isfinite(coef).all()
+        sel = ranker.selection  # the way of ranking chosen on held-out calibration folds, and why
+        groups = ranker.feature_groups()
+        assert sel["choice"] in groups and set(sel["calibration_map"]) == set(groups)
+        assert sel["calibration_map"][sel["choice"]] == max(sel["calibration_map"].values())
+        unused = np.setdiff1d(np.arange(13), groups[sel["choice"]])
+        assert (coef[1:][unused] == 0).all()
         ids = link_split_ids(store, TASK, "val")[:20]
         ranked = ranker.rank(ids)
     finally:

@@ -150,6 +150,10 @@ def link_results_lines(results: dict, title: str) -> list[str]:
                      "time; recent: the same over the last horizon; past: the anchor's own earlier targets; "
                      "co-linked: rows other anchors linked to along with them"
                      + ("; GBDT: LightGBM LambdaRank over past and popular rows" if "gbdt" in r else "") + ")")
+        if sel := info.get("ranker"):
+            ways = ", ".join(f"{n} {v:.4f}" for n, v in sel["calibration_map"].items())
+            lines.append(f"    model ranks by: {sel['choice']} (cross-validated MAP@k on {sel['n_seeds']} "
+                         f"calibration seeds: {ways})")
         if info.get("note"):
             lines.append(f"    {info['note']}")
     return lines

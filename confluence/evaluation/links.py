@@ -141,6 +141,7 @@ def evaluate_link_splits(loaded: Any, db: str | Store, *, splits: Sequence[str],
                 pred = rankers[task].rank(eval_ids)
                 best = ranked_by[task][entry["baseline"]["name"]]
                 entry["model"] = L.metrics(pred, counts, flat)
+                entry["info"]["ranker"] = rankers[task].selection  # what calibration chose, and its MAP@k
                 entry["model_vs_baseline"] = {**L.paired_bootstrap(pred, best, counts, flat),
                                               "baseline": entry["baseline"]["name"]}
                 if "gbdt" in ranked_by[task]:

@@ -8,8 +8,8 @@ context; every row of the target table, scored by the head against the row's own
 baselines' lists (the anchor's own earlier targets, the most linked rows, the most linked of the last horizon, the
 rows other anchors linked to along with the anchor's own targets).
 A logistic regression fitted on the latest train seeds, which the head never trained on (`calibrate`), turns each
-candidate's scores and places into one chance of a link; the k likeliest are the answer. Where the model knows
-little, the best baseline's list stands.
+candidate's scores and places into one chance of a link; the k likeliest are the answer. Where mixing the model's
+scores in does not rank better on those seeds (cross-validated), the best baseline's list stands alone.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from confluence.stypes import US_PER_DAY
 from confluence.targets import link as L
 
 POPULAR_PRIOR = 100  # the length of each baseline list whose rows can enter a question's candidates
+LIST_NAMES = ("past_targets", "popularity", "recent_popularity", "co_linked")  # the order of `lists`
 KEPT_TIMES = 16  # the catalogue's keys are kept for this many observation times (the latest used)
 
 
@@ -64,6 +65,7 @@ class LinkRanker:
         self.col_tab, self.cat_tab = jnp.asarray(tables.column_embeddings), jnp.asarray(tables.categorical_embeddings)
         self._keys: OrderedDict[int, np.ndarray] = OrderedDict()  # observation time -> the catalogue's keys [N, D]
         self.combiner: Any = None  # fitted by `calibrate`
+        self.selection: dict[str, Any] = {}  # what `calibrate` chose and why
 
     def close(self) -> None:
         self.source.close()
@@ -185,10 +187,25 @@ class LinkRanker:
         return [self.features(*ctx[i], fallback[i], queries[i], int(times[i]), short[i]) for i in range(len(anchors))]
 
     # -- calibration and ranking ------------------------------------------------------------------------------
-    def calibrate(self, n: int | None = None) -> np.ndarray:
+    def feature_groups(self) -> dict[str, list[int]]:
+        """The columns of `features` that each way of ranking reads: "model" all of them; each baseline list
+        (`LIST_NAMES`) its own place and membership."""
+        first = 3 if self.catalogue_on else 2
+        lists = (["catalogue"] if self.catalogue_on else []) + list(LIST_NAMES)
+        out = {"model": list(range(first + 2 * len(lists)))}
+        for j, name in enumerate(lists):
+            if name != "catalogue":
+                out[name] = [first + 2 * j, first + 2 * j + 1]
+        return out
+
+    def calibrate(self, n: int | None = None, folds: int = 3) -> np.ndarray:
         """Fit how the candidates' features combine into the chance of a link: a logistic regression over every
         candidate of the train seeds the head did not train on (`train_and_calibration_ids`; at most `n` of them,
-        the latest). Returns its coefficients."""
+        the latest). Which features it reads is chosen on those seeds by `folds`-fold cross-validated MAP@k: all of
+        them (the model's scores and the lists), or one baseline list's alone where no mix ranks better on seeds
+        it was not fitted on (the model then answers that list's order, with calibrated chances). The choice and
+        the cross-validated MAP@k of each way are in `self.selection`. Returns the coefficients over all features
+        (zero for the ones not read), intercept first."""
         from sklearn.linear_model import LogisticRegression
 
         from confluence.sampler.links import train_and_calibration_ids
@@ -202,16 +219,37 @@ class LinkRanker:
                                   "to calibrate the ranker on (it needs several observation times)")
         ids = np.sort(ids)
         found = self._candidates(np.asarray(arr.anchor_row)[ids], np.asarray(arr.obs_time)[ids])
-        xs, ys = [], []
-        for (cand, x), s in zip(found, ids, strict=True):
-            xs.append(x)
-            ys.append(np.isin(cand, arr.targets[arr.offsets[s]:arr.offsets[s + 1]]))
-        x, y = np.concatenate(xs), np.concatenate(ys)
+        ys = [np.isin(cand, arr.targets[arr.offsets[s]:arr.offsets[s + 1]]) for (cand, _), s in zip(found, ids,
+                                                                                                     strict=True)]
+        y = np.concatenate(ys)
         if y.all() or not y.any():
             raise ConfluenceError(f"link task {self.task!r}: the latest train seeds' candidates are all "
                                   f"{'links' if y.any() else 'non-links'}; nothing to calibrate on")
-        self.combiner = LogisticRegression(C=1.0, max_iter=1000).fit(x, y)
-        return np.concatenate([self.combiner.intercept_, self.combiner.coef_[0]])
+        counts, flat = L.truth_sets(np.asarray(arr.offsets), np.asarray(arr.targets), ids)
+        fold = np.arange(len(ids)) % max(1, min(folds, len(ids)))
+        scores: dict[str, float] = {}
+        for name, cols in self.feature_groups().items():
+            pred = np.full((len(ids), self.info.k), -1, dtype=np.int64)
+            for f in np.unique(fold):
+                fit = np.flatnonzero(fold != f) if len(np.unique(fold)) > 1 else np.flatnonzero(fold == f)
+                yf = np.concatenate([ys[i] for i in fit])
+                if yf.all() or not yf.any():
+                    continue
+                lr = LogisticRegression(C=1.0, max_iter=1000).fit(
+                    np.concatenate([found[i][1][:, cols] for i in fit]), yf)
+                for i in np.flatnonzero(fold == f):
+                    cand, x = found[i]
+                    order = np.lexsort((cand, -lr.decision_function(x[:, cols])))[:self.info.k]
+                    pred[i, :len(order)] = cand[order]
+            scores[name] = L.metrics(pred, counts, flat)["map"]
+        choice = max(scores, key=lambda name: (scores[name], name == "model"))  # ties: the model
+        cols = self.feature_groups()[choice]
+        lr = LogisticRegression(C=1.0, max_iter=1000).fit(np.concatenate([x[:, cols] for _, x in found]), y)
+        self.combiner = _Combiner(lr, cols)
+        self.selection = {"choice": choice, "calibration_map": scores, "n_seeds": len(ids)}
+        coef = np.zeros(len(self.feature_groups()["model"]))
+        coef[cols] = lr.coef_[0]
+        return np.concatenate([lr.intercept_, coef])
 
     def rank_at(self, anchors: np.ndarray, times: np.ndarray, k: int | None = None
                 ) -> tuple[np.ndarray, np.ndarray]:
@@ -235,6 +273,16 @@ class LinkRanker:
         seed_ids = np.asarray(seed_ids, dtype=np.int64)
         return self.rank_at(np.asarray(self.arr.anchor_row)[seed_ids], np.asarray(self.arr.obs_time)[seed_ids],
                             k)[0]
+
+
+class _Combiner:
+    """A fitted logistic regression over some columns of the candidates' features."""
+
+    def __init__(self, model: Any, cols: list[int]):
+        self.model, self.cols = model, cols
+
+    def decision_function(self, x: np.ndarray) -> np.ndarray:
+        return self.model.decision_function(x[:, self.cols])
 
 
 def _positions(rows: np.ndarray, wanted: np.ndarray) -> np.ndarray:
