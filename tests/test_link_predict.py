@@ -6,7 +6,6 @@ service answers the same rows per anchor, lists the link task, and a checkpoint 
 from __future__ import annotations
 
 import datetime as dt
-import threading
 from pathlib import Path
 
 import equinox as eqx
@@ -16,7 +15,6 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
-import uvicorn
 from typer.testing import CliRunner
 
 from confluence.cli.main import app as cli
@@ -30,10 +28,9 @@ from confluence.store import Store
 from confluence.toolkit.checkpoint import save_checkpoint
 from tests.fixtures.bookstore import HashEncoder, bookstore_tables, write_bookstore, write_metadata
 from tests.fixtures.model import tiny_run_config
-from tests.fixtures.net import free_port
 from tests.test_link_model import SAMPLER, TASK
 from tests.test_links import meta_with
-from tests.test_serve import Client
+from tests.test_serve import serving
 
 NEW = 999  # a customer with no order: no seed of the task, no link history
 COLUMNS = ["customer_id", "observation_time", "rank", "book_id", "score"]
@@ -229,17 +226,8 @@ def test_a_checkpoint_without_a_link_head_is_refused(store, headless, tmp_path):
 
 @pytest.fixture(scope="module")
 def server(run, store):
-    app = create_app(run, store.path, batch_size=8, max_anchors=5, warm_up=False)
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    client = Client(f"http://127.0.0.1:{port}")
-    client.wait_ready()
-    yield client
-    srv.should_exit = True
-    thread.join(30)
-    assert not thread.is_alive()
+    with serving(create_app(run, store.path, batch_size=8, max_anchors=5, warm_up=False)) as client:
+        yield client
 
 
 def test_the_service_answers_what_predict_writes(server, anchor_answer):

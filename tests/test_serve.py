@@ -6,6 +6,7 @@ on the tiny bookstore keep it fast (what is tested is the serving, not the model
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -18,6 +19,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -100,20 +102,28 @@ class Client:
         raise AssertionError("the server did not get ready")
 
 
-@pytest.fixture(scope="module")
-def server(run, tiny_store):
-    """The real app on uvicorn in a thread; a long batching window so concurrent requests share model calls."""
-    app = create_app(run, tiny_store, batch_size=SERVER_BATCH, max_wait_ms=30, max_anchors=20)
+@contextlib.contextmanager
+def serving(app: Any) -> Iterator[Client]:
+    """`app` on uvicorn in a thread on a free port, ready: its client; stopped (and joined) after."""
     port = free_port()
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     client = Client(f"http://127.0.0.1:{port}")
     client.wait_ready()
-    yield client
-    srv.should_exit = True
-    thread.join(30)
+    try:
+        yield client
+    finally:
+        srv.should_exit = True
+        thread.join(30)
     assert not thread.is_alive()
+
+
+@pytest.fixture(scope="module")
+def server(run, tiny_store):
+    """The real app on uvicorn in a thread; a long batching window so concurrent requests share model calls."""
+    with serving(create_app(run, tiny_store, batch_size=SERVER_BATCH, max_wait_ms=30, max_anchors=20)) as client:
+        yield client
 
 
 def expected(run: Path, store: Path, task: str, anchors: list[dict], tmp: Path, **kw: Any) -> list[dict]:
