@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from confluence.errors import ConfluenceError
+from confluence.sampler.links import catalogue_time
 from confluence.store import Store
-from confluence.stypes import US_PER_DAY
 from confluence.targets import link as L
 
 POPULAR_PRIOR = 100  # the length of each baseline list whose rows can enter a question's candidates
@@ -79,14 +79,14 @@ class LinkRanker:
         if t in self._keys:
             self._keys.move_to_end(t)
         else:
+            from confluence.model.inputs import batch_to_inputs
+
             first, end = self.source.catalog
             rows = np.arange(first, end, dtype=np.int64)
             bs = self.source.item_batch_size
             parts = []
             for lo in range(0, len(rows), bs):
                 chunk = rows[lo:lo + bs]
-                from confluence.model.inputs import batch_to_inputs
-
                 inputs = batch_to_inputs(self.source.item_batch(chunk, np.full(len(chunk), t)).batch)
                 keys = _catalogue_keys(self.loaded.model, inputs, self.col_tab, self.cat_tab)
                 parts.append(np.asarray(keys)[:len(chunk)])
@@ -130,12 +130,7 @@ class LinkRanker:
                             fill=pop)
         return np.stack([past, pop, recent, co], axis=1)
 
-    @staticmethod
-    def catalogue_time(times: np.ndarray) -> np.ndarray:
-        """The time the catalogue is read at for questions at `times`: the start of their UTC day (never later than
-        the question, so nothing after it; one pass over the target table serves every question of a day)."""
-        t = np.asarray(times, dtype=np.int64)
-        return t - np.mod(t, US_PER_DAY)
+    catalogue_time = staticmethod(catalogue_time)
 
     def shortlists(self, queries: np.ndarray, times: np.ndarray) -> np.ndarray:
         """[n, link.shortlist]: each question's best rows of the whole target table by the catalogue side (global

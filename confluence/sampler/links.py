@@ -26,7 +26,7 @@ from confluence.sampler.builder import BatchBuilder, BuildResult
 from confluence.sampler.data import TaskData, obs_time_cells, readonly
 from confluence.sampler.sampler import Sampler
 from confluence.sampler.splits import own_split, split_index, temporal_split
-from confluence.stypes import D_TIME, SemanticType
+from confluence.stypes import D_TIME, US_PER_DAY, SemanticType
 
 LINK_TASK_INDEX = 1 << 20  # link tasks' `TaskData.index` start here: their random streams never meet a cell task's
 CATALOGUE_INDEX = 1 << 21  # and the target rows' own contexts here
@@ -76,6 +76,13 @@ def link_task_data(store: Any, name: str) -> TaskData:
         tgt_bits=readonly(np.zeros((n + 7) // 8), np.uint8),
         tgt_valid=readonly(np.packbits(np.ones(n, bool), bitorder="little"), np.uint8),
         obs_ts=obs_time_cells(store, int(info.obs_column_idx), arr.obs_time))
+
+
+def catalogue_time(times: np.ndarray) -> np.ndarray:
+    """The time the catalogue is read at for questions at `times`: the start of their UTC day (never later than
+    the question, so nothing after it; one pass over the target table serves every question of a day)."""
+    t = np.asarray(times, dtype=np.int64)
+    return t - np.mod(t, US_PER_DAY)
 
 
 def item_task_data(store: Any, name: str, rows: np.ndarray, times: np.ndarray) -> TaskData:

@@ -218,27 +218,22 @@ def co_linked_at(anchor_row: np.ndarray, obs_time: np.ndarray, offsets: np.ndarr
         known = link_time <= t - horizon_us
         m = sparse.csr_matrix((np.ones(int(known.sum())), (link_a[known], link_row[known])),
                               shape=(len(uniq_anchor), n_items))
-        m.data[:] = 1.0  # an (anchor, target) pair counts once however often it was linked
         m.sum_duplicates()
-        m.data[:] = 1.0
+        m.data[:] = 1.0  # an (anchor, target) pair counts once however often it was linked
         at = np.flatnonzero(times == t)
-        pos = np.searchsorted(uniq_anchor, anchors[at])
-        has = (pos < len(uniq_anchor)) & (uniq_anchor[np.minimum(pos, len(uniq_anchor) - 1)] == anchors[at])
-        own = sparse.csr_matrix((len(at), n_items))
+        pos = np.minimum(np.searchsorted(uniq_anchor, anchors[at]), max(len(uniq_anchor) - 1, 0))
+        has = uniq_anchor[pos] == anchors[at] if len(uniq_anchor) else np.zeros(len(at), bool)
         if has.any():
-            own = m[pos[has]]
-        shared = (own @ m.T).tocsr()  # [q, anchors]: targets shared with each anchor
-        if has.any():
-            shared = shared - sparse.csr_matrix((own.sum(axis=1).A1, (np.arange(len(pos[has])), pos[has])),
-                                                shape=shared.shape)  # not the anchor itself
-        scores = (shared @ m).toarray() if has.any() else np.zeros((0, n_items))
-        for j, i in enumerate(at[has]):
-            s = scores[j]
-            s[own[j].indices] = 0.0
-            out[i] = _top(s, k, first)
-        for i in at:
-            if fill is not None:
-                got = out[i][out[i] >= 0]
-                extra = [r for r in fill[i] if r >= 0 and r not in set(got.tolist())][:k - len(got)]
-                out[i, len(got):len(got) + len(extra)] = extra
+            own = m[pos[has]]  # [q, targets]: each asking anchor's own known targets
+            shared = (own @ m.T).tolil()  # [q, anchors]: targets shared with each anchor
+            shared[np.arange(len(own.indptr) - 1), pos[has]] = 0  # not the anchor itself
+            scores = (shared.tocsr() @ m).toarray()
+            for j, i in enumerate(at[has]):
+                scores[j, own[j].indices] = 0.0
+                out[i] = _top(scores[j], k, first)
+    if fill is not None:
+        for i in range(len(anchors)):
+            got = out[i][out[i] >= 0]
+            extra = [r for r in fill[i] if r >= 0 and r not in set(got.tolist())][:k - len(got)]
+            out[i, len(got):len(got) + len(extra)] = extra
     return out

@@ -30,7 +30,7 @@ from confluence import outputs
 from confluence.model.inputs import DbTables, batch_to_inputs, fitted_max_k
 from confluence.model.loss import catalogue_loss, link_loss
 from confluence.model.transformer import RelationalTransformer
-from confluence.sampler.links import LinkBatch, LinkSource, catalogue_sample
+from confluence.sampler.links import LinkBatch, LinkSource, catalogue_sample, catalogue_time
 from confluence.store import Store
 from confluence.toolkit.checkpoint import read_checkpoint, save_checkpoint
 from confluence.toolkit.optim import make_optimizer
@@ -67,9 +67,7 @@ def catalogue_inputs(source: LinkSource, ids: np.ndarray, rng: np.random.Generat
     link = source.link
     rows, truth = catalogue_sample(ids, source.offsets, source.targets, source.catalog, link.positives,
                                    link.negatives, rng)
-    from confluence.inference.links import LinkRanker
-
-    t = np.full(len(rows), LinkRanker.catalogue_time(source.obs_time[ids[:1]])[0], dtype=np.int64)
+    t = np.full(len(rows), catalogue_time(source.obs_time[ids[:1]])[0], dtype=np.int64)
     items = batch_to_inputs(source.item_batch(rows, t, epoch).batch)
     full = np.zeros((source.batch_size, source.item_batch_size), dtype=bool)
     full[:truth.shape[0], :truth.shape[1]] = truth
