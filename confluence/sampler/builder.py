@@ -19,6 +19,7 @@ import numpy as np
 
 from confluence.batch import TrainingBatch, seq_arrays
 from confluence.errors import ConfluenceError
+from confluence.sampler import groups as G
 from confluence.sampler.config import SamplerConfig, bucket_size, label_match_for, labels_for, recent_for
 from confluence.sampler.data import SamplerData, TaskData, readonly
 from confluence.sampler.labels import LabelIndex, append_labels_chunk, choose_labels_chunk
@@ -75,6 +76,10 @@ class BatchBuilder:
         per_fk = config.child_counts != "none" or config.child_rank
         self._cnt_segs = data.child_segments(True) if per_fk else self._segs
         self._cnt_shown: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}  # by the task's cut columns
+        # the kernels' argument groups that hold for every batch of this database (`confluence.sampler.groups`)
+        self._graph = G.args(G.graph_of(data))
+        self._seg_args = G.args(G.segments_of(self._segs))
+        self._cnt_seg_args = G.args(G.segments_of(self._cnt_segs))
         self._scratch: queue.SimpleQueue[_Scratch] = queue.SimpleQueue()
 
     def _shown_counts(self, cut_cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -195,60 +200,37 @@ class BatchBuilder:
         anchor_extra = tab_shown[np.searchsorted(d.tab_row_off, anchors, side="right") - 1]
         # the walk budgets the other rows' count cells only when they get them
         tab_extra = tab_shown if cfg.child_counts == "all" else np.zeros(0, np.int32)
+        # the kernels' argument groups of this batch (`confluence.sampler.groups`)
+        sequences = G.args(G.Sequences(anchors, obs, seed_ids, own, states, a_cells))
+        visits = G.args(G.Visits(rows, hops, via, src, nrows, n_real, edges, n_edges))
+        cells = G.args(G.Cells(**out))
+        target = G.args(G.target_of(task))
+        counts = G.args(G.counts_of(cnt, cnt_shown, cfg.child_counts == "all"))
+        limits = G.args(G.WalkLimits(s_walk, int(cfg.width), int(recent), rows_walk, tab_extra))
+        lab_group = G.args(G.labels_of(labels)) if k_lab > 0 else None
         timings["collation"] += time.perf_counter() - t0
         cpu_parts["collation"][0] += time.thread_time() - c0
+
 
         def phase1(lo: int, hi: int, s: _Scratch) -> None:
             """Walk, linearize and permute sequences lo..hi-1 (all nogil kernels)."""
             c1 = time.thread_time()
-            anchor_cells_chunk(
-                lo, hi, anchors, d.tab_row_off, d.tab_col_ptr, d.tab_cols, d.col_stype, d.col_voff, d.valid_bits,
-                task.exclude_cols, task.target_col, task.is_derived, task.obs_col, a_cells,
-            )
+            anchor_cells_chunk(lo, hi, sequences, self._graph, target)
             a_cells[lo:hi] += anchor_extra[lo:hi]
-            walk_chunk(
-                lo, hi, anchors, obs, a_cells, states, s_walk, cfg.width, recent, rows_walk, d.row_ncells, d.row_time,
-                d.parent_indptr, d.parent_indices, d.parent_column, task.cut_cols, self._segs.seg_ptr,
-                self._segs.seg_off, self._segs.c_idx, self._segs.c_time, d.max_parents, self._segs.max_segs,
-                d.tab_row_off, tab_extra, s.mark, s.stamp, rows, hops, via, src, nrows,
-            )
+            walk_chunk(lo, hi, sequences, self._graph, self._seg_args, target, limits, s.mark, s.stamp, visits)
             c2 = time.thread_time()
-            linearize_chunk(
-                lo, hi, s_walk, rows, nrows, seed_ids, via, src, task.target_stype, task.target_col, task.is_derived,
-                task.exclude_cols, task.tgt_f32, task.tgt_ts, task.tgt_u32, task.tgt_bits, task.tgt_valid,
-                task.obs_col, task.obs_ts,
-                d.tab_row_off, d.tab_col_ptr, d.tab_cols, d.col_stype, d.col_off, d.col_voff, d.num_pool, d.ts_pool,
-                d.u32_pool, d.bool_bits, d.valid_bits, d.parent_indptr, d.parent_indices, d.parent_column,
-                task.cut_cols, obs, d.row_time, ages_on, cfg.child_rank, cfg.child_counts == "all", cnt.tab_ptr, cnt.col, cnt.fk, cnt.window,
-                cnt_shown, cnt.mean, cnt.std, self._cnt_segs.seg_ptr, self._cnt_segs.seg_off, self._cnt_segs.seg_col, self._cnt_segs.c_time,
-                out["semantic_types"], out["column_ids"], out["seq_row_ids"], out["is_null"], out["numeric_values"],
-                out["timestamp_values"], out["bool_values"], out["categorical_embed_ids"], out["text_embed_ids"],
-                out["is_target"], out["is_padding"], out["row_age"], out["child_rank"], n_real, edges, n_edges,
-            )
+            linearize_chunk(lo, hi, s_walk, sequences, visits, target, self._graph, counts, self._cnt_seg_args,
+                            ages_on, cfg.child_rank, cells)
             if k_lab > 0:
-                lab = labels
-                choose_labels_chunk(
-                    lo, hi, k_lab, anchors, obs, own, rows, nrows, lab.is_cell, lab.a_lo, lab.a_ptr, lab.a_ids,
-                    lab.a_lt, lab.t_ids, lab.t_lt, lab.anchor_row, lab.obs_time, d.parent_indptr, d.parent_indices,
-                    d.parent_column, task.cut_cols, self._segs.seg_ptr, self._segs.seg_off, self._segs.c_idx, self._segs.c_time, states,
-                    m_lab, lab.m_row_val, lab.m_off, lab.m_ids, lab.m_val, lab.m_lt, lab_out, n_lab,
-                )
+                choose_labels_chunk(lo, hi, k_lab, m_lab, sequences, visits, lab_group, self._graph, target,
+                                    self._seg_args, lab_out, n_lab)
                 if no_labels is not None:  # this chunk's sequences drawn to be shown no labels (the walk unchanged)
                     off = np.flatnonzero(no_labels[lo:hi]) + lo
                     lab_out[off], n_lab[off] = -1, 0
-                append_labels_chunk(
-                    lo, hi, s_len, lab_out, n_lab, obs, ages_on, task.target_stype, task.target_col, task.obs_col,
-                    lab.anchor_row, lab.label_time, lab.tgt_f32, lab.tgt_ts, lab.tgt_u32, lab.tgt_bits,
-                    lab.tgt_valid, lab.obs_ts, d.parent_indptr, d.parent_indices, rows, hops, via, src, nrows, out["semantic_types"],
-                    out["column_ids"], out["seq_row_ids"], out["is_null"], out["numeric_values"],
-                    out["timestamp_values"], out["bool_values"], out["categorical_embed_ids"], out["is_padding"],
-                    out["row_age"], n_real, edges, n_edges,
-                )
+                append_labels_chunk(lo, hi, s_len, sequences, ages_on, target, lab_group, self._graph, lab_out,
+                                    n_lab, visits, cells)
             c3 = time.thread_time()
-            perms_chunk(
-                lo, hi, out["column_ids"], out["seq_row_ids"], n_real, nrows, edges, n_edges, d.col_stype.shape[0],
-                out["col_perm"], out["out_perm"], out["in_perm"], cfg.perm_tile,
-            )
+            perms_chunk(lo, hi, visits, d.col_stype.shape[0], cfg.perm_tile, cells)
             cpu_parts["walk"][lo] += c2 - c1
             cpu_parts["linearize"][lo] += c3 - c2
             cpu_parts["permutations"][lo] += time.thread_time() - c3

@@ -28,6 +28,7 @@ from numba import njit
 
 from confluence.batch import ROW_AGE_UNKNOWN
 from confluence.errors import ConfluenceError
+from confluence.sampler.groups import Cells, Graph, Labels, Segments, Sequences, Target, Visits
 from confluence.sampler.linearize import local_row, row_map
 from confluence.sampler.rng import below
 from confluence.sampler.walk import is_cut
@@ -250,43 +251,26 @@ def _draw_recent(ids: np.ndarray, lt: np.ndarray, lo: int, hi: int, w: int, want
 
 
 @njit(nogil=True, cache=True)
-def choose_labels_chunk(
-    lo: int,
-    hi: int,
-    k: int,
-    anchors: np.ndarray,  # i64[B]
-    obs: np.ndarray,  # i64[B]
-    own_seed: np.ndarray,  # i64[B]: the sequence's own seed index of the task (-1: an anchor outside its seeds)
-    rows: np.ndarray,  # i64[B, max_rows]: the walk's rows
-    nrows: np.ndarray,  # i32[B]
-    is_cell: bool,
-    a_lo: int,
-    a_ptr: np.ndarray,
-    a_ids: np.ndarray,
-    a_lt: np.ndarray,
-    t_ids: np.ndarray,
-    t_lt: np.ndarray,
-    lab_anchor: np.ndarray,
-    lab_obs: np.ndarray,
-    p_ptr: np.ndarray,
-    p_idx: np.ndarray,
-    p_col: np.ndarray,  # i32[E]: each parent edge's foreign-key column
-    cut_cols: np.ndarray,  # the task's excluded / target columns: no sibling through them (they could give it away)
-    seg_ptr: np.ndarray,
-    seg_off: np.ndarray,
-    c_idx: np.ndarray,
-    c_time: np.ndarray,
-    states: np.ndarray,  # u64[B]: the sequences' random states after the walk (the match and recent draws)
-    m_quota: int,  # `sampler.label_match`: at most this many matches
-    m_row_val: np.ndarray,  # i64[J, n_anchor_rows]
-    m_off: np.ndarray,
-    m_ids: np.ndarray,
-    m_val: np.ndarray,
-    m_lt: np.ndarray,
-    out: np.ndarray,  # i64[B, k]: chosen label seeds (-1: none)
-    n_out: np.ndarray,  # i32[B]
-) -> None:
-    """Choose up to k labels per sequence lo..hi-1 (module doc: own, reached, matches, siblings, recent)."""
+def choose_labels_chunk(lo: int, hi: int, k: int, m_quota: int, sequences: tuple, visits: tuple, labels: tuple,
+                        graph: tuple, target: tuple, segments: tuple, out: np.ndarray, n_out: np.ndarray) -> None:
+    """Choose up to k labels per sequence lo..hi-1 (module doc: own, reached, matches, siblings, recent) into
+    `out` (i64[B, k]: label seeds, -1: none) and `n_out` (i32[B]); at most `m_quota` matches
+    (`sampler.label_match`).
+
+    Groups as plain tuples (`confluence.sampler.groups`): `Sequences` (anchors, observation times, own seeds, and
+    the random states after the walk, which the match and recent draws advance), the walk's `Visits`, the
+    `Labels`, the `Graph`'s parent edges, `Target.cut_cols` (the task's excluded / target columns: no sibling
+    through them, they could give it away) and the `Segments`."""
+    sq, vis, lab, g, sg_ = Sequences(*sequences), Visits(*visits), Labels(*labels), Graph(*graph), Segments(*segments)
+    cut_cols = Target(*target).cut_cols
+    anchors, obs, own_seed, states = sq.anchors, sq.obs, sq.own, sq.states
+    rows, nrows = vis.rows, vis.nrows
+    is_cell, a_lo, a_ptr, a_ids, a_lt, t_ids, t_lt = lab.is_cell, lab.a_lo, lab.a_ptr, lab.a_ids, lab.a_lt, \
+        lab.t_ids, lab.t_lt
+    lab_anchor, lab_obs = lab.anchor_row, lab.obs_time
+    m_row_val, m_off, m_ids, m_val, m_lt = lab.m_row_val, lab.m_off, lab.m_ids, lab.m_val, lab.m_lt
+    p_ptr, p_idx, p_col = g.p_ptr, g.p_idx, g.p_col
+    seg_ptr, seg_off, c_idx, c_time = sg_.seg_ptr, sg_.seg_off, sg_.c_idx, sg_.c_time
     st = np.empty(1, dtype=np.uint64)
     a_hi = a_lo + a_ptr.shape[0] - 1
     for b in range(lo, hi):
@@ -379,56 +363,37 @@ def choose_labels_chunk(
 
 
 @njit(nogil=True, cache=True)
-def append_labels_chunk(
-    lo: int,
-    hi: int,
-    seq_len: int,
-    labels: np.ndarray,  # i64[B, k]
-    n_labels: np.ndarray,  # i32[B]
-    obs: np.ndarray,  # i64[B]
-    ages_on: bool,
-    target_stype: int,
-    target_col: int,
-    obs_col: int,
-    lab_anchor: np.ndarray,
-    label_time: np.ndarray,
-    tgt_f32: np.ndarray,
-    tgt_ts: np.ndarray,
-    tgt_u32: np.ndarray,
-    tgt_bits: np.ndarray,
-    tgt_valid: np.ndarray,
-    obs_ts: np.ndarray,
-    p_ptr: np.ndarray,
-    p_idx: np.ndarray,
-    rows: np.ndarray,
-    hops: np.ndarray,
-    via: np.ndarray,
-    src: np.ndarray,
-    nrows: np.ndarray,
-    semantic_types: np.ndarray,
-    column_ids: np.ndarray,
-    seq_row_ids: np.ndarray,
-    is_null: np.ndarray,
-    numeric_values: np.ndarray,
-    timestamp_values: np.ndarray,
-    bool_values: np.ndarray,
-    categorical_embed_ids: np.ndarray,
-    is_padding: np.ndarray,
-    row_age: np.ndarray,
-    n_real: np.ndarray,
-    edges: np.ndarray,
-    n_edges: np.ndarray,
-) -> None:
-    """Append the chosen labels as rows after the walk's cells: the visible target cell (the task's column), the
-    observation-time cell (a task with one), an edge to the label's anchor row when it is in the context, else to
-    the anchor's parents that are (a sibling's label hangs from the parent it shares with the seed's anchor)."""
+def append_labels_chunk(lo: int, hi: int, seq_len: int, sequences: tuple, ages_on: bool, target: tuple,
+                        labels: tuple, graph: tuple, chosen: np.ndarray, n_chosen: np.ndarray, visits: tuple,
+                        cells: tuple) -> None:
+    """Append the chosen labels (`chosen` i64[B, k], `n_chosen` i32[B]) as rows after the walk's cells: the
+    visible target cell (the task's column), the observation-time cell (a task with one), an edge to the label's
+    anchor row when it is in the context, else to the anchor's parents that are (a sibling's label hangs from the
+    parent it shares with the seed's anchor).
+
+    Groups as plain tuples (`confluence.sampler.groups`): `Sequences` (observation times), the task's `Target`
+    (the cell's type and columns), the `Labels` (their anchors, times and values), the `Graph`'s parent edges;
+    extends the `Visits` (rows, n_real, edges) and writes `Cells`."""
+    sq, tgt, lab, g, vis, out = Sequences(*sequences), Target(*target), Labels(*labels), Graph(*graph), \
+        Visits(*visits), Cells(*cells)
+    obs = sq.obs
+    target_stype, target_col, obs_col = tgt.stype, tgt.col, tgt.obs_col
+    lab_anchor, label_time, obs_ts = lab.anchor_row, lab.label_time, lab.obs_ts
+    tgt_f32, tgt_ts, tgt_u32, tgt_bits, tgt_valid = lab.f32, lab.ts, lab.u32, lab.bits, lab.valid
+    p_ptr, p_idx = g.p_ptr, g.p_idx
+    rows, hops, via, src, nrows = vis.rows, vis.hops, vis.via, vis.src, vis.nrows
+    n_real, edges, n_edges = vis.n_real, vis.edges, vis.n_edges
+    semantic_types, column_ids, seq_row_ids, is_null = out.semantic_types, out.column_ids, out.seq_row_ids, \
+        out.is_null
+    numeric_values, timestamp_values, bool_values = out.numeric_values, out.timestamp_values, out.bool_values
+    categorical_embed_ids, is_padding, row_age = out.categorical_embed_ids, out.is_padding, out.row_age
     for b in range(lo, hi):
         nr = nrows[b]
         hkeys, hvals, cap = row_map(rows, b, nr)
         pos = n_real[b]
         ne = n_edges[b]
-        for j in range(n_labels[b]):
-            s = labels[b, j]
+        for j in range(n_chosen[b]):
+            s = chosen[b, j]
             li = nr + j
             a = lab_anchor[s]
             loc = local_row(hkeys, hvals, cap, a)
@@ -477,7 +442,7 @@ def append_labels_chunk(
                         if not _chosen(edges, b, ne, code):
                             edges[b, ne] = code
                             ne += 1
-        nrows[b] = nr + n_labels[b]
+        nrows[b] = nr + n_chosen[b]
         n_real[b] = pos
         n_edges[b] = ne
         for q in range(pos, seq_len):

@@ -16,6 +16,7 @@ import numpy as np
 from numba import njit
 
 from confluence.batch import CHILD_RANK_MAX, CHILD_RANK_UNKNOWN, ROW_AGE_UNKNOWN
+from confluence.sampler.groups import Cells, Counts, Graph, Segments, Sequences, Target, Visits
 from confluence.sampler.walk import VIA_CHILD, bit, is_cut
 from confluence.store.format import NO_CUTOFF, NULL_TIME, STATIC_TIME
 from confluence.stypes import D_TIME, US_PER_DAY, SemanticType
@@ -87,79 +88,37 @@ def recency_rank(r: int, parent: int, rt: int, obs: int, p_ptr: np.ndarray, p_id
 
 
 @njit(nogil=True, cache=True)
-def linearize_chunk(
-    lo: int,
-    hi: int,
-    seq_len: int,
-    rows: np.ndarray,  # i64[B, max_rows]
-    nrows: np.ndarray,  # i32[B]
-    seed_ids: np.ndarray,  # i64[B]
-    via: np.ndarray,  # i8[B, max_rows]: how the walk reached each row (VIA_CHILD: as a child of row `src`)
-    src: np.ndarray,  # i32[B, max_rows]
-    # task
-    target_stype: int,
-    target_col: int,
-    is_derived: bool,
-    exclude_cols: np.ndarray,
-    tgt_f32: np.ndarray,
-    tgt_ts: np.ndarray,
-    tgt_u32: np.ndarray,
-    tgt_bits: np.ndarray,
-    tgt_valid: np.ndarray,
-    obs_col: int,
-    obs_ts: np.ndarray,
-    # database
-    tab_row_off: np.ndarray,
-    tab_col_ptr: np.ndarray,
-    tab_cols: np.ndarray,
-    col_stype: np.ndarray,
-    col_off: np.ndarray,
-    col_voff: np.ndarray,
-    num_pool: np.ndarray,
-    ts_pool: np.ndarray,
-    u32_pool: np.ndarray,
-    bool_bits: np.ndarray,
-    valid_bits: np.ndarray,
-    p_ptr: np.ndarray,
-    p_idx: np.ndarray,
-    p_col: np.ndarray,
-    cut_cols: np.ndarray,
-    # child-count cells (`ChildCounts`; no counts: cnt_tab_ptr all zero) and the per-FK child segments they read
-    obs_times: np.ndarray,  # i64[B]
-    row_time: np.ndarray,  # i64[N]: each row's time (STATIC_TIME / NULL_TIME: none)
-    ages_on: bool,  # fill `row_age` (False: every cell ROW_AGE_UNKNOWN, e.g. a timestamp cell task)
-    ranks_on: bool,  # fill `child_rank` where `ages_on` (False: every cell CHILD_RANK_UNKNOWN, its cost saved)
-    cnt_all_rows: bool,  # counts on every row, else on the anchor row only
-    cnt_tab_ptr: np.ndarray,
-    cnt_col: np.ndarray,
-    cnt_fk: np.ndarray,
-    cnt_window: np.ndarray,  # i64[K]: µs, 0 = all time
-    cnt_shown: np.ndarray,  # bool[K]: the task shows this count (not through its excluded / target columns)
-    cnt_mean: np.ndarray,
-    cnt_std: np.ndarray,
-    seg_ptr: np.ndarray,
-    seg_off: np.ndarray,
-    seg_col: np.ndarray,
-    c_time: np.ndarray,
-    # outputs [B, S(, 15)] and the edge list
-    semantic_types: np.ndarray,
-    column_ids: np.ndarray,
-    seq_row_ids: np.ndarray,
-    is_null: np.ndarray,
-    numeric_values: np.ndarray,
-    timestamp_values: np.ndarray,
-    bool_values: np.ndarray,
-    categorical_embed_ids: np.ndarray,
-    text_embed_ids: np.ndarray,
-    is_target: np.ndarray,
-    is_padding: np.ndarray,
-    row_age: np.ndarray,  # f32[B, S], pre-filled with ROW_AGE_UNKNOWN
-    child_rank: np.ndarray,  # i16[B, S], pre-filled with CHILD_RANK_UNKNOWN
-    n_real: np.ndarray,  # i32[B]
-    edges: np.ndarray,  # i32[B, E]: the fk_adj edges as (r1 << 16) | r2 (see `fill_adjacency`)
-    n_edges: np.ndarray,  # i32[B]
-) -> None:
-    """Fill the cell tensors and the F->P edge list of sequences lo..hi-1 (outputs must be zeroed)."""
+def linearize_chunk(lo: int, hi: int, seq_len: int, sequences: tuple, visits: tuple, target: tuple, graph: tuple,
+                    counts: tuple, segments: tuple, ages_on: bool, ranks_on: bool, cells: tuple) -> None:
+    """Fill the cell tensors and the F->P edge list of sequences lo..hi-1 (outputs must hold their fill values).
+
+    Groups as plain tuples (`confluence.sampler.groups`): reads `Sequences` (seed ids, observation times), the
+    walk's `Visits` (rows, via, src, nrows), the task's `Target`, the `Graph`, the `Counts` and the per-foreign-key
+    `Segments` they and the recency ranks read; writes `Cells` and the `Visits` n_real, edges (the fk_adj edges as
+    (r1 << 16) | r2, see `fill_adjacency`) and n_edges. `ages_on`: fill `row_age` (False: every cell
+    ROW_AGE_UNKNOWN, e.g. a timestamp cell task); `ranks_on`: fill `child_rank` where `ages_on` (False: every
+    cell CHILD_RANK_UNKNOWN, its cost saved)."""
+    sq, vis, tgt, g, cn, sg_, out = Sequences(*sequences), Visits(*visits), Target(*target), Graph(*graph), \
+        Counts(*counts), Segments(*segments), Cells(*cells)
+    seed_ids, obs_times = sq.seed_ids, sq.obs
+    rows, nrows, via, src, n_real, edges, n_edges = vis.rows, vis.nrows, vis.via, vis.src, vis.n_real, vis.edges, vis.n_edges
+    target_stype, target_col, exclude_cols, cut_cols, obs_col = tgt.stype, tgt.col, tgt.exclude_cols, \
+        tgt.cut_cols, tgt.obs_col
+    tgt_f32, tgt_ts, tgt_u32, tgt_bits, tgt_valid, obs_ts = tgt.f32, tgt.ts, tgt.u32, tgt.bits, tgt.valid, \
+        tgt.obs_ts
+    tab_row_off, tab_col_ptr, tab_cols, col_stype, col_off, col_voff = g.tab_row_off, g.tab_col_ptr, g.tab_cols, \
+        g.col_stype, g.col_off, g.col_voff
+    num_pool, ts_pool, u32_pool, bool_bits, valid_bits = g.num_pool, g.ts_pool, g.u32_pool, g.bool_bits, \
+        g.valid_bits
+    p_ptr, p_idx, p_col, row_time = g.p_ptr, g.p_idx, g.p_col, g.row_time
+    cnt_all_rows, cnt_tab_ptr, cnt_col, cnt_fk, cnt_window = cn.all_rows, cn.tab_ptr, cn.col, cn.fk, cn.window
+    cnt_shown, cnt_mean, cnt_std = cn.shown, cn.mean, cn.std
+    seg_ptr, seg_off, seg_col, c_time = sg_.seg_ptr, sg_.seg_off, sg_.seg_col, sg_.c_time
+    semantic_types, column_ids, seq_row_ids, is_null = out.semantic_types, out.column_ids, out.seq_row_ids, \
+        out.is_null
+    numeric_values, timestamp_values, bool_values = out.numeric_values, out.timestamp_values, out.bool_values
+    categorical_embed_ids, text_embed_ids, is_target = out.categorical_embed_ids, out.text_embed_ids, out.is_target
+    is_padding, row_age, child_rank = out.is_padding, out.row_age, out.child_rank
     for b in range(lo, hi):
         nr = nrows[b]
         ne = 0

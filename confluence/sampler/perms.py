@@ -23,6 +23,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from confluence.sampler.groups import Cells, Visits
+
 
 @njit(nogil=True, cache=True)
 def _cuthill_mckee(nbr_ptr: np.ndarray, nbr: np.ndarray, key: np.ndarray, n: int, order: np.ndarray) -> None:
@@ -239,23 +241,14 @@ def _group_rows(rows_of: np.ndarray, n_real: int, nr: int, rank: np.ndarray, out
 
 
 @njit(nogil=True, cache=True)
-def perms_chunk(
-    lo: int,
-    hi: int,
-    column_ids: np.ndarray,
-    seq_row_ids: np.ndarray,
-    n_real: np.ndarray,
-    nrows: np.ndarray,
-    edges: np.ndarray,
-    n_edges: np.ndarray,
-    num_columns: int,
-    col_perm: np.ndarray,
-    out_perm: np.ndarray,
-    in_perm: np.ndarray,
-    tile: int,
-) -> None:
-    """Fill `col_perm`, `out_perm`, `in_perm` of sequences lo..hi-1 (row graph from the fk_adj edge list); with
-    `tile > 0` each row order is the candidate whose mask visits the fewest tiles (module docstring)."""
+def perms_chunk(lo: int, hi: int, visits: tuple, num_columns: int, tile: int, cells: tuple) -> None:
+    """Fill the `Cells` col_perm, out_perm and in_perm of sequences lo..hi-1 from their column ids, row ids and the
+    `Visits` edge list (groups as plain tuples: `confluence.sampler.groups`); with `tile > 0` each row order is the
+    candidate whose mask visits the fewest tiles (module docstring)."""
+    vis, c_ = Visits(*visits), Cells(*cells)
+    column_ids, seq_row_ids, col_perm, out_perm, in_perm = c_.column_ids, c_.seq_row_ids, c_.col_perm, \
+        c_.out_perm, c_.in_perm
+    n_real, nrows, edges, n_edges = vis.n_real, vis.nrows, vis.edges, vis.n_edges
     s_len = column_ids.shape[1]
     n_tiles = (s_len + tile - 1) // tile if tile > 0 else 1
     stamp = np.zeros(n_tiles * n_tiles, dtype=np.int64)
@@ -317,9 +310,9 @@ def perms_chunk(
         order = np.empty(nr, dtype=np.int64)
         rank = np.empty(nr, dtype=np.int64)
         if tile > 0:  # the candidates other than Cuthill-McKee, shared by both kinds
-            cells = np.zeros(nr, dtype=np.int64)
+            row_cells = np.zeros(nr, dtype=np.int64)
             for p in range(n):
-                cells[seq_row_ids[b, p]] += 1
+                row_cells[seq_row_ids[b, p]] += 1
             cands = _row_candidates(edges[b], ne, n_par, n_chi, nr)
             first_t = np.empty(nr, dtype=np.int64)
             last_t = np.empty(nr, dtype=np.int64)
@@ -331,12 +324,12 @@ def perms_chunk(
             if tile > 0:
                 inbound = which == 1
                 sid += 1
-                best = _visited_tiles(order, cells, nr, edges[b], ne, inbound, tile, n_tiles, stamp, sid, first_t,
+                best = _visited_tiles(order, row_cells, nr, edges[b], ne, inbound, tile, n_tiles, stamp, sid, first_t,
                                       last_t)
                 pick = -1
                 for c in range(cands.shape[0]):
                     sid += 1
-                    v = _visited_tiles(cands[c], cells, nr, edges[b], ne, inbound, tile, n_tiles, stamp, sid,
+                    v = _visited_tiles(cands[c], row_cells, nr, edges[b], ne, inbound, tile, n_tiles, stamp, sid,
                                        first_t, last_t)
                     if v < best:
                         best = v

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from confluence.sampler.groups import Graph, Segments, Sequences, Target, Visits, WalkLimits
 from confluence.sampler.rng import below, next_u64
 from confluence.stypes import SemanticType
 
@@ -49,64 +50,36 @@ def is_cut(col: int, cut_cols: np.ndarray) -> bool:
 
 
 @njit(nogil=True, cache=True)
-def anchor_cell_count(
-    anchor: int,
-    tab_row_off: np.ndarray,
-    tab_col_ptr: np.ndarray,
-    tab_cols: np.ndarray,
-    col_stype: np.ndarray,
-    col_voff: np.ndarray,
-    valid_bits: np.ndarray,
-    exclude_cols: np.ndarray,
-    target_col: int,
-    is_derived: bool,
-    obs_col: int,
-) -> int:
+def anchor_cell_count(anchor: int, g: Graph, tgt: Target) -> int:
     """Cells the anchor row contributes: its visible cells minus excluded columns, plus a derived target and the
     observation-time cell (obs_col >= 0)."""
-    t = np.searchsorted(tab_row_off, anchor, side="right") - 1
-    lr = anchor - tab_row_off[t]
-    n = (1 if is_derived else 0) + (1 if obs_col >= 0 else 0)
-    for k in range(tab_col_ptr[t], tab_col_ptr[t + 1]):
-        c = tab_cols[k]
-        if c == target_col:
+    t = np.searchsorted(g.tab_row_off, anchor, side="right") - 1
+    lr = anchor - g.tab_row_off[t]
+    n = (1 if tgt.is_derived else 0) + (1 if tgt.obs_col >= 0 else 0)
+    for k in range(g.tab_col_ptr[t], g.tab_col_ptr[t + 1]):
+        c = g.tab_cols[k]
+        if c == tgt.col:
             n += 1
             continue
         skip = False
-        for e in range(exclude_cols.shape[0]):
-            if exclude_cols[e] == c:
+        for e in range(tgt.exclude_cols.shape[0]):
+            if tgt.exclude_cols[e] == c:
                 skip = True
         if skip:
             continue
-        if col_stype[c] == _IDENT and not bit(valid_bits, col_voff[c], lr):
+        if g.col_stype[c] == _IDENT and not bit(g.valid_bits, g.col_voff[c], lr):
             continue
         n += 1
     return n
 
 
 @njit(nogil=True, cache=True)
-def anchor_cells_chunk(
-    lo: int,
-    hi: int,
-    anchors: np.ndarray,
-    tab_row_off: np.ndarray,
-    tab_col_ptr: np.ndarray,
-    tab_cols: np.ndarray,
-    col_stype: np.ndarray,
-    col_voff: np.ndarray,
-    valid_bits: np.ndarray,
-    exclude_cols: np.ndarray,
-    target_col: int,
-    is_derived: bool,
-    obs_col: int,
-    out: np.ndarray,
-) -> None:
-    """`anchor_cell_count` for sequences lo..hi-1."""
+def anchor_cells_chunk(lo: int, hi: int, sequences: tuple, graph: tuple, target: tuple) -> None:
+    """`anchor_cell_count` of sequences lo..hi-1 into `Sequences.anchor_cells` (groups as plain tuples:
+    `confluence.sampler.groups`)."""
+    sq, g, tgt = Sequences(*sequences), Graph(*graph), Target(*target)
     for b in range(lo, hi):
-        out[b] = anchor_cell_count(
-            anchors[b], tab_row_off, tab_col_ptr, tab_cols, col_stype, col_voff, valid_bits, exclude_cols,
-            target_col, is_derived, obs_col,
-        )
+        sq.anchor_cells[b] = anchor_cell_count(sq.anchors[b], g, tgt)
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -147,40 +120,23 @@ def _heap_pop(hkey: np.ndarray, hrow: np.ndarray, size: int) -> int:
 
 
 @njit(nogil=True, cache=True)
-def walk_chunk(
-    lo: int,
-    hi: int,
-    anchors: np.ndarray,  # i64[B]
-    obs_times: np.ndarray,  # i64[B]
-    anchor_cells: np.ndarray,  # i32[B]
-    states: np.ndarray,  # u64[B] per-sequence generator state (advanced in place)
-    seq_len: int,
-    width: int,
-    recent: int,  # of the `width` children kept, this many are the most recent ones (0: all uniform)
-    max_rows: int,
-    row_ncells: np.ndarray,
-    row_time: np.ndarray,
-    p_ptr: np.ndarray,
-    p_idx: np.ndarray,
-    p_col: np.ndarray,  # i32[E]: the foreign-key column of each parent edge
-    cut_cols: np.ndarray,  # i32: the anchor row's parent edges through these columns are cut (exclude_columns)
-    seg_ptr: np.ndarray,  # i64[N+1]: each row's child segments (one per row, or one per child FK column)
-    seg_off: np.ndarray,  # i64[n_seg+1]: each segment's range in c_idx / c_time (time-sorted within a segment)
-    c_idx: np.ndarray,
-    c_time: np.ndarray,
-    max_parents: int,
-    max_segs: int,  # the most child segments of any row (sizes the heap)
-    tab_row_off: np.ndarray,  # i64[T+1]
-    tab_extra: np.ndarray,  # i32[T]: child-count cells per row of each table (empty: none)
-    mark: np.ndarray,  # i32[N] per-worker scratch
-    stamp: np.ndarray,  # i64[1] per-worker scratch
-    out_rows: np.ndarray,  # i64[B, max_rows]
-    out_hops: np.ndarray,  # i32[B, max_rows]
-    out_via: np.ndarray,  # i8[B, max_rows]
-    out_src: np.ndarray,  # i32[B, max_rows]: local index of the row whose edge reached it (-1: the seed)
-    out_nrows: np.ndarray,  # i32[B]
-) -> None:
-    """Walk sequences lo..hi-1: visit rows parents-first, then fewest hops (random tie-break), until S cells."""
+def walk_chunk(lo: int, hi: int, sequences: tuple, graph: tuple, segments: tuple, target: tuple, limits: tuple,
+               mark: np.ndarray, stamp: np.ndarray, visits: tuple) -> None:
+    """Walk sequences lo..hi-1: visit rows parents-first, then fewest hops (random tie-break), until S cells.
+
+    Groups as plain tuples (`confluence.sampler.groups`): reads `Sequences` (anchors, observation times, anchor
+    cells; advances the random states), `Graph`, `Segments`, `Target.cut_cols` (the anchor row's parent edges
+    through them are cut) and `WalkLimits`; writes the `Visits` rows, hops, via, src and nrows. `mark` (i32[N])
+    and `stamp` (i64[1]) are the worker's scratch."""
+    sq, g, sg_, lim, out = Sequences(*sequences), Graph(*graph), Segments(*segments), WalkLimits(*limits), \
+        Visits(*visits)
+    cut_cols = Target(*target).cut_cols
+    anchors, obs_times, anchor_cells, states = sq.anchors, sq.obs, sq.anchor_cells, sq.states
+    seq_len, width, recent, max_rows, tab_extra = lim.seq_len, lim.width, lim.recent, lim.max_rows, lim.tab_extra
+    row_ncells, row_time, p_ptr, p_idx, p_col = g.row_ncells, g.row_time, g.p_ptr, g.p_idx, g.p_col
+    max_parents, tab_row_off = g.max_parents, g.tab_row_off
+    seg_ptr, seg_off, c_idx, c_time, max_segs = sg_.seg_ptr, sg_.seg_off, sg_.c_idx, sg_.c_time, sg_.max_segs
+    out_rows, out_hops, out_via, out_src, out_nrows = out.rows, out.hops, out.via, out.src, out.nrows
     heap_cap = max_rows * max(width, 1) * max(max_segs, 1) + 1
     hkey = np.empty(heap_cap, dtype=np.int64)
     hrow = np.empty(heap_cap, dtype=np.int64)  # entry id into erow / esrc
