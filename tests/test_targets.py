@@ -129,3 +129,46 @@ def test_each_kind_states_an_answer_as_a_user_reads_it():
     assert [boolean.value_text(None, None, v) for v in boolean.point(np.array([0.7, 0.2]))] == ["true", "false"]
     assert kind(SemanticType.NUMERICAL).value_text(None, None, 2.5) == "2.5"
     assert kind(SemanticType.TIMESTAMP).value_text(None, None, 86_400_000_000) == "1970-01-02T00:00:00"
+
+
+@pytest.mark.parametrize("st", list(KINDS))
+def test_each_kind_stores_its_targets_in_its_own_array(st):
+    from confluence.targets.base import TARGET_ARRAYS
+
+    k = kind(st)
+    dtype, shape = TARGET_ARRAYS[k.storage]
+    values = np.ones((5,) + shape[1:], dtype)
+    arrays = k.target_arrays(values)
+    assert set(arrays) == set(TARGET_ARRAYS) and arrays[k.storage] is values
+    for name, (d, s) in TARGET_ARRAYS.items():
+        if name != k.storage:
+            assert arrays[name].shape == s and arrays[name].dtype == d
+    unknown = k.unknown_targets(10, cat_block_start=7)[k.storage]
+    assert unknown.dtype == dtype and unknown.shape[0] == (2 if k.storage == "bits" else 10)
+    assert np.all(unknown == (7 if k.has_classes else 0))  # a categorical's ids stay in its block
+
+
+@pytest.mark.parametrize("st", list(KINDS))
+def test_recoding_touches_only_the_tasks_own_answers(st):
+    """A re-coded context changes the task's column (or a categorical's block) and nothing else; a kind that does not
+    re-code leaves every cell as it is."""
+    from types import SimpleNamespace
+
+    from confluence.batch import seq_arrays
+
+    k, s = kind(st), 12
+    out = seq_arrays(1, s)
+    out["semantic_types"][0] = int(st)
+    out["column_ids"][0] = np.where(np.arange(s) < 6, 3, 4)  # cells 0-5 of the task's column 3, 6-11 of column 4
+    out["numeric_values"][0] = np.arange(s, dtype=np.float32)
+    out["bool_values"][0] = np.arange(s) % 2 == 0
+    out["categorical_embed_ids"][0] = np.where(np.arange(s) < 6, 10 + np.arange(s) % 3, 50)  # block 10..12
+    task = SimpleNamespace(target_col=3, cat_block_start=10, cat_count=3)
+    before = {n: a.copy() for n, a in out.items()}
+    changed = False
+    for seed in range(8):  # some draw changes something (a permutation may be the identity)
+        k.recode(out, 0, task, np.random.default_rng(seed))
+        changed |= any(not np.array_equal(before[n], out[n]) for n in out)
+    assert changed == k.recodes
+    for n, a in out.items():
+        np.testing.assert_array_equal(a[0, 6:], before[n][0, 6:], err_msg=n)  # column 4 / outside the block

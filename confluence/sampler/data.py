@@ -16,6 +16,7 @@ import numpy as np
 from confluence.errors import StoreError
 from confluence.store.format import NULL_TIME
 from confluence.stypes import D_TIME, US_PER_DAY, SemanticType
+from confluence.targets import kind
 
 
 def readonly(a: np.ndarray, dtype: Any) -> np.ndarray:
@@ -407,10 +408,7 @@ def _task_data(store: Any, info: Any) -> TaskData:
         raise StoreError(f"task {info.name!r}: target stype {st.label} cannot be a target")
     vals = np.asarray(arrs.target_values)
     n = int(np.asarray(arrs.anchor_row).shape[0])
-    f32 = vals if st == SemanticType.NUMERICAL else np.zeros(1, np.float32)
-    ts = vals if st == SemanticType.TIMESTAMP else np.zeros((1, D_TIME), np.float32)
-    u32 = vals if st == SemanticType.CATEGORICAL else np.zeros(1, np.uint32)
-    bits = vals if st == SemanticType.BOOLEAN else np.zeros(1, np.uint8)
+    tgt = kind(st).target_arrays(vals)
     valid = np.asarray(arrs.target_valid)
     obs_col = int(getattr(info, "obs_column_idx", -1))
     if valid.shape[0] != (n + 7) // 8:
@@ -429,10 +427,10 @@ def _task_data(store: Any, info: Any) -> TaskData:
         obs_col=obs_col,
         anchor_row=readonly(arrs.anchor_row, np.int64),
         obs_time=readonly(arrs.obs_time, np.int64),
-        tgt_f32=readonly(f32, np.float32),
-        tgt_ts=readonly(ts, np.float32),
-        tgt_u32=readonly(u32, np.uint32),
-        tgt_bits=readonly(bits, np.uint8),
+        tgt_f32=readonly(tgt["f32"], np.float32),
+        tgt_ts=readonly(tgt["ts"], np.float32),
+        tgt_u32=readonly(tgt["u32"], np.uint32),
+        tgt_bits=readonly(tgt["bits"], np.uint8),
         tgt_valid=readonly(valid, np.uint8),
         obs_ts=obs_time_cells(store, obs_col, arrs.obs_time),
     )

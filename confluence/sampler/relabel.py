@@ -23,38 +23,21 @@ import numpy as np
 
 from confluence.sampler.data import TaskData
 from confluence.sampler.rng import hash_unit, stream_key
-from confluence.stypes import SemanticType
-
-CAT, BOOL, NUM = int(SemanticType.CATEGORICAL), int(SemanticType.BOOLEAN), int(SemanticType.NUMERICAL)
+from confluence.targets import kind
 
 
 def relabel_draw(seed: int, epoch: int, db_idx: int, task: TaskData, seed_ids: np.ndarray, share: float) -> np.ndarray:
-    """Which of these sequences are re-coded ([B] bool; none for a timestamp task or share 0)."""
-    if share <= 0 or int(task.target_stype) not in (CAT, BOOL, NUM):
+    """Which of these sequences are re-coded ([B] bool; none for a kind that is not re-coded or share 0)."""
+    if share <= 0 or not kind(task.target_stype).recodes:
         return np.zeros(seed_ids.shape[0], dtype=np.bool_)
     return hash_unit(stream_key("relabel", seed, epoch, db_idx, task.index), seed_ids) < share
 
 
 def relabel(out: dict[str, np.ndarray], task: TaskData, draw: np.ndarray, seed: int, epoch: int, db_idx: int,
             seed_ids: np.ndarray) -> None:
-    """Re-code, in place, the answers of the sequences `draw` marks (the module doc says how)."""
-    st = int(task.target_stype)
+    """Re-code, in place, the answers of the sequences `draw` marks, as the target's kind does
+    (`TargetKind.recode`; the module doc says how)."""
+    k = kind(task.target_stype)
     key = int(stream_key("relabel-code", seed, epoch, db_idx, task.index))
     for b in np.flatnonzero(draw):
-        rng = np.random.default_rng([key, int(seed_ids[b]) & 0x7FFFFFFFFFFFFFFF])
-        types, valid = out["semantic_types"][b], ~out["is_null"][b]
-        if st == CAT:
-            k, start = int(task.cat_count), int(task.cat_block_start)
-            ids = out["categorical_embed_ids"][b]
-            where = (types == CAT) & valid & (ids >= start) & (ids < start + k)
-            if k > 1 and where.any():
-                perm = rng.permutation(k).astype(ids.dtype)
-                ids[where] = perm[ids[where] - start] + start
-            continue
-        where = (out["column_ids"][b] == task.target_col) & (types == st) & valid
-        if st == BOOL:
-            out["bool_values"][b, where] = ~out["bool_values"][b, where]
-        else:
-            a = np.float32(np.exp(rng.uniform(np.log(0.5), np.log(2.0))) * rng.choice([-1.0, 1.0]))
-            shift = np.float32(rng.uniform(-1.0, 1.0))
-            out["numeric_values"][b, where] = out["numeric_values"][b, where] * a + shift
+        k.recode(out, int(b), task, np.random.default_rng([key, int(seed_ids[b]) & 0x7FFFFFFFFFFFFFFF]))

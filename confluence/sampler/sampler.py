@@ -31,7 +31,8 @@ from confluence.sampler.labels import (
 )
 from confluence.sampler.rng import hash_unit, stream_key
 from confluence.sampler.splits import split_index, split_seed_ids, task_split
-from confluence.stypes import D_TIME, SemanticType
+from confluence.stypes import SemanticType
+from confluence.targets import kind
 
 
 @dataclass(frozen=True)
@@ -199,14 +200,12 @@ class Sampler:
         obs = np.asarray(obs_times, dtype=np.int64)
         if rows.shape != obs.shape or rows.ndim != 1:
             raise ConfluenceError(f"task {task!r}: anchor rows {rows.shape} and observation times {obs.shape} differ")
-        n, st = rows.shape[0], SemanticType(int(base.target_stype))
+        n = rows.shape[0]
+        tgt = kind(base.target_stype).unknown_targets(n, int(base.cat_block_start))
         store = self.stores[self.entry(task, db).db_idx]
         return dataclasses.replace(
             base, anchor_row=rows, obs_time=obs,
-            tgt_f32=np.zeros(n if st == SemanticType.NUMERICAL else 1, np.float32),
-            tgt_ts=np.zeros((n if st == SemanticType.TIMESTAMP else 1, D_TIME), np.float32),
-            tgt_u32=np.full(n if st == SemanticType.CATEGORICAL else 1, base.cat_block_start, np.uint32),
-            tgt_bits=np.zeros((n + 7) // 8 if st == SemanticType.BOOLEAN else 1, np.uint8),
+            tgt_f32=tgt["f32"], tgt_ts=tgt["ts"], tgt_u32=tgt["u32"], tgt_bits=tgt["bits"],
             tgt_valid=np.zeros((n + 7) // 8, np.uint8),
             obs_ts=obs_time_cells(store, base.obs_col, obs),
             seed_keys=anchor_seed_keys(base, rows, obs),

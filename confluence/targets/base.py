@@ -1,8 +1,9 @@
 """What every target kind answers: the interface the rest of the package asks instead of branching on a target's
 semantic type.
 
-A kind owns everything a target of its type needs after the batch: decoding the stored targets into the user's
-units, turning the heads' outputs into predictions, its metrics (and which one is the headline), its trivial
+A kind owns everything a target of its type needs beside the cell encoding: which of the sampler's target arrays
+holds its stored values (and what an unknown target holds there), how a training context re-codes its answers,
+decoding the stored targets into the user's units, turning the heads' outputs into predictions, its metrics (and which one is the headline), its trivial
 baselines, blending two predictors, LightGBM's objective and how its raw output is read back, the columns
 `predict` writes, RelBench's metrics and the plot the report draws. Cells are still encoded into batches by semantic
 type in the preprocessing, the sampler and the model's input encoders: that is the input side, which every column
@@ -21,7 +22,13 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from confluence.stypes import SemanticType
+from confluence.stypes import D_TIME, SemanticType
+
+# a task's target arrays as the sampler's kernels read them, by name: (dtype, shape of the placeholder a kind that
+# does not store its values there gets)
+TARGET_ARRAYS: dict[str, tuple[type, tuple[int, ...]]] = {
+    "f32": (np.float32, (1,)), "ts": (np.float32, (1, D_TIME)), "u32": (np.uint32, (1,)), "bits": (np.uint8, (1,)),
+}
 
 
 def safe(fn: Any, *args: Any, **kwargs: Any) -> float:
@@ -66,10 +73,35 @@ class TargetKind(ABC):
     relbench_type: ClassVar[str | None] = None  # RelBench's task type, None when RelBench has none for this kind
     has_classes: ClassVar[bool] = False  # predictions are [n, K] class probabilities
     classifies: ClassVar[bool] = False  # the target is a class (boolean or categorical), not a quantity
+    # which of a task's four target arrays (`TARGET_ARRAYS`: what the sampler's kernels read) holds its stored
+    # values; the others hold one placeholder element
+    storage: ClassVar[str]
 
     @property
     def label(self) -> str:
         return self.stype.label
+
+    # -- stored targets -> the sampler's target arrays
+    def target_arrays(self, values: np.ndarray) -> dict[str, np.ndarray]:
+        """A task's four target arrays (`TARGET_ARRAYS`) with its stored `values` in this kind's one."""
+        out = {name: np.zeros(shape, dtype) for name, (dtype, shape) in TARGET_ARRAYS.items()}
+        out[self.storage] = np.asarray(values)
+        return out
+
+    def unknown_targets(self, n: int, cat_block_start: int) -> dict[str, np.ndarray]:
+        """The target arrays of `n` anchors whose targets are not known (NULL; an ad-hoc anchor task): zeros of the
+        stored layout (a categorical's ids at its block's first class, a valid id)."""
+        dtype, shape = TARGET_ARRAYS[self.storage]
+        packed = self.storage == "bits"
+        values = np.zeros(((n + 7) // 8 if packed else n,) + shape[1:], dtype)
+        return self.target_arrays(values)
+
+    @abstractmethod
+    def recode(self, out: dict[str, np.ndarray], b: int, task: Any, rng: np.random.Generator) -> None:
+        """Re-code, in place, the answers of sequence `b` of a batch's cell tensors `out` the same way in every
+        cell of the task's own column (`confluence.sampler.relabel`; asked only where `recodes`)."""
+
+    recodes: ClassVar[bool] = False
 
     # -- stored targets -> the user's units
     @abstractmethod

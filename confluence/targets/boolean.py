@@ -38,6 +38,14 @@ class Boolean(TargetKind):
     plot = "calibration"
     relbench_type = "binary_classification"
     classifies = True
+    storage = "bits"
+    recodes = True
+
+    def recode(self, out: dict[str, np.ndarray], b: int, task: Any, rng: np.random.Generator) -> None:
+        """True and false swapped in every cell of the task's column."""
+        where = ((out["column_ids"][b] == task.target_col) & (out["semantic_types"][b] == int(self.stype))
+                 & ~out["is_null"][b])
+        out["bool_values"][b, where] = ~out["bool_values"][b, where]
 
     def decode(self, store: Any, task: Any, raw: np.ndarray, n: int, ids: np.ndarray) -> np.ndarray:
         return unpack_bits(raw, n)[ids]

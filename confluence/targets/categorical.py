@@ -62,6 +62,20 @@ class Categorical(TargetKind):
     relbench_type = "multiclass_classification"
     has_classes = True
     classifies = True
+    storage = "u32"
+    recodes = True
+
+    def unknown_targets(self, n: int, cat_block_start: int) -> dict[str, np.ndarray]:
+        return self.target_arrays(np.full(n, cat_block_start, np.uint32))  # a valid id: the block's first class
+
+    def recode(self, out: dict[str, np.ndarray], b: int, task: Any, rng: np.random.Generator) -> None:
+        """A random permutation of the task's K classes, applied to every category id of its block."""
+        k, start = int(task.cat_count), int(task.cat_block_start)
+        ids = out["categorical_embed_ids"][b]
+        where = (out["semantic_types"][b] == int(self.stype)) & ~out["is_null"][b] & (ids >= start) & (ids < start + k)
+        if k > 1 and where.any():
+            perm = rng.permutation(k).astype(ids.dtype)
+            ids[where] = perm[ids[where] - start] + start
 
     def decode(self, store: Any, task: Any, raw: np.ndarray, n: int, ids: np.ndarray) -> np.ndarray:
         return np.asarray(raw[ids], dtype=np.int64) - int(task.cat_block_start)

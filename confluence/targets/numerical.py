@@ -53,6 +53,16 @@ class Numerical(TargetKind):
     headline = ("mae", False)
     plot = "predicted_vs_actual"
     relbench_type = "regression"
+    storage = "f32"
+    recodes = True
+
+    def recode(self, out: dict[str, np.ndarray], b: int, task: Any, rng: np.random.Generator) -> None:
+        """z -> a z + b in every cell of the task's column, |a| in [1/2, 2] with a random sign, b in [-1, 1]."""
+        where = ((out["column_ids"][b] == task.target_col) & (out["semantic_types"][b] == int(self.stype))
+                 & ~out["is_null"][b])
+        a = np.float32(np.exp(rng.uniform(np.log(0.5), np.log(2.0))) * rng.choice([-1.0, 1.0]))
+        shift = np.float32(rng.uniform(-1.0, 1.0))
+        out["numeric_values"][b, where] = out["numeric_values"][b, where] * a + shift
 
     def decode(self, store: Any, task: Any, raw: np.ndarray, n: int, ids: np.ndarray) -> np.ndarray:
         mean, std = float(task.stats["mean"]), float(task.stats["std"]) or 1.0

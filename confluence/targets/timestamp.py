@@ -107,6 +107,10 @@ class Timestamp(TargetKind):
     stype = SemanticType.TIMESTAMP
     headline = ("mae_days", False)
     plot = "predicted_vs_actual_dates"
+    storage = "ts"
+
+    def recode(self, out: dict[str, np.ndarray], b: int, task: Any, rng: np.random.Generator) -> None:
+        """Not re-coded (`recodes` False): a shifted time would contradict the row ages and the rows' own times."""
 
     def decode(self, store: Any, task: Any, raw: np.ndarray, n: int, ids: np.ndarray) -> np.ndarray:
         mean, std = store.timestamp_stats
