@@ -3,11 +3,11 @@ semantic type.
 
 A kind owns everything a target of its type needs beside the cell encoding: which of the sampler's target arrays
 holds its stored values (and what an unknown target holds there), how a training context re-codes its answers,
-decoding the stored targets into the user's units, turning the heads' outputs into predictions, its metrics (and which one is the headline), its trivial
-baselines, blending two predictors, LightGBM's objective and how its raw output is read back, the columns
-`predict` writes, RelBench's metrics and the plot the report draws. Cells are still encoded into batches by semantic
-type in the preprocessing, the sampler and the model's input encoders: that is the input side, which every column
-has, target or not.
+decoding the stored targets into the user's units, turning the heads' outputs into predictions, its metrics (and
+which one is the headline), its trivial baselines, blending two predictors, LightGBM's objective and how its raw
+output is read back, the columns `predict` writes, RelBench's metrics and the plot the report draws. Cells, the
+target's own cell among them, are encoded into batches by semantic type in the preprocessing, the sampler's kernels
+and the model's input encoders: that is the input side, which every column has, target or not.
 
 Predictions travel between these methods in one form per kind ("the units of the metrics"): P(true) (boolean),
 [n, K] class probabilities (categorical), values (numerical), epoch microseconds (timestamp).
