@@ -356,3 +356,41 @@ def test_report_shows_the_blend_column_and_the_ship_choice():
     assert "blend better by (+) vs GBDT" in table and "+0.52 [+0.25, +0.8]" in table
     assert "<th>ship</th>" not in table and "<th>validation</th>" not in table  # not scorers
     assert "w × model + (1 − w) × GBDT" in render_report(BLENDED)
+
+
+def _guarded_results() -> dict:
+    """`BLENDED` with a real guarded fit in `validation` (euip-like: w = 0.05 inside the noise) and one that passed."""
+    import copy
+
+    y, model, gbdt = _tiny_auroc_gain(2)
+    fit = fit_blend(BOOL, y, model, gbdt)
+    failed = copy.deepcopy(BLENDED["flights.dep_delay"])
+    failed["info"]["stype"] = "boolean"
+    failed["validation"], failed["ship"] = fit.summary(), fit.ship
+    passed = copy.deepcopy(BLENDED["flights.dep_delay"])
+    passed["validation"] |= {"best_weight": 0.35, "val_gain": 0.5, "val_ci": [0.25, 0.8], "guard": "passed"}
+    return {"guarded": failed, "passed": passed}
+
+
+def test_console_and_report_show_the_guard():
+    import contextlib
+    import io
+
+    from confluence.cli.eval_cmds import print_results
+    from confluence.evaluation.report import metrics_table_html
+
+    res = _guarded_results()
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        print_results(res, "db — split test")
+    text = buf.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= 80, text
+    flat = " ".join(text.split())
+    assert "ship: LightGBM (w = 0 model share; validation auroc on 2,000 rows" in flat
+    assert "blend 0.839 at w = 0.05)" in flat and "so LightGBM alone is shipped (w = 0)" in flat
+    assert "interval [-0.000665, +0.00183]" in flat  # the interval that failed, once (in the note)
+    assert flat.count("-0.000665") == 1
+    assert "blend 15.5; gain over LightGBM +0.5 [+0.25, +0.8], guard passed)" in flat
+    table = metrics_table_html(res)
+    assert "<b>LightGBM</b>" in table and "at w = 0.05" in table and "LightGBM alone is shipped" in table
+    assert "gain over LightGBM +0.5 [+0.25, +0.8], guard passed" in table

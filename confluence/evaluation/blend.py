@@ -34,6 +34,7 @@ is no interval to guard with. Everything here is deterministic: the guard's boot
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -102,6 +103,23 @@ class BlendFit:
         if self.note:
             out["note"] = self.note
         return out
+
+
+def guard_words(summary: Mapping[str, Any]) -> str:
+    """The guard of a `BlendFit.summary()` in a few words, for the console, the report and the server's log: the
+    best blend's gain over LightGBM on validation with its 95 % interval (positive = better) and the outcome,
+    e.g. "gain over LightGBM +0.52 [+0.25, +0.8], guard passed"; "" where there was nothing to guard (the best
+    weight 0, the default weight, or results written before the guard)."""
+    guard, ci = summary.get("guard"), summary.get("val_ci")
+    if guard is None or not ci or len(ci) != 2:
+        return ""
+
+    def num(x: Any) -> str:
+        return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:+.3g}"
+
+    outcome = {"passed": "guard passed", "failed": "guard failed: LightGBM shipped", "off": "guard off"}
+    return (f"gain over LightGBM {num(summary.get('val_gain'))} [{num(ci[0])}, {num(ci[1])}], "
+            f"{outcome.get(guard, f'guard {guard}')}")
 
 
 def blend_predictions(stype: SemanticType, model: np.ndarray, gbdt: np.ndarray, weight: float,
