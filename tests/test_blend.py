@@ -39,6 +39,8 @@ def test_opposite_biases_blend_to_the_middle_and_beat_both():
     fit = fit_blend(NUM, y, model, gbdt)
     assert fit.weight == 0.5 and fit.ship == "blend" and fit.source == "validation" and fit.n_val == 500
     assert fit.scores["blend"] < min(fit.scores["model"], fit.scores["LightGBM"])
+    assert fit.guard == "passed" and fit.best_weight == 0.5 and fit.note is None
+    assert fit.val_ci[0] > 0 and fit.val_gain == pytest.approx(fit.scores["LightGBM"] - fit.scores["blend"])
     assert fit.scores["model"] == pytest.approx(M.headline_value(NUM, y, model))
 
 
@@ -55,7 +57,7 @@ def test_each_good_on_half_the_rows_blend_beats_both_on_accuracy():
     model, gbdt = np.where(half, sure, unsure), np.where(half, unsure, sure)
     fit = fit_blend(CAT, y, model, gbdt)
     assert fit.scores == {"model": 0.5, "LightGBM": 0.5, "blend": 1.0}
-    assert fit.weight == 0.5 and fit.ship == "blend"
+    assert fit.weight == 0.5 and fit.ship == "blend" and fit.guard == "passed"
     assert M.headline_value(CAT, y, blend_predictions(CAT, model, gbdt, fit.weight)) == 1.0
 
 
@@ -65,7 +67,7 @@ def test_two_half_signals_blend_beats_both_on_auroc():
     y = a + b > 0
     sig = lambda x: 1 / (1 + np.exp(-x))  # noqa: E731
     fit = fit_blend(BOOL, y, sig(2 * a), sig(2 * b))
-    assert 0.3 <= fit.weight <= 0.7 and fit.ship == "blend"
+    assert 0.3 <= fit.weight <= 0.7 and fit.ship == "blend" and fit.guard == "passed" and fit.val_ci[0] > 0.03
     assert fit.scores["blend"] > max(fit.scores["model"], fit.scores["LightGBM"]) + 0.05
 
 
@@ -74,8 +76,9 @@ def test_noise_partner_gets_no_share():
     y = rng.normal(0, 1, 400)
     good, noise = y + rng.normal(0, 0.1, 400), rng.normal(0, 3, 400)
     assert fit_blend(NUM, y, good, noise).weight == 1.0
-    assert fit_blend(NUM, y, good, noise).ship == "model"
+    assert fit_blend(NUM, y, good, noise).ship == "model" and fit_blend(NUM, y, good, noise).guard == "passed"
     assert fit_blend(NUM, y, noise, good).weight == 0.0
+    assert fit_blend(NUM, y, noise, good).guard is None  # LightGBM alone already: nothing to guard
     assert fit_blend(NUM, y, noise, good).ship == "LightGBM"
     t = 1.7e15 + y * US_PER_DAY  # timestamps: the same in epoch µs
     assert fit_blend(TS, t, 1.7e15 + good * US_PER_DAY, 1.7e15 + noise * US_PER_DAY).weight == 1.0
@@ -96,10 +99,15 @@ def test_ties_go_to_the_model_then_lightgbm_then_the_middle():
     assert choose_weight(s) == 1.0
 
 
-def test_identical_predictors_ship_the_model():
+def test_identical_predictors_ship_lightgbm_under_the_guard():
+    """The tie goes to the model (w = 1), but nothing shows it better than LightGBM (gain 0, interval [0, 0]): the
+    guard ships LightGBM. Without the guard the tie-break stands."""
     y = np.array([1.0, 2.0, 3.0])
     fit = fit_blend(NUM, y, y + 1, y + 1)
-    assert fit.weight == 1.0 and fit.ship == "model"
+    assert fit.best_weight == 1.0 and fit.val_gain == 0.0 and fit.val_ci == (0.0, 0.0)
+    assert fit.weight == 0.0 and fit.ship == "LightGBM" and fit.guard == "failed"
+    off = fit_blend(NUM, y, y + 1, y + 1, guard=False)
+    assert off.weight == 1.0 and off.ship == "model" and off.guard == "off" and off.note is None
 
 
 def test_no_validation_rows_fall_back_to_the_equal_average():
@@ -108,6 +116,83 @@ def test_no_validation_rows_fall_back_to_the_equal_average():
     one_class = fit_blend(BOOL, np.ones(10, bool), np.full(10, 0.7), np.full(10, 0.6))  # AUROC undefined
     assert one_class.weight == DEFAULT_WEIGHT and "undefined" in one_class.note
     assert math.isnan(one_class.summary()["model"]) and one_class.summary()["weight_source"] == "default"
+
+
+def _tiny_auroc_gain(seed: int, n: int = 2000):
+    """A boolean task where LightGBM is good and the model weak but with a little signal LightGBM lacks: the best
+    validation weight is 0.05, its gain over LightGBM inside the noise (the shape of euip's
+    `decision_press_release`, docs/design/decisions.md)."""
+    rng = np.random.default_rng(seed)
+    z, u = rng.normal(size=n), rng.normal(size=n)
+    y = z + 0.15 * u + rng.normal(size=n) > 0
+    sig = lambda x: 1 / (1 + np.exp(-x))  # noqa: E731
+    return y, sig(0.5 * z + u + rng.normal(0, 2, n)), sig(2 * z)
+
+
+def test_a_tiny_noisy_validation_gain_ships_lightgbm_and_says_why():
+    y, model, gbdt = _tiny_auroc_gain(2)
+    fit = fit_blend(BOOL, y, model, gbdt)
+    assert fit.best_weight == 0.05 and fit.scores["blend"] > fit.scores["LightGBM"]  # the best on validation ...
+    assert 0 < fit.val_gain < 0.002 and fit.val_ci[0] < 0 < fit.val_ci[1]  # ... by a gain inside the noise
+    assert fit.val_gain == pytest.approx(fit.scores["blend"] - fit.scores["LightGBM"])
+    assert fit.weight == 0.0 and fit.ship == "LightGBM" and fit.guard == "failed"
+    assert "w = 0.05" in fit.note and "interval" in fit.note and "LightGBM alone" in fit.note
+    assert f"{fit.val_ci[0]:+.3g}" in fit.note
+    s = fit.summary()
+    assert s["weight"] == 0.0 and s["best_weight"] == 0.05 and s["guard"] == "failed"
+    assert s["val_ci"] == list(fit.val_ci) and s["val_gain"] == fit.val_gain and s["note"] == fit.note
+    off = fit_blend(BOOL, y, model, gbdt, guard=False)  # the behaviour without the guard
+    assert off.weight == 0.05 and off.ship == "blend" and off.guard == "off" and off.note is None
+    assert off.val_ci == fit.val_ci and off.summary()["best_weight"] == 0.05
+    # numbers: a model with a little of its own signal drowned in noise, on 300 rows
+    rng = np.random.default_rng(0)
+    t = rng.normal(0, 1, 300)
+    num = fit_blend(NUM, t, t + rng.normal(0, 4, 300), t + rng.normal(0, 1, 300))
+    assert num.best_weight == 0.05 and num.val_ci[0] < 0 and num.weight == 0.0 and num.ship == "LightGBM"
+
+
+def test_a_clear_gain_still_ships_the_blend_or_the_model():
+    rng = np.random.default_rng(4)
+    y = rng.normal(100, 20, 300)
+    fit = fit_blend(NUM, y, y + 3 + rng.normal(0, 2, 300), y - 3 + rng.normal(0, 2, 300))
+    assert 0.4 <= fit.weight == fit.best_weight <= 0.6 and fit.ship == "blend" and fit.guard == "passed"
+    assert fit.val_ci[0] > 1.0 and fit.note is None and "note" not in fit.summary()
+    k = np.arange(300) % 4  # categories: the model right on every row, LightGBM on a quarter
+    fit = fit_blend(CAT, k, np.eye(4)[k] * 0.6 + 0.1, np.tile([0.4, 0.2, 0.2, 0.2], (300, 1)))
+    assert fit.weight == 1.0 and fit.ship == "model" and fit.guard == "passed" and fit.val_ci[0] > 0.6
+
+
+def test_the_guarded_blend_is_lightgbm_exactly_on_the_test_rows():
+    """Guarded to w = 0, the blend a user receives is LightGBM's predictions bit for bit, numbers not rounded or
+    clipped by the train targets' range, so on any test rows its paired interval against LightGBM is exactly 0."""
+    y, model, gbdt = _tiny_auroc_gain(2)
+    fit = fit_blend(BOOL, y, model, gbdt)
+    assert fit.weight == 0.0
+    y_test, model_test, gbdt_test = _tiny_auroc_gain(12)
+    blended = blend_predictions(BOOL, model_test, gbdt_test, fit.weight)
+    assert np.array_equal(blended, gbdt_test)
+    c = M.paired_bootstrap(BOOL, y_test, blended, gbdt_test)
+    assert c["diff"] == 0 and c["ci_low"] == 0 and c["ci_high"] == 0
+    rng = np.random.default_rng(0)  # whole-number targets: LightGBM's fractional predictions stay as they are
+    t = np.round(rng.normal(100, 20, 300))
+    tr = TargetRange(lo=float(t.min()), hi=float(t.max()), integer=True)
+    g = t + rng.normal(0, 3, 300)
+    fit = fit_blend(NUM, t, tr.apply(t + rng.normal(0, 12, 300)), g, target_range=tr)
+    assert fit.best_weight == 0.05 and fit.weight == 0.0 and fit.guard == "failed"
+    out = blend_predictions(NUM, tr.apply(t), g, fit.weight, tr)
+    assert np.array_equal(out, g) and not np.array_equal(out, tr.apply(g))
+    assert fit.scores["LightGBM"] == pytest.approx(M.headline_value(NUM, t, g))  # LightGBM scored as it is
+    c = M.paired_bootstrap(NUM, t, out, g)
+    assert c["diff"] == 0 and c["ci_low"] == 0 and c["ci_high"] == 0
+
+
+def test_the_guarded_fit_is_deterministic():
+    y, model, gbdt = _tiny_auroc_gain(2)
+    assert fit_blend(BOOL, y, model, gbdt) == fit_blend(BOOL, y, model.copy(), gbdt.copy())
+    assert fit_blend(BOOL, y, model, gbdt).summary() == fit_blend(BOOL, y, model, gbdt).summary()
+    y, model, gbdt = _tiny_auroc_gain(4)  # an interval that only just reaches below zero: the same every time
+    fits = {fit_blend(BOOL, y, model, gbdt).val_ci for _ in range(3)}
+    assert len(fits) == 1
 
 
 def test_blend_rounds_and_clips_numbers_as_predict_does():
@@ -147,12 +232,18 @@ def test_evaluate_with_a_blend(shop):  # noqa: F811
         r = res[task]
         b, v = r["blend"], r["validation"]
         assert b["weight"] in GRID and b["n_val"] > 0 and v["weight"] == b["weight"] and v["metric"] == metric
-        assert v["weight_source"] == "validation"
+        assert v["weight_source"] == "validation" and v["best_weight"] in GRID
         assert r["ship"] == ("model" if b["weight"] == 1 else "LightGBM" if b["weight"] == 0 else "blend")
-        # the ship choice is the best validation score (ties to the model, then LightGBM)
+        # the ship choice is the best validation score (ties to the model, then LightGBM) unless the guard found
+        # its gain over LightGBM inside the noise: then LightGBM, and the note says so
         sign = 1 if metric == "accuracy" else -1
         best = max(sign * v["model"], sign * v["LightGBM"], sign * v["blend"])
-        assert sign * v[r["ship"]] == best
+        assert sign * v["blend"] == best
+        if v.get("guard") == "failed":
+            assert r["ship"] == "LightGBM" and v["val_ci"][0] <= 0 and "LightGBM alone" in v["note"]
+        else:
+            assert sign * v[r["ship"]] == best and v["weight"] == v["best_weight"]
+            assert v.get("guard") == ("passed" if v["best_weight"] > 0 else None)
         c = r["blend_vs_gbdt"]
         assert c["diff"] == pytest.approx(b[metric] - r["gbdt"][metric], rel=1e-9, abs=1e-12)
         rows = r["rows"]
@@ -161,8 +252,8 @@ def test_evaluate_with_a_blend(shop):  # noqa: F811
     rows, w = res["amount"]["rows"], res["amount"]["blend"]["weight"]
     s = Store.open(store)
     rng = train_target_range(s, "amount", rows.clip_ids)  # clip_ids: the train seeds
-    np.testing.assert_allclose(rows.blend, rng.apply(w * rows.pred + (1 - w) * rows.gbdt))
-    assert "note" not in res["amount"]["validation"]
+    np.testing.assert_allclose(rows.blend, rng.apply(w * rows.pred + (1 - w) * rows.gbdt) if w else rows.gbdt)
+    assert ("note" in res["amount"]["validation"]) == (res["amount"]["validation"].get("guard") == "failed")
     # evaluating the validation split itself says the weight was chosen on the same rows
     on_val = evaluate(model, store, split="val", tasks=["amount"], max_seeds=64, blend="gbdt")
     assert "optimistic" in on_val["amount"]["validation"]["note"]
@@ -265,3 +356,41 @@ def test_report_shows_the_blend_column_and_the_ship_choice():
     assert "blend better by (+) vs GBDT" in table and "+0.52 [+0.25, +0.8]" in table
     assert "<th>ship</th>" not in table and "<th>validation</th>" not in table  # not scorers
     assert "w × model + (1 − w) × GBDT" in render_report(BLENDED)
+
+
+def _guarded_results() -> dict:
+    """`BLENDED` with a real guarded fit in `validation` (euip-like: w = 0.05 inside the noise) and one that passed."""
+    import copy
+
+    y, model, gbdt = _tiny_auroc_gain(2)
+    fit = fit_blend(BOOL, y, model, gbdt)
+    failed = copy.deepcopy(BLENDED["flights.dep_delay"])
+    failed["info"]["stype"] = "boolean"
+    failed["validation"], failed["ship"] = fit.summary(), fit.ship
+    passed = copy.deepcopy(BLENDED["flights.dep_delay"])
+    passed["validation"] |= {"best_weight": 0.35, "val_gain": 0.5, "val_ci": [0.25, 0.8], "guard": "passed"}
+    return {"guarded": failed, "passed": passed}
+
+
+def test_console_and_report_show_the_guard():
+    import contextlib
+    import io
+
+    from confluence.cli.eval_cmds import print_results
+    from confluence.evaluation.report import metrics_table_html
+
+    res = _guarded_results()
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        print_results(res, "db — split test")
+    text = buf.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= 80, text
+    flat = " ".join(text.split())
+    assert "ship: LightGBM (w = 0 model share; validation auroc on 2,000 rows" in flat
+    assert "blend 0.839 at w = 0.05)" in flat and "so LightGBM alone is shipped (w = 0)" in flat
+    assert "interval [-0.000665, +0.00183]" in flat  # the interval that failed, once (in the note)
+    assert flat.count("-0.000665") == 1
+    assert "blend 15.5; gain over LightGBM +0.5 [+0.25, +0.8], guard passed)" in flat
+    table = metrics_table_html(res)
+    assert "<b>LightGBM</b>" in table and "at w = 0.05" in table and "LightGBM alone is shipped" in table
+    assert "gain over LightGBM +0.5 [+0.25, +0.8], guard passed" in table

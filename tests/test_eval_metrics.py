@@ -129,3 +129,18 @@ def test_metrics_for_dispatches_on_the_target_type():
     assert M.metrics_for(SemanticType.NUMERICAL, y, f, target_std=2.0) == M.regression_metrics(y, f, target_std=2.0)
     assert M.metrics_for(SemanticType.TIMESTAMP, y, f) == M.timestamp_metrics(y, f)
     assert M.headline_value(SemanticType.NUMERICAL, y, f) == pytest.approx(skm.mean_absolute_error(y, f))
+
+
+def test_bootstrap_auroc_resamples_match_sklearn_on_each_resample():
+    """The paired bootstrap scores AUROC on all resamples at once (row counts, integer arithmetic): the same per
+    resample as `roc_auc_score` on the drawn rows, ties (one half) and single-class resamples (left out) included,
+    whatever the chunking."""
+    rng = np.random.default_rng(7)
+    n = 40
+    y = rng.random(n) < 0.1
+    pa, pb = np.round(np.clip(y * 0.3 + rng.random(n) * 0.7, 0, 1), 1), np.round(rng.random(n), 2)  # ties
+    idx = rng.integers(0, n, size=(300, n))
+    want = [skm.roc_auc_score(y[r], pa[r]) - skm.roc_auc_score(y[r], pb[r]) for r in idx if 0 < y[r].sum() < n]
+    assert len(want) < 300  # some resamples hold a single class
+    for chunk in (n, 7 * n, 10**6):
+        np.testing.assert_allclose(M._bootstrap_auroc_diffs(y, pa, pb, idx, chunk_cells=chunk), want, atol=1e-12)

@@ -93,15 +93,22 @@ def gain_text(c: dict | None, higher: bool) -> str:
 
 
 def ship_text(r: dict) -> str:
-    """One task's ship choice in words: what to ship, the weight, and the validation scores it rests on."""
+    """One task's ship choice in words: what to ship, the weight, the validation scores it rests on, and the
+    guard (`blend.guard_words`: the best blend's gain over LightGBM there and its interval; when the guard shipped
+    LightGBM, the note says so with the interval)."""
+    from confluence.evaluation.blend import guard_words
+
     v = r.get("validation") or {}
 
     def num(x) -> str:
         return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4g}"
 
+    best = v.get("best_weight")
+    at = f" at w = {num(best)}" if best is not None and best != v.get("weight") else ""
+    guard = guard_words(v) if v.get("guard") != "failed" else ""
     text = (f"ship: {r['ship']} (w = {num(v.get('weight'))} model share; validation {v.get('metric', '?')} on "
             f"{v.get('n_val', 0):,} rows: model {num(v.get('model'))}, LightGBM {num(v.get('LightGBM'))}, blend "
-            f"{num(v.get('blend'))})")
+            f"{num(v.get('blend'))}{at}" + (f"; {guard}" if guard else "") + ")")
     return text + (f"; {v['note']}" if v.get("note") else "")
 
 
@@ -186,7 +193,8 @@ def evaluate_cmd(
     gbdt: bool = typer.Option(False, "--gbdt/--no-gbdt", help="Also train and score the LightGBM baseline."),
     blend: str = typer.Option(None, "--blend", metavar="gbdt", help="Also blend the model with LightGBM (implies "
                               "--gbdt): per task a weight chosen on the validation split, the blend scored beside "
-                              "both, and which to ship."),
+                              "both, and which to ship (LightGBM unless a paired interval on validation shows "
+                              "departing from it helps)."),
     clip_numbers: bool = typer.Option(True, "--clip-numbers/--no-clip-numbers",
                                       help="Score numbers as predict reports them (train range, rounded when whole); "
                                            "--no-clip-numbers: the plain de-normalized number."),
@@ -372,7 +380,8 @@ def predict_cmd(
                                 "(default: 1 on a CPU, the CPUs less 2 on a GPU)."),
     blend: str = typer.Option(None, "--blend", metavar="gbdt", help="Also LightGBM's and the blend's columns "
                               "(gbdt_prediction, blend_prediction, ...): LightGBM fitted on the train seeds, the "
-                              "blend weight chosen on at most --max-seeds (0: 5,000) validation seeds."),
+                              "blend weight chosen on at most --max-seeds (0: 5,000) validation seeds (0, "
+                              "LightGBM alone, unless a paired interval there shows another weight helps)."),
     certify: bool = typer.Option(False, "--certify", help="Also prove these predictions saw nothing from the "
                                  "future, on up to --certify-seeds anchors (as evaluate --certify); the certificate "
                                  "goes into the table's metadata (confluence.certificate) and a leak exits 1 naming it."),

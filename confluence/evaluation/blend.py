@@ -4,24 +4,38 @@ For one task, given the model's and LightGBM's predictions on labelled validatio
 `evaluate.model_point_predictions`: numbers as values, booleans as P(true), categories as [n, K] probabilities,
 timestamps as epoch µs) and the truth, `fit_blend` scores every weight w of `GRID` (0, 0.05, ..., 1; w is the
 model's share) by the task's headline metric (`metrics.HEADLINE`) of `w * model + (1 - w) * LightGBM`, and keeps
-the best. Exact ties (common for accuracy) go to w = 1 (the model alone), then w = 0 (LightGBM alone), then the
-middle of the tied weights: a blend is kept only when it scores strictly better than both on validation, and where
-the data cannot tell weights apart the middle one is the farthest from where the score drops. `blend_predictions`
-applies the weight to any rows (the evaluated split, `predict`'s rows).
+the best (`BlendFit.best_weight`). Exact ties (common for accuracy) go to w = 1 (the model alone), then w = 0
+(LightGBM alone), then the middle of the tied weights: a blend is the best only when it scores strictly better
+than both on validation, and where the data cannot tell weights apart the middle one is the farthest from where
+the score drops. `blend_predictions` applies a weight to any rows (the evaluated split, `predict`'s rows); at
+w = 0 it returns LightGBM's predictions exactly as LightGBM gives them (numbers not rounded or clipped).
 
-What to ship (`BlendFit.ship`) follows from the weight, so from validation only, never from the evaluated rows:
-"blend" when the blend beats both on validation (0 < w < 1), else "model" (w = 1) or "LightGBM" (w = 0).
+The guard. The blend departs from LightGBM only where validation shows that the departure helps: when the best
+weight is above 0, the paired bootstrap (`metrics.paired_bootstrap`, `GUARD_N_BOOT` resamples, a fixed seed,
+95 %) of the blend at that weight against LightGBM on the same validation rows gives the gain and its interval
+(`val_gain`, `val_ci`: oriented so that positive = better than LightGBM). Unless the whole interval is above zero
+the shipped weight (`weight`) is 0, LightGBM alone, and `note` says why, with the interval (`guard` "failed");
+else the best weight is shipped (`guard` "passed"). A user switching from LightGBM so gets at least LightGBM: a
+gain the validation rows cannot tell from noise is not worth departing for (on a held-out database, a validation
+weight of 0.05 with a gain inside the noise lost 0.004 AUROC to LightGBM on the test split, interval below zero:
+docs/design/decisions.md). `fit_blend(..., guard=False)` ships the best weight whatever its interval (`guard`
+"off"), the behaviour without the guard, kept to measure the guard against.
+
+What to ship (`BlendFit.ship`) follows from the shipped weight, so from validation only, never from the evaluated
+rows: "blend" when 0 < w < 1 (it beat both on validation, and LightGBM beyond the noise), else "model" (w = 1)
+or "LightGBM" (w = 0).
 
 Without labelled validation rows (or a headline metric undefined on them, such as AUROC with one class), the
 weight is `DEFAULT_WEIGHT` (0.5, the equal average: not chosen on data, and the fit says so in `note`), and
-`ship` is "blend", the choice that is never the worse of the two by much when neither is known to be better.
-Everything here is deterministic: no sampling, no randomness.
+`ship` is "blend", the choice that is never the worse of the two by much when neither is known to be better; there
+is no interval to guard with. Everything here is deterministic: the guard's bootstrap has a fixed seed.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -32,6 +46,10 @@ from confluence.targets import TargetRange, kind
 
 GRID: tuple[float, ...] = tuple(round(i * 0.05, 2) for i in range(21))  # the model's share, 0 .. 1
 DEFAULT_WEIGHT = 0.5  # without labelled validation rows
+GUARD_N_BOOT = 1000  # the guard's paired bootstrap: resamples of the validation rows ...
+GUARD_SEED = 0  # ... drawn with a fixed seed ...
+GUARD_LEVEL = 0.95  # ... for a 95 % interval
+GUARD_STATES = ("passed", "failed", "off")  # `BlendFit.guard`; None where there was nothing to guard
 SHIP_CHOICES = ("model", "LightGBM", "blend")
 BLEND_CHOICES = ("gbdt",)  # what `--blend` accepts: the one partner the model is blended with
 
@@ -48,10 +66,16 @@ def check_blend(blend: str | None) -> str | None:
 
 @dataclass(frozen=True)
 class BlendFit:
-    """The weight chosen for one task and how: `weight` (the model's share), `n_val` (labelled validation rows it
-    was chosen on), `metric` (the headline metric), `scores` (that metric on validation of "model", "LightGBM"
-    and "blend"), `source` ("validation" or "default"), `ship` (one of `SHIP_CHOICES`), `note` (when the weight
-    is the default)."""
+    """The weight chosen for one task and how: `weight` (the model's share that is shipped), `n_val` (labelled
+    validation rows it was chosen on), `metric` (the headline metric), `scores` (that metric on validation of
+    "model", "LightGBM" and "blend", the blend at `best_weight`), `source` ("validation" or "default"), `ship` (one
+    of `SHIP_CHOICES`), `note` (when the weight is the default, or the guard set it to 0).
+
+    The guard (module docstring): `best_weight` (the best on validation, before the guard; None for the default),
+    `val_gain` and `val_ci` (the blend at `best_weight` minus LightGBM on validation, with its paired 95 %
+    interval, oriented so that positive = better than LightGBM; None when `best_weight` is 0 or there is no fit
+    on data), `guard` (one of `GUARD_STATES`: "failed" when it set the weight to 0; None when there was nothing to
+    guard)."""
 
     weight: float
     n_val: int
@@ -60,15 +84,42 @@ class BlendFit:
     source: str = "validation"
     ship: str = "blend"
     note: str | None = None
+    best_weight: float | None = None
+    val_gain: float | None = None
+    val_ci: tuple[float, float] | None = None
+    guard: str | None = None
 
     def summary(self) -> dict[str, Any]:
-        """As JSON for a task's results (`"validation"`): the metric, the three validation scores, the weight and
-        where it came from."""
-        out: dict[str, Any] = {"metric": self.metric, **self.scores, "weight": self.weight, "n_val": self.n_val,
-                               "weight_source": self.source}
+        """As JSON for a task's results (`"validation"`): the metric, the three validation scores, the weight
+        shipped, the best one and the guard's gain and interval (where there was one), and where it came from."""
+        out: dict[str, Any] = {"metric": self.metric, **self.scores, "weight": self.weight}
+        if self.best_weight is not None:
+            out["best_weight"] = self.best_weight
+        if self.val_gain is not None and self.val_ci is not None:
+            out["val_gain"], out["val_ci"] = self.val_gain, list(self.val_ci)
+        if self.guard is not None:
+            out["guard"] = self.guard
+        out |= {"n_val": self.n_val, "weight_source": self.source}
         if self.note:
             out["note"] = self.note
         return out
+
+
+def guard_words(summary: Mapping[str, Any]) -> str:
+    """The guard of a `BlendFit.summary()` in a few words, for the console, the report and the server's log: the
+    best blend's gain over LightGBM on validation with its 95 % interval (positive = better) and the outcome,
+    e.g. "gain over LightGBM +0.52 [+0.25, +0.8], guard passed"; "" where there was nothing to guard (the best
+    weight 0, the default weight, or results written before the guard)."""
+    guard, ci = summary.get("guard"), summary.get("val_ci")
+    if guard is None or not ci or len(ci) != 2:
+        return ""
+
+    def num(x: Any) -> str:
+        return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:+.3g}"
+
+    outcome = {"passed": "guard passed", "failed": "guard failed: LightGBM shipped", "off": "guard off"}
+    return (f"gain over LightGBM {num(summary.get('val_gain'))} [{num(ci[0])}, {num(ci[1])}], "
+            f"{outcome.get(guard, f'guard {guard}')}")
 
 
 def blend_predictions(stype: SemanticType, model: np.ndarray, gbdt: np.ndarray, weight: float,
@@ -77,8 +128,10 @@ def blend_predictions(stype: SemanticType, model: np.ndarray, gbdt: np.ndarray, 
 
     Categorical probabilities of different widths are widened with zeros to the wider. `target_range` (numerical
     targets) rounds and clips the blended number as `predict` does the model's (`targets.TargetRange`), so the
-    blend scored is the blend a user receives."""
-    return kind(stype).blend(model, gbdt, float(weight), target_range)
+    blend scored is the blend a user receives; at `weight` 0 the blend is LightGBM's predictions exactly (not
+    rounded or clipped: LightGBM alone is what a user of LightGBM has)."""
+    weight = float(weight)
+    return kind(stype).blend(model, gbdt, weight, target_range if weight > 0.0 else None)
 
 
 def weight_scores(stype: SemanticType, truth: np.ndarray, model: np.ndarray, gbdt: np.ndarray,
@@ -108,22 +161,37 @@ def choose_weight(scores: np.ndarray, grid: tuple[float, ...] = GRID) -> float |
 
 
 def ship_for(weight: float) -> str:
-    """What to ship for a weight chosen by `choose_weight`: the model alone at 1, LightGBM alone at 0, else the
+    """What to ship for a weight shipped by `fit_blend`: the model alone at 1, LightGBM alone at 0, else the
     blend (which then scored strictly better than both on validation)."""
     return "model" if weight >= 1.0 else "LightGBM" if weight <= 0.0 else "blend"
 
 
+def validation_gain(stype: SemanticType, truth: np.ndarray, model: np.ndarray, gbdt: np.ndarray, weight: float,
+                    target_range: TargetRange | None = None) -> tuple[float, tuple[float, float]]:
+    """The blend at `weight` minus LightGBM on these rows by the headline metric, with its paired bootstrap
+    interval (`GUARD_N_BOOT` resamples, `GUARD_SEED`, `GUARD_LEVEL`), oriented so that positive = the blend is
+    better (an error's difference is negated). NaN where the metric or the interval is undefined."""
+    _, higher = M.headline_metric(stype)
+    blended = blend_predictions(stype, model, gbdt, weight, target_range)
+    c = M.paired_bootstrap(stype, truth, blended, gbdt, n_boot=GUARD_N_BOOT, seed=GUARD_SEED, level=GUARD_LEVEL)
+    if higher:
+        return float(c["diff"]), (float(c["ci_low"]), float(c["ci_high"]))
+    return 0.0 - float(c["diff"]), (0.0 - float(c["ci_high"]), 0.0 - float(c["ci_low"]))  # 0.0 -: no -0.0
+
+
 def fit_blend(stype: SemanticType, truth: np.ndarray, model: np.ndarray, gbdt: np.ndarray,
-              target_range: TargetRange | None = None, grid: tuple[float, ...] = GRID) -> BlendFit:
+              target_range: TargetRange | None = None, grid: tuple[float, ...] = GRID, *,
+              guard: bool = True) -> BlendFit:
     """Choose the weight of one task on its labelled validation rows (`truth`, and both predictors' predictions on
-    them) and say what to ship (module docstring)."""
+    them), guard it and say what to ship (module docstring). `guard=False`: the best weight is shipped whatever
+    its interval against LightGBM (the interval is still reported)."""
     stype = SemanticType(stype)
     metric, higher = M.headline_metric(stype)
     truth = np.asarray(truth)
     n = int(truth.shape[0])
     scores = weight_scores(stype, truth, model, gbdt, target_range, grid) if n else np.full(len(grid), math.nan)
-    weight = choose_weight(scores, grid)
-    if weight is None:
+    best = choose_weight(scores, grid)
+    if best is None:
         why = "no labelled validation rows" if n == 0 else f"{metric} is undefined on the {n} validation rows"
         return BlendFit(weight=DEFAULT_WEIGHT, n_val=n, metric=metric, source="default", ship="blend",
                         scores={"model": math.nan, "LightGBM": math.nan, "blend": math.nan},
@@ -131,6 +199,19 @@ def fit_blend(stype: SemanticType, truth: np.ndarray, model: np.ndarray, gbdt: n
     sign = 1.0 if higher else -1.0
     at = dict(zip(grid, scores, strict=True))
     val = {"model": sign * at.get(1.0, math.nan), "LightGBM": sign * at.get(0.0, math.nan),
-           "blend": sign * at[weight]}
-    return BlendFit(weight=weight, n_val=n, metric=metric, scores={k: float(v) for k, v in val.items()},
-                    ship=ship_for(weight))
+           "blend": sign * at[best]}
+    fit = BlendFit(weight=best, n_val=n, metric=metric, scores={k: float(v) for k, v in val.items()},
+                   ship=ship_for(best), best_weight=best)
+    if best <= 0.0:
+        return fit  # LightGBM alone already: nothing to guard
+    gain, (lo, hi) = validation_gain(stype, truth, model, gbdt, best, target_range)
+    fit = replace(fit, val_gain=gain, val_ci=(lo, hi))
+    if not guard:
+        return replace(fit, guard="off")
+    if lo > 0.0:  # the whole interval says better than LightGBM (NaN: not shown)
+        return replace(fit, guard="passed")
+    who = "the model alone (w = 1)" if best >= 1.0 else f"the blend at w = {best:g}"
+    return replace(fit, weight=0.0, ship=ship_for(0.0), guard="failed", note=(
+        f"validation's best, {who}, gained {gain:+.3g} {metric} over LightGBM on {n:,} rows, 95% interval "
+        f"[{lo:+.3g}, {hi:+.3g}] (positive = better): not shown better than LightGBM, so LightGBM alone is "
+        f"shipped (w = 0)"))

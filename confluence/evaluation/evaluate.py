@@ -104,9 +104,12 @@ def evaluate(
     validation split (`confluence.evaluation.blend`): both predict up to `max_seeds` validation seeds (LightGBM
     fitted on train seeds only, the model with validation contexts, which show train labels only), and each task
     gains `"blend"` (its metrics on the evaluated rows, `weight`, `n_val`), `"blend_vs_gbdt"` (as
-    `model_vs_gbdt`), `"validation"` (the headline metric of model, LightGBM and blend on validation, the weight,
-    where it came from and a `note` when the weight is a default or the evaluated split is "val" itself) and
-    `"ship"` ("model", "LightGBM" or "blend": what validation says to ship).
+    `model_vs_gbdt`), `"validation"` (`BlendFit.summary`: the headline metric of model, LightGBM and the best
+    blend on validation, the weight shipped and the best one, the best blend's gain over LightGBM there with its
+    paired interval (`val_gain`, `val_ci`) and the guard's outcome, where the weight came from, and a `note` when
+    the weight is a default, the guard shipped LightGBM, or the evaluated split is "val" itself) and `"ship"`
+    ("model", "LightGBM" or "blend": what validation says to ship; LightGBM unless validation shows a departure
+    from it helps).
     `certify` > 0 also checks that many seeds a task for leakage (`confluence.evaluation.certify`: their contexts
     bit-identical with the future randomized) and adds `"certificate"` to each task (its summary, the digest of
     the whole certificate and `passed`); a failed certificate is reported, not raised.

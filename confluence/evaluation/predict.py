@@ -391,7 +391,8 @@ def predict(
             table = table.append_column(name, col)
         summary = fit.summary() | {"ship": fit.ship}
         if anchors is None and (split or "test") == "val":
-            summary["note"] = "the predicted rows are the validation rows the weight was chosen on"
+            summary["note"] = "; ".join(([fit.note] if fit.note else [])
+                                        + ["the predicted rows are the validation rows the weight was chosen on"])
         from confluence.evaluation.evaluate import clean_json
 
         meta = dict(table.schema.metadata or {}) | {BLEND_METADATA_KEY: json.dumps(clean_json(summary)).encode()}

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from confluence.evaluation.blend import guard_words
 from confluence.evaluation.metrics import HEADLINE
 from confluence.stypes import SemanticType
 from confluence.targets import kind
@@ -223,14 +224,18 @@ def metrics_table_html(results: Mapping[str, Mapping[str, Any]], stypes: Mapping
 
 
 def _ship_cell(r: Mapping[str, Any]) -> str:
-    """What to ship for one task, with the blend's weight and the validation scores the choice rests on."""
+    """What to ship for one task, with the blend's weight, the validation scores the choice rests on and the
+    guard (`blend.guard_words`; the note when the guard shipped LightGBM)."""
     ship = r.get("ship")
     if not ship:
         return "–"
     v = r.get("validation") or {}
     scores = ", ".join(f"{k} {_fmt(v.get(k))}" for k in ("model", "LightGBM", "blend"))
+    best = v.get("best_weight")
+    at = f" at w = {_fmt(best)}" if best is not None and best != v.get("weight") else ""
+    guard = guard_words(v) if v.get("guard") != "failed" else ""  # when it failed, the note says so
     detail = (f"w = {_fmt(v.get('weight'))} (model share); validation {html.escape(str(v.get('metric', '')))} on "
-              f"{_fmt(v.get('n_val'))} rows: {scores}")
+              f"{_fmt(v.get('n_val'))} rows: {scores}{at}" + (f"; {html.escape(guard)}" if guard else ""))
     note = f'<div class="dim">{html.escape(str(v["note"]))}</div>' if v.get("note") else ""
     return (f"<b>{html.escape(_SHIP_LABELS.get(ship, ship))}</b>"
             f'<div class="dim">{detail}</div>{note}')
@@ -497,7 +502,8 @@ wholly negative."""
 _BLEND_HELP = """ <b>blend</b>: w × model + (1 − w) × GBDT, one weight w (the model's share, 0 to 1 by 0.05) per task
 chosen on the validation split, where LightGBM was not trained; its gain over the GBDT is shown as the model's.
 <b>ship</b>: what the validation split says to use: the blend when it beat both there, else the better of the
-model and LightGBM (decided on validation only, never on the rows scored here)."""
+model and LightGBM (decided on validation only, never on the rows scored here), and LightGBM unless a paired 95%
+interval on validation shows the departure from it better (the guard: a gain inside the noise is not shipped)."""
 
 
 def _task_section(task: str, r: Mapping[str, Any], stype: SemanticType | None, desc: str | None) -> str:

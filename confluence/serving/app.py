@@ -167,8 +167,11 @@ class TaskInfo(BaseModel):
     observation_time: str = Field(description="How a task's observation times were defined at preprocessing.")
     description: str
     blend: dict[str, Any] | None = Field(None, description="With the server's --blend gbdt: the task's blend "
-                                         "(weight: the model's share; the validation scores it was chosen on; "
-                                         "ship: model, LightGBM or blend); null without one.")
+                                         "(weight: the model's share served; the validation scores it was chosen "
+                                         "on; best_weight, val_gain, val_ci, guard: the best weight on validation, "
+                                         "its gain over LightGBM with a paired 95% interval, and whether that "
+                                         "showed it better, else LightGBM is served; ship: model, LightGBM or "
+                                         "blend); null without one.")
     target_table: str | None = Field(None, description="Link tasks: the table whose rows are ranked.")
     target_key_column: str | None = Field(None, description="Link tasks: the answer rows' field of target keys.")
     k: int | None = Field(None, description="Link tasks: target rows ranked per anchor by default.")

@@ -283,6 +283,7 @@ class PredictionService:
     def _fit_blends(self) -> None:
         """Fit each task's blend (`predict.fit_task_blend`), a log line per task; a task without labelled train
         seeds is served without one (its line says so)."""
+        from confluence.evaluation.blend import guard_words
         from confluence.evaluation.gbdt import FeatureBuilder
         from confluence.targets import decode_targets
 
@@ -300,8 +301,10 @@ class PredictionService:
             tb = fit_task_blend(self.predictor, t.name, self._builder, max_val=self.settings.blend_max_val,
                                 clip_numbers=self.settings.clip_numbers)
             self.blends[t.name] = tb
-            log.info("blend %d/%d %s: weight %.2f (model share) on %d validation rows, ship %s (%.1f s)", i + 1,
-                     len(tasks), t.name, tb.fit.weight, tb.fit.n_val, tb.fit.ship, time.perf_counter() - t1)
+            guard = guard_words(tb.fit.summary())
+            log.info("blend %d/%d %s: weight %.2f (model share) on %d validation rows, ship %s%s (%.1f s)", i + 1,
+                     len(tasks), t.name, tb.fit.weight, tb.fit.n_val, tb.fit.ship,
+                     f" (best weight {tb.fit.best_weight:.2f}, {guard})" if guard else "", time.perf_counter() - t1)
         log.info("blend: %d of %d task(s) fitted in %.1f s", len(self.blends), len(tasks), time.perf_counter() - t0)
         for info in self.tasks:
             tb = self.blends.get(info["name"])
