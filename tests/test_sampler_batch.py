@@ -220,7 +220,7 @@ def test_parallel_text_gather_matches_serial(monkeypatch):
 def test_kernels_release_the_gil_and_are_cached():
     from confluence.sampler import linearize, perms, textgather, walk
 
-    kernels = [walk.walk_chunk, walk.anchor_cells_chunk, linearize.linearize_chunk, linearize.fill_adjacency,
+    kernels = [walk.walk_chunk, linearize.linearize_chunk, linearize.fill_adjacency,
                perms.perms_chunk, textgather.dedup_text, textgather.gather_rows]
     for k in kernels:
         assert k.targetoptions.get("nogil") is True, k.py_func.__name__

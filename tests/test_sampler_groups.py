@@ -13,7 +13,7 @@ from confluence.sampler import labels, linearize, perms, walk
 from confluence.sampler.sampler import Sampler
 from tests.fixtures.configs import seed_sampler
 
-KERNELS = [walk.anchor_cells_chunk, walk.walk_chunk, linearize.linearize_chunk, labels.choose_labels_chunk,
+KERNELS = [walk.walk_chunk, linearize.linearize_chunk, labels.choose_labels_chunk,
            labels.append_labels_chunk, perms.perms_chunk]
 
 

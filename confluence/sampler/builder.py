@@ -28,7 +28,7 @@ from confluence.sampler.perms import perms_chunk
 from confluence.sampler.relabel import relabel, relabel_draw
 from confluence.sampler.rng import hash_unit, sequence_states, stream_key
 from confluence.sampler.textgather import dedup_text, gather_rows
-from confluence.sampler.walk import anchor_cells_chunk, walk_chunk
+from confluence.sampler.walk import walk_chunk
 from confluence.stypes import SemanticType
 
 PHASES = ("walk", "linearize", "permutations", "text", "collation")
@@ -187,7 +187,6 @@ class BatchBuilder:
         via = np.zeros((bsz, max_rows), dtype=np.int8)
         src = np.zeros((bsz, max_rows), dtype=np.int32)
         nrows = np.zeros(bsz, dtype=np.int32)
-        a_cells = np.zeros(bsz, dtype=np.int32)
         out = seq_arrays(bsz, s_len)  # the kernels write every position of the permutations
         n_real = np.zeros(bsz, dtype=np.int32)
         edges = np.empty((bsz, max_rows * max(d.max_parents, 1)), dtype=np.int32)
@@ -201,7 +200,7 @@ class BatchBuilder:
         # the walk budgets the other rows' count cells only when they get them
         tab_extra = tab_shown if cfg.child_counts == "all" else np.zeros(0, np.int32)
         # the kernels' argument groups of this batch (`confluence.sampler.groups`)
-        sequences = G.args(G.Sequences(anchors, obs, seed_ids, own, states, a_cells))
+        sequences = G.args(G.Sequences(anchors, obs, seed_ids, own, states, anchor_extra))
         visits = G.args(G.Visits(rows, hops, via, src, nrows, n_real, edges, n_edges))
         cells = G.args(G.Cells(**out))
         target = G.args(G.target_of(task))
@@ -215,8 +214,6 @@ class BatchBuilder:
         def phase1(lo: int, hi: int, s: _Scratch) -> None:
             """Walk, linearize and permute sequences lo..hi-1 (all nogil kernels)."""
             c1 = time.thread_time()
-            anchor_cells_chunk(lo, hi, sequences, self._graph, target)
-            a_cells[lo:hi] += anchor_extra[lo:hi]
             walk_chunk(lo, hi, sequences, self._graph, self._seg_args, target, limits, s.mark, s.stamp, visits)
             c2 = time.thread_time()
             linearize_chunk(lo, hi, s_walk, sequences, visits, target, self._graph, counts, self._cnt_seg_args,

@@ -115,14 +115,15 @@ class Labels(NamedTuple):
 
 
 class Sequences(NamedTuple):
-    """One batch's sequences: each one's anchor, observation time, seed, random state and anchor cells."""
+    """One batch's sequences: each one's anchor, observation time, seed, random state and the count cells its anchor
+    row adds."""
 
     anchors: np.ndarray  # i64[B]: global anchor rows
     obs: np.ndarray  # i64[B]: observation times
     seed_ids: np.ndarray  # i64[B]: seed indices of the task
     own: np.ndarray  # i64[B]: the seed index in the labels' task (-1: an anchor outside its seeds)
     states: np.ndarray  # u64[B]: random states (advanced in place by the walk)
-    anchor_cells: np.ndarray  # i32[B]: cells of the anchor row (`walk.anchor_cells_chunk`)
+    anchor_extra: np.ndarray  # i32[B]: child-count cells the anchor row adds to its own (`walk.anchor_cell_count`)
 
 
 class Visits(NamedTuple):

@@ -73,15 +73,6 @@ def anchor_cell_count(anchor: int, g: Graph, tgt: Target) -> int:
     return n
 
 
-@njit(nogil=True, cache=True)
-def anchor_cells_chunk(lo: int, hi: int, sequences: tuple, graph: tuple, target: tuple) -> None:
-    """`anchor_cell_count` of sequences lo..hi-1 into `Sequences.anchor_cells` (groups as plain tuples:
-    `confluence.sampler.groups`)."""
-    sq, g, tgt = Sequences(*sequences), Graph(*graph), Target(*target)
-    for b in range(lo, hi):
-        sq.anchor_cells[b] = anchor_cell_count(sq.anchors[b], g, tgt)
-
-
 @njit(nogil=True, cache=True, inline="always")
 def _heap_push(hkey: np.ndarray, hrow: np.ndarray, size: int, key: int, row: int) -> int:
     i = size
@@ -124,14 +115,15 @@ def walk_chunk(lo: int, hi: int, sequences: tuple, graph: tuple, segments: tuple
                mark: np.ndarray, stamp: np.ndarray, visits: tuple) -> None:
     """Walk sequences lo..hi-1: visit rows parents-first, then fewest hops (random tie-break), until S cells.
 
-    Groups as plain tuples (`confluence.sampler.groups`): reads `Sequences` (anchors, observation times, anchor
-    cells; advances the random states), `Graph`, `Segments`, `Target.cut_cols` (the anchor row's parent edges
-    through them are cut) and `WalkLimits`; writes the `Visits` rows, hops, via, src and nrows. `mark` (i32[N])
-    and `stamp` (i64[1]) are the worker's scratch."""
+    Groups as plain tuples (`confluence.sampler.groups`): reads `Sequences` (anchors, observation times, the count
+    cells the anchor row adds; advances the random states), `Graph`, `Segments`, the `Target` (the anchor row's
+    cells, `anchor_cell_count`; its parent edges through `cut_cols` are cut) and `WalkLimits`; writes the `Visits`
+    rows, hops, via, src and nrows. `mark` (i32[N]) and `stamp` (i64[1]) are the worker's scratch."""
     sq, g, sg_, lim, out = Sequences(*sequences), Graph(*graph), Segments(*segments), WalkLimits(*limits), \
         Visits(*visits)
-    cut_cols = Target(*target).cut_cols
-    anchors, obs_times, anchor_cells, states = sq.anchors, sq.obs, sq.anchor_cells, sq.states
+    tgt = Target(*target)
+    cut_cols = tgt.cut_cols
+    anchors, obs_times, anchor_extra, states = sq.anchors, sq.obs, sq.anchor_extra, sq.states
     seq_len, width, recent, max_rows, tab_extra = lim.seq_len, lim.width, lim.recent, lim.max_rows, lim.tab_extra
     row_ncells, row_time, p_ptr, p_idx, p_col = g.row_ncells, g.row_time, g.p_ptr, g.p_idx, g.p_col
     max_parents, tab_row_off = g.max_parents, g.tab_row_off
@@ -178,7 +170,7 @@ def walk_chunk(lo: int, hi: int, sequences: tuple, graph: tuple, segments: tuple
             out_src[b, nrows] = src
             nrows += 1
             if nrows == 1:
-                cells += anchor_cells[b]
+                cells += anchor_cell_count(row, g, tgt) + anchor_extra[b]
             else:
                 cells += row_ncells[row]
                 if tab_extra.shape[0] > 0:
