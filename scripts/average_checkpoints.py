@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import equinox as eqx
@@ -18,7 +19,7 @@ import numpy as np
 
 from confluence.errors import ConfluenceError
 from confluence.inference.predictor import load_model
-from confluence.toolkit.checkpoint import META_FILE, STATE_FILE
+from confluence.toolkit.checkpoint import META_FILE, write_params
 
 
 def average(out: Path, sources: list[str]) -> Path:
@@ -35,13 +36,14 @@ def average(out: Path, sources: list[str]) -> Path:
         lambda *xs: np.mean([np.asarray(x, np.float32) for x in xs], axis=0).astype(np.asarray(xs[0]).dtype), *params)
     meta = json.loads((models[-1].path / META_FILE).read_text())
     meta["averaged_from"] = [str(m.path) for m in models]
-    tmp = out.with_name(out.name + ".tmp")  # written whole, then renamed: no half-written checkpoint ever loads
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    eqx.tree_serialise_leaves(tmp / STATE_FILE, (mean, None))
-    (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
-    tmp.rename(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # written whole in a directory of its own, then renamed: no half-written checkpoint ever loads
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
+    try:
+        write_params(tmp, mean, meta)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

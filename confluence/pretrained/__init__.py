@@ -44,7 +44,7 @@ def export_pretrained(run: Path, name: str, info: dict[str, Any], root: Path | N
 
     from confluence.model.transformer import load_transformer
     from confluence.sampler.stream import BatchStream
-    from confluence.toolkit.checkpoint import META_FILE, STATE_FILE, read_checkpoint
+    from confluence.toolkit.checkpoint import read_checkpoint, write_params
     from confluence.training.config import RunConfig
 
     if not name or "/" in name or name.startswith("."):
@@ -60,10 +60,9 @@ def export_pretrained(run: Path, name: str, info: dict[str, Any], root: Path | N
     with outputs.locked(dest, "exported"), outputs.writing(dest, f"pretrained model {name}"):
         tmp = outputs.temp_dir(dest, "pretrained-model")
         try:
-            eqx.tree_serialise_leaves(tmp / STATE_FILE, params)
             meta = {k: v for k, v in ck.meta.items() if k != "stream"}  # the stream position is the run's
             meta["trained_tasks"] = sorted(BatchStream.drawn_tasks(ck.meta.get("stream")))
-            (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
+            write_params(tmp, params, meta)
             size = sum((tmp / f).stat().st_size for f in SHIPPED_FILES)
             if size > MAX_BYTES:
                 raise ConfluenceError(f"pretrained model {name}: {size / 2**20:.1f} MiB, more than the "

@@ -105,6 +105,18 @@ def save_checkpoint(run_dir: Path, step: int, params, opt_state, meta: dict[str,
     return final
 
 
+def write_params(directory: Path, params, meta: dict[str, Any]) -> None:
+    """Write a parameters-only checkpoint's files into `directory` (an empty temporary directory the caller renames
+    into place: a shipped model's export, an average of checkpoints): `state.eqx` holding the parameters alone
+    (what `load_state` reads without an optimizer) and `meta.json`, each fsync'ed. It loads for evaluate, predict
+    and serve, not for resuming."""
+    directory = Path(directory)
+    eqx.tree_serialise_leaves(directory / STATE_FILE, jax.tree.map(_to_host, params))
+    (directory / META_FILE).write_text(json.dumps(meta, indent=2, default=_json_default))
+    for f in (directory / STATE_FILE, directory / META_FILE, directory):
+        fsync_path(f)
+
+
 def _named(root: Path, pointer: str) -> Path | None:
     """The complete checkpoint a pointer file (LATEST / BEST) in `root` names, or None."""
     f = root / pointer
