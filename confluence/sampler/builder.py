@@ -210,7 +210,6 @@ class BatchBuilder:
         timings["collation"] += time.perf_counter() - t0
         cpu_parts["collation"][0] += time.thread_time() - c0
 
-
         def phase1(lo: int, hi: int, s: _Scratch) -> None:
             """Walk, linearize and permute sequences lo..hi-1 (all nogil kernels)."""
             c1 = time.thread_time()
