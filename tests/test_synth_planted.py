@@ -69,7 +69,7 @@ def test_validates_and_preprocesses_with_every_task(planted, tmp_path):
                                   encoder=HashEncoder(16), progress=False))
     meta = json.loads((planted / "planted.metadata.json").read_text())
     assert {t.name for t in store.tasks} == set(meta["tasks"]) == set(_ceilings(planted))
-    assert len(meta["tasks"]) == 12
+    assert len(meta["tasks"]) == 13
     for name, c in _ceilings(planted).items():  # every task's rows reached the store
         assert len(store.task_arrays(name).anchor_row) == c["n"], name
 
@@ -127,8 +127,8 @@ def test_root_cause_ceilings_match_a_direct_computation(planted):
 
 
 def test_the_root_causes_leave_the_first_signals_columns_alone():
-    """The root-cause columns come from a second generator, so every other column keeps the values it had before
-    they were added (the digest below was computed with the generator of commit 1265b75, on SPEC)."""
+    """The root-cause columns come from a second and a third generator, so every other column keeps the values it had
+    before they were added (the digest below was computed with the generator of commit 1265b75, on SPEC)."""
     from confluence.synth.planted import generate
 
     db = generate(SPEC)
@@ -136,7 +136,7 @@ def test_the_root_causes_leave_the_first_signals_columns_alone():
     for name in ("regions", "stores", "customers", "orders"):
         t = db.tables[name]
         for c in t.column_names:
-            if c not in ("quantity", "unit_price", "total", "fee"):
+            if c not in ("quantity", "unit_price", "total", "fee", "courier_id", "handling"):
                 h.update(name.encode() + c.encode() + repr(t.column(c).to_pylist()).encode())
     assert h.hexdigest() == "246f35609b6891edf7a482f64c3e7226cfab811780698e29c8483c7d55d44308"
 
@@ -262,3 +262,24 @@ def test_a_root_cause_is_judged_against_lightgbm(gap, gbdt_gap, share, expected)
     assert (math.isnan(got) if share is None else got == pytest.approx(share))
     assert reached_gbdt({"gap_closed": gap, "gbdt_gap_closed": gbdt_gap, "of_gbdt": got}) is expected
     assert reached_gbdt({"gap_closed": gap, "gbdt_gap_closed": math.nan, "of_gbdt": math.nan}) is None
+
+
+def test_a_couriers_form_shows_only_in_the_mean_of_its_orders(planted):
+    """`orders.handling`: one order's handling time says little about its courier (the noise is larger than the
+    spread between couriers), the mean over the courier's orders says almost everything, and the courier's own row
+    says nothing."""
+    from confluence.synth.planted import COURIER_SPREAD, HANDLING_NOISE
+
+    orders = pq.read_table(planted / "raw" / "orders.parquet").to_pandas()
+    couriers = pq.read_table(planted / "raw" / "couriers.parquet").to_pandas()
+    bayes = pq.read_table(planted / "bayes" / "orders.handling.parquet").to_pandas()
+    assert set(orders["courier_id"]) <= set(couriers["courier_id"]) and list(couriers.columns) == ["courier_id",
+                                                                                                   "vehicle"]
+    resid = orders["handling"].to_numpy() - bayes["bayes"].to_numpy()
+    assert abs(resid.std() - HANDLING_NOISE) < 1.5  # the noise around the courier's mean
+    means = orders.groupby("courier_id")["handling"].mean()
+    truth = bayes.assign(c=orders["courier_id"]).groupby("c")["bayes"].first()
+    assert np.abs(means - truth).max() < 5 and means.std() > COURIER_SPREAD / 2  # many orders: the mean tells it
+    ceil = json.loads((planted / "ceilings.json").read_text())["tasks"]["orders.handling"]
+    trivial = np.abs(orders["handling"] - orders["handling"].median()).mean()
+    assert ceil["metric"] == "mae" and ceil["ceiling"] < 0.85 * trivial
