@@ -14,6 +14,7 @@ import subprocess
 import numpy as np
 import pytest
 
+from confluence.cli.eval_cmds import gain_text
 from confluence.evaluation import metrics as M
 from confluence.evaluation.evaluate import EvalRows, clean_json, write_json
 from confluence.evaluation.report import (
@@ -111,6 +112,10 @@ def test_gain_over_gbdt_is_positive_when_the_model_is_better():
     # AUROC: model 0.7, GBDT 0.75 -> the model better by -0.05
     assert oriented_vs_gbdt({"diff": -0.05, "ci_low": -0.08, "ci_high": -0.02}, higher=True) == (-0.05, -0.08, -0.02)
     assert oriented_vs_gbdt({"diff": None}, higher=True) is None  # JSON null
+    # an exact tie of an error (the guarded blend is LightGBM) reads +0, not -0
+    assert all(math.copysign(1.0, v) == 1.0 for v in oriented_vs_gbdt({"diff": 0.0, "ci_low": 0.0, "ci_high": 0.0},
+                                                                        higher=False))
+    assert gain_text({"diff": 0.0, "ci_low": 0.0, "ci_high": 0.0}, higher=False) == "  +0 [+0, +0]"
 
 
 def test_verdict_follows_the_interval():

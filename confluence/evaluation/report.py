@@ -107,7 +107,7 @@ def oriented_vs_gbdt(c: Mapping[str, Any] | None, higher: bool) -> tuple[float, 
     if not c or not math.isfinite(_num(c.get("diff"))):
         return None
     d, lo, hi = _num(c.get("diff")), _num(c.get("ci_low")), _num(c.get("ci_high"))
-    return (d, lo, hi) if higher else (-d, -hi, -lo)
+    return (d, lo, hi) if higher else (0.0 - d, 0.0 - hi, 0.0 - lo)  # 0.0 -: an exact tie reads +0, not -0
 
 
 def verdict(r: Mapping[str, Any], stype: SemanticType) -> list[tuple[str, str]]:
