@@ -69,7 +69,7 @@ def test_validates_and_preprocesses_with_every_task(planted, tmp_path):
                                   encoder=HashEncoder(16), progress=False))
     meta = json.loads((planted / "planted.metadata.json").read_text())
     assert {t.name for t in store.tasks} == set(meta["tasks"]) == set(_ceilings(planted))
-    assert len(meta["tasks"]) == 13
+    assert len(meta["tasks"]) == 12
     for name, c in _ceilings(planted).items():  # every task's rows reached the store
         assert len(store.task_arrays(name).anchor_row) == c["n"], name
 
@@ -264,11 +264,23 @@ def test_a_root_cause_is_judged_against_lightgbm(gap, gbdt_gap, share, expected)
     assert reached_gbdt({"gap_closed": gap, "gbdt_gap_closed": math.nan, "of_gbdt": math.nan}) is None
 
 
-def test_a_couriers_form_shows_only_in_the_mean_of_its_orders(planted):
-    """`orders.handling`: one order's handling time says little about its courier (the noise is larger than the
-    spread between couriers), the mean over the courier's orders says almost everything, and the courier's own row
-    says nothing."""
+def test_a_couriers_form_shows_only_in_the_mean_of_its_orders(planted, tmp_path):
+    """`orders.handling` (`couriers` > 0): one order's handling time says little about its courier (the noise is larger
+    than the spread between couriers), the mean over the courier's orders says almost everything, and the courier's
+    own row says nothing. Without couriers the database is the one drawn before they existed."""
+    from dataclasses import replace
+
     from confluence.synth.planted import COURIER_SPREAD, HANDLING_NOISE
+
+    assert not (planted / "raw" / "couriers.parquet").exists()
+    assert "handling" not in pq.read_schema(planted / "raw" / "orders.parquet").names
+    base = planted
+    planted = write_planted(tmp_path / "couriers", replace(SPEC, couriers=16))
+    meta = json.loads((planted / "planted.metadata.json").read_text())
+    assert len(meta["tasks"]) == 13 and meta["tables"]["orders"]["columns"]["courier_id"]["foreign_key"] == \
+        "couriers.courier_id"
+    for name in ("customers", "stores", "regions"):  # nothing else moves
+        assert pq.read_table(planted / "raw" / f"{name}.parquet").equals(pq.read_table(base / "raw" / f"{name}.parquet"))
 
     orders = pq.read_table(planted / "raw" / "orders.parquet").to_pandas()
     couriers = pq.read_table(planted / "raw" / "couriers.parquet").to_pandas()
@@ -283,3 +295,8 @@ def test_a_couriers_form_shows_only_in_the_mean_of_its_orders(planted):
     ceil = json.loads((planted / "ceilings.json").read_text())["tasks"]["orders.handling"]
     trivial = np.abs(orders["handling"] - orders["handling"].median()).mean()
     assert ceil["metric"] == "mae" and ceil["ceiling"] < 0.85 * trivial
+    from confluence.preprocess.pipeline import preprocess
+
+    store = Store.open(preprocess(planted / "raw", planted / "planted.metadata.json", tmp_path / "store",
+                                  encoder=HashEncoder(16), progress=False))
+    assert len(store.task_arrays("orders.handling").anchor_row) == ceil["n"]

@@ -27,6 +27,8 @@ def planted_cmd(
                                               help="Mean orders per customer (gamma-distributed rates)."),
     noise: float = typer.Option(0.1, "--noise", min=0.0, max=0.99,
                                 help="Share of targets redrawn at random (the ceiling accounts for it)."),
+    couriers: int = typer.Option(0, "--couriers", min=0, help="Couriers of the orders, with the root cause "
+                                 "orders.handling (a parent's form; 0: none, the database without them)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out."),
 ) -> None:
     """Write a planted-signal database: one task per kind of relational signal, each with its ceiling."""
@@ -34,7 +36,7 @@ def planted_cmd(
 
     try:
         spec = PlantedSpec(seed=seed, customers=customers, stores=stores, regions=regions,
-                           orders_per_customer=orders_per_customer, noise=noise)
+                           orders_per_customer=orders_per_customer, noise=noise, couriers=couriers)
         path = write_planted(out, spec, overwrite=overwrite)
     except ConfluenceError as exc:
         typer.echo(f"error: {exc}", err=True)

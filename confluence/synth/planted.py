@@ -3,7 +3,7 @@ of relational signal, with the best any predictor can do on it (its ceiling) com
 
 One database holds every signal, each behind its own task, so one preprocessing and one training run cover them all:
 
-    regions (static) <- stores (static) <- customers (static) <- orders (temporal) -> couriers (static)
+    regions (static) <- stores (static) <- customers (static) <- orders (temporal) [-> couriers (static)]
 
 | task | signal | target | Bayes predictor |
 |---|---|---|---|
@@ -19,13 +19,16 @@ One database holds every signal, each behind its own task, so one preprocessing 
 | `orders.total` | a number close to a function of same-row numbers | quantity x unit price x lognormal(0, 0.02) | quantity x unit price |
 | `orders.fee` | a number whose level moves with time | 10 x 2^(years since the start) x lognormal(0, 0.1) | 10 x 2^years |
 | `customer_amount_90d` | a sum of children's values in a time window | sum of amounts in (t - 90 days, t] | the sum itself |
-| `orders.handling` | a parent's form: the mean of many earlier siblings' values | the courier's hidden mean + N(0, 15) minutes | the courier's mean |
+| `orders.handling` (with `couriers`) | a parent's form: the mean of many earlier siblings' values | the courier's hidden mean + N(0, 15) minutes | the courier's mean |
 
 The last four are the root causes of losses to LightGBM found on real databases (docs/design/learnability.md): they are
-drawn from a second and a third generator, so the columns of the first nine signals keep their bytes. The last one
-stands for a match decided by the teams' form: a courier carries about a thousand orders, one order's handling time
-says little about its courier (noise 15 minutes against a spread of 12 between couriers), and only the mean over many
-of the courier's earlier orders tells it; the courier's row says nothing (its `vehicle` is drawn apart).
+drawn from a second and a third generator, so the columns of the first nine signals keep their bytes. The last one,
+only in a database drawn with `couriers` > 0 (`synth planted --couriers 16`; without, the database is byte for byte
+what it was before it existed), stands for a match decided by the teams' form: a courier carries about a thousand
+orders, one order's handling time says little about its courier (noise 15 minutes against a spread of 12 between
+couriers), and only the mean over many of the courier's earlier orders tells it; the courier's row says nothing (its
+`vehicle` is drawn apart). It is opt-in because the courier on every order changes what the other signals' contexts
+hold (docs/design/learnability.md).
 
 `noise` is the share of rows whose categorical target is redrawn uniformly (and it sets the flip rate of the
 booleans' generating probabilities); the derived (windowed) targets are exact functions of the visible past, so their
@@ -38,7 +41,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -95,14 +98,16 @@ class PlantedSpec:
     stores: int = 30
     regions: int = 6
     orders_per_customer: float = 12.0  # mean; per-customer rates are gamma-distributed (heavy-tailed fan-out)
-    couriers: int = 16  # each order's courier (`orders.handling`): about a thousand orders each at the defaults
+    # > 0: each order gets one of this many couriers and `orders.handling` (16: ~1,100 orders each); out of the repr
+    # and the ceilings' spec when 0, so a database without couriers keeps its bytes
+    couriers: int = field(default=0, repr=False)
     noise: float = 0.1  # share of categorical targets redrawn uniformly; boolean probabilities pulled toward 0.5
     dangling: float = 0.01  # share of orders whose customer does not exist
     null_rate: float = 0.05  # NULLs in nuisance columns and in order amounts
 
     def __post_init__(self) -> None:
-        positive(self, "customers", "stores", "regions", "couriers")
-        non_negative(self, "orders_per_customer")
+        positive(self, "customers", "stores", "regions")
+        non_negative(self, "orders_per_customer", "couriers")
         for name in ("noise", "dangling", "null_rate"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(name, f"must be in [0, 1), got {getattr(self, name)}")
@@ -245,16 +250,6 @@ def generate(spec: PlantedSpec = PlantedSpec()) -> PlantedDatabase:
     total = np.round(total_bayes * rng2.lognormal(0, TOTAL_NOISE, m), 2)
     fee_bayes = fee_level(seconds)
     fee = np.round(fee_bayes * rng2.lognormal(0, FEE_NOISE, m), 2)
-    # a parent's form, from a third generator (every column above keeps its bytes)
-    rng3 = np.random.default_rng([spec.seed, 3])
-    courier_mean = HANDLING_MEAN + COURIER_SPREAD * rng3.standard_normal(spec.couriers)
-    courier = rng3.integers(0, spec.couriers, m)
-    handling_bayes = courier_mean[courier]
-    handling = np.round(handling_bayes + HANDLING_NOISE * rng3.standard_normal(m), 1)
-    couriers = pa.table({
-        "courier_id": pa.array(np.arange(1, spec.couriers + 1), pa.int64()),
-        "vehicle": [VEHICLES[i] for i in rng3.integers(0, len(VEHICLES), spec.couriers)],
-    })
     orders = pa.table({
         "order_id": pa.array(np.arange(1, m + 1), pa.int64()),
         "customer_id": pa.array(cust_id, pa.int64()),
@@ -266,10 +261,8 @@ def generate(spec: PlantedSpec = PlantedSpec()) -> PlantedDatabase:
         "unit_price": pa.array(unit_price, pa.float64()),
         "total": pa.array(total, pa.float64()),
         "fee": pa.array(fee, pa.float64()),
-        "courier_id": pa.array(courier + 1, pa.int64()),
-        "handling": pa.array(handling, pa.float64()),
     })
-    tables = {"regions": regions, "stores": stores, "customers": customers, "orders": orders, "couriers": couriers}
+    tables = {"regions": regions, "stores": stores, "customers": customers, "orders": orders}
 
     ids = np.arange(1, n + 1)
     bayes: dict[str, pa.Table] = {
@@ -283,8 +276,21 @@ def generate(spec: PlantedSpec = PlantedSpec()) -> PlantedDatabase:
         "orders.late": pa.table({"order_id": np.arange(1, m + 1), "target": late, "bayes": p_late}),
         "orders.total": pa.table({"order_id": np.arange(1, m + 1), "target": total, "bayes": total_bayes}),
         "orders.fee": pa.table({"order_id": np.arange(1, m + 1), "target": fee, "bayes": fee_bayes}),
-        "orders.handling": pa.table({"order_id": np.arange(1, m + 1), "target": handling, "bayes": handling_bayes}),
     }
+    if spec.couriers:  # a parent's form, from a third generator (every column above keeps its bytes)
+        rng3 = np.random.default_rng([spec.seed, 3])
+        courier_mean = HANDLING_MEAN + COURIER_SPREAD * rng3.standard_normal(spec.couriers)
+        courier = rng3.integers(0, spec.couriers, m)
+        handling_bayes = courier_mean[courier]
+        handling = np.round(handling_bayes + HANDLING_NOISE * rng3.standard_normal(m), 1)
+        tables["couriers"] = pa.table({
+            "courier_id": pa.array(np.arange(1, spec.couriers + 1), pa.int64()),
+            "vehicle": [VEHICLES[i] for i in rng3.integers(0, len(VEHICLES), spec.couriers)],
+        })
+        tables["orders"] = orders.append_column("courier_id", pa.array(courier + 1, pa.int64())).append_column(
+            "handling", pa.array(handling, pa.float64()))
+        bayes["orders.handling"] = pa.table({"order_id": np.arange(1, m + 1), "target": handling,
+                                             "bayes": handling_bayes})
     bayes |= _derived_bayes(tables)
     metadata = planted_metadata(spec)
     return PlantedDatabase(tables, metadata, bayes, {t: ceiling(t, b) for t, b in bayes.items()})
@@ -414,8 +420,9 @@ def planted_metadata(spec: PlantedSpec) -> dict[str, Any]:
         "orders.late": ("late", "boolean", "late, planted from the order's hour of day and weekday"),
         "orders.total": ("total", "numerical", "total, planted as quantity x unit price (2 % noise)"),
         "orders.fee": ("fee", "numerical", "fee, planted to double every year"),
-        "orders.handling": ("handling", "numerical", "handling time, planted around the courier's hidden mean"),
     }
+    if spec.couriers:
+        cell["orders.handling"] = ("handling", "numerical", "handling time, planted around the courier's hidden mean")
     tasks: dict[str, Any] = {}
     for task, (col, stype, desc) in cell.items():
         table = task.split(".")[0]
@@ -426,9 +433,10 @@ def planted_metadata(spec: PlantedSpec) -> dict[str, Any]:
         tasks[task] = {"query": derived_query(task), "anchor_table": "customers", "anchor_key": "customer_id",
                        "target_column": col, "target_stype": stype, "observation_time_column": "obs_time",
                        "horizon": "0 seconds", "description": desc}  # each target looks back from obs_time
-    return {
+    meta = {
         "name": f"planted{spec.seed}",
-        "description": f"planted-signal database (confluence synth planted, {spec})",
+        "description": f"planted-signal database (confluence synth planted, {spec}"
+                       + (f", couriers={spec.couriers})" if spec.couriers else ")"),
         "tables": {
             "regions": {"primary_key": "region_id", "columns": {
                 "region_id": {"stype": "identifier"}, "climate": {"stype": "categorical"},
@@ -451,14 +459,17 @@ def planted_metadata(spec: PlantedSpec) -> dict[str, Any]:
                 "ordered_at": {"stype": "timestamp"}, "amount": {"stype": "numerical"},
                 "channel": {"stype": "categorical"}, "late": {"stype": "boolean"},
                 "quantity": {"stype": "numerical"}, "unit_price": {"stype": "numerical"},
-                "total": {"stype": "numerical"}, "fee": {"stype": "numerical"},
-                "courier_id": {"stype": "identifier", "foreign_key": "couriers.courier_id"},
-                "handling": {"stype": "numerical", "description": "minutes from order to hand-over"}}},
-            "couriers": {"primary_key": "courier_id", "columns": {
-                "courier_id": {"stype": "identifier"}, "vehicle": {"stype": "categorical"}}},
+                "total": {"stype": "numerical"}, "fee": {"stype": "numerical"}}},
         },
         "tasks": tasks,
     }
+    if spec.couriers:
+        meta["tables"]["orders"]["columns"] |= {
+            "courier_id": {"stype": "identifier", "foreign_key": "couriers.courier_id"},
+            "handling": {"stype": "numerical", "description": "minutes from order to hand-over"}}
+        meta["tables"]["couriers"] = {"primary_key": "courier_id", "columns": {
+            "courier_id": {"stype": "identifier"}, "vehicle": {"stype": "categorical"}}}
+    return meta
 
 
 def write_planted(out: str | Path, spec: PlantedSpec = PlantedSpec(), *, overwrite: bool = False) -> Path:
@@ -477,6 +488,8 @@ def write_planted(out: str | Path, spec: PlantedSpec = PlantedSpec(), *, overwri
         clean = {t: {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in c.items()}
                  for t, c in db.ceilings.items()}
         return ({"raw": db.tables, "bayes": db.bayes},
-                {"planted.metadata.json": db.metadata, "ceilings.json": {"spec": spec.__dict__, "tasks": clean}})
+                {"planted.metadata.json": db.metadata,
+                 "ceilings.json": {"spec": {k: v for k, v in spec.__dict__.items() if k != "couriers" or v},
+                                   "tasks": clean}})
 
     return write_generated(out, build, overwrite=overwrite)
