@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from confluence.stypes import D_TIME, SemanticType
 
-# a task's target arrays as the sampler's kernels read them, by name: (dtype, shape of the placeholder a kind that
+# a task's target arrays as the sampler's kernels read them, by name: (dtype, shape of the one-element filler a kind that
 # does not store its values there gets)
 TARGET_ARRAYS: dict[str, tuple[type, tuple[int, ...]]] = {
     "f32": (np.float32, (1,)), "ts": (np.float32, (1, D_TIME)), "u32": (np.uint32, (1,)), "bits": (np.uint8, (1,)),
@@ -74,7 +74,7 @@ class TargetKind(ABC):
     has_classes: ClassVar[bool] = False  # predictions are [n, K] class probabilities
     classifies: ClassVar[bool] = False  # the target is a class (boolean or categorical), not a quantity
     # which of a task's four target arrays (`TARGET_ARRAYS`: what the sampler's kernels read) holds its stored
-    # values; the others hold one placeholder element
+    # values; the others hold a one-element filler
     storage: ClassVar[str]
 
     @property
