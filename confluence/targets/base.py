@@ -24,8 +24,8 @@ import pyarrow as pa
 
 from confluence.stypes import D_TIME, SemanticType
 
-# a task's target arrays as the sampler's kernels read them, by name: (dtype, shape of the one-element filler a kind that
-# does not store its values there gets)
+# a task's target arrays as the sampler's kernels read them, by name: (dtype, shape of the one-element filler that a
+# kind which does not store its values there gets)
 TARGET_ARRAYS: dict[str, tuple[type, tuple[int, ...]]] = {
     "f32": (np.float32, (1,)), "ts": (np.float32, (1, D_TIME)), "u32": (np.uint32, (1,)), "bits": (np.uint8, (1,)),
 }
