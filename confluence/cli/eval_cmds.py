@@ -96,19 +96,16 @@ def ship_text(r: dict) -> str:
     """One task's ship choice in words: what to ship, the weight, the validation scores it rests on, and the
     guard (`blend.guard_words`: the best blend's gain over LightGBM there and its interval; when the guard shipped
     LightGBM, the note says so with the interval)."""
-    from confluence.evaluation.blend import guard_words
+    from confluence.evaluation.blend import choice_words
 
     v = r.get("validation") or {}
 
     def num(x) -> str:
         return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4g}"
 
-    best = v.get("best_weight")
-    at = f" at w = {num(best)}" if best is not None and best != v.get("weight") else ""
-    guard = guard_words(v) if v.get("guard") != "failed" else ""
     text = (f"ship: {r['ship']} (w = {num(v.get('weight'))} model share; validation {v.get('metric', '?')} on "
             f"{v.get('n_val', 0):,} rows: model {num(v.get('model'))}, LightGBM {num(v.get('LightGBM'))}, blend "
-            f"{num(v.get('blend'))}{at}" + (f"; {guard}" if guard else "") + ")")
+            f"{num(v.get('blend'))}{choice_words(v, num)})")
     return text + (f"; {v['note']}" if v.get("note") else "")
 
 

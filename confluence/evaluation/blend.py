@@ -122,6 +122,16 @@ def guard_words(summary: Mapping[str, Any]) -> str:
             f"{outcome.get(guard, f'guard {guard}')}")
 
 
+def choice_words(summary: Mapping[str, Any], fmt: Any) -> str:
+    """What follows a ship line's validation scores (`BlendFit.summary()`), for the console and the report: " at w
+    = B" when the best weight on validation is not the one shipped, then "; " and the guard (`guard_words`) unless
+    it failed (the note says so then). `fmt` writes a number."""
+    best = summary.get("best_weight")
+    at = f" at w = {fmt(best)}" if best is not None and best != summary.get("weight") else ""
+    guard = guard_words(summary) if summary.get("guard") != "failed" else ""
+    return at + (f"; {guard}" if guard else "")
+
+
 def blend_predictions(stype: SemanticType, model: np.ndarray, gbdt: np.ndarray, weight: float,
                       target_range: TargetRange | None = None) -> np.ndarray:
     """`weight * model + (1 - weight) * gbdt`, row by row, in the units of `model_point_predictions`.
@@ -174,9 +184,8 @@ def validation_gain(stype: SemanticType, truth: np.ndarray, model: np.ndarray, g
     _, higher = M.headline_metric(stype)
     blended = blend_predictions(stype, model, gbdt, weight, target_range)
     c = M.paired_bootstrap(stype, truth, blended, gbdt, n_boot=GUARD_N_BOOT, seed=GUARD_SEED, level=GUARD_LEVEL)
-    if higher:
-        return float(c["diff"]), (float(c["ci_low"]), float(c["ci_high"]))
-    return 0.0 - float(c["diff"]), (0.0 - float(c["ci_high"]), 0.0 - float(c["ci_low"]))  # 0.0 -: no -0.0
+    gain, lo, hi = M.oriented_gain(c, higher) or (math.nan, math.nan, math.nan)
+    return gain, (lo, hi)
 
 
 def fit_blend(stype: SemanticType, truth: np.ndarray, model: np.ndarray, gbdt: np.ndarray,

@@ -12,6 +12,8 @@ numerical MAE, timestamp MAE in days.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from sklearn import metrics as skm
@@ -141,6 +143,19 @@ def paired_bootstrap(
     not_worse = hi >= 0 if higher else lo <= 0
     return {"diff": float(diff), "ci_low": lo, "ci_high": hi, "n_boot": float(diffs.size),
             "a_not_worse": float(not_worse)}
+
+
+def oriented_gain(c: Mapping[str, Any] | None, higher: bool) -> tuple[float, float, float] | None:
+    """A `paired_bootstrap` result of A against B turned so that positive always means A is better: (gain, low,
+    high); A − B for a score (higher is better), B − A for an error. None without a finite difference; a bound
+    that is missing or null reads NaN. An exact tie reads +0, not −0."""
+    def num(v: Any) -> float:
+        return float(v) if isinstance(v, int | float | np.number) else math.nan
+
+    if not c or not math.isfinite(num(c.get("diff"))):
+        return None
+    d, lo, hi = num(c.get("diff")), num(c.get("ci_low")), num(c.get("ci_high"))
+    return (d, lo, hi) if higher else (0.0 - d, 0.0 - hi, 0.0 - lo)
 
 
 def _resample_aurocs(y: np.ndarray, score: np.ndarray, counts: np.ndarray) -> np.ndarray:

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from confluence.evaluation.blend import guard_words
+from confluence.evaluation.blend import choice_words
 from confluence.evaluation.metrics import HEADLINE
+from confluence.evaluation.metrics import oriented_gain as oriented_vs_gbdt  # the model's gain over LightGBM
 from confluence.stypes import SemanticType
 from confluence.targets import kind
 from confluence.toolkit.figures import figure_png, new_figure
@@ -99,15 +100,6 @@ def _stype(task: str, r: Mapping[str, Any], stypes: Mapping[str, int] | None) ->
         return SemanticType(int(stypes[task]))
     label = (r.get("info") or {}).get("stype")
     return SemanticType.parse(label) if label else None
-
-
-def oriented_vs_gbdt(c: Mapping[str, Any] | None, higher: bool) -> tuple[float, float, float] | None:
-    """`model_vs_gbdt` turned so that positive always means the model is better: (gain, low, high). For a score
-    (higher is better) that is model − GBDT; for an error (lower is better) GBDT − model."""
-    if not c or not math.isfinite(_num(c.get("diff"))):
-        return None
-    d, lo, hi = _num(c.get("diff")), _num(c.get("ci_low")), _num(c.get("ci_high"))
-    return (d, lo, hi) if higher else (0.0 - d, 0.0 - hi, 0.0 - lo)  # 0.0 -: an exact tie reads +0, not -0
 
 
 def verdict(r: Mapping[str, Any], stype: SemanticType) -> list[tuple[str, str]]:
@@ -225,17 +217,14 @@ def metrics_table_html(results: Mapping[str, Mapping[str, Any]], stypes: Mapping
 
 def _ship_cell(r: Mapping[str, Any]) -> str:
     """What to ship for one task, with the blend's weight, the validation scores the choice rests on and the
-    guard (`blend.guard_words`; the note when the guard shipped LightGBM)."""
+    guard (`blend.choice_words`; the note when the guard shipped LightGBM)."""
     ship = r.get("ship")
     if not ship:
         return "–"
     v = r.get("validation") or {}
     scores = ", ".join(f"{k} {_fmt(v.get(k))}" for k in ("model", "LightGBM", "blend"))
-    best = v.get("best_weight")
-    at = f" at w = {_fmt(best)}" if best is not None and best != v.get("weight") else ""
-    guard = guard_words(v) if v.get("guard") != "failed" else ""  # when it failed, the note says so
     detail = (f"w = {_fmt(v.get('weight'))} (model share); validation {html.escape(str(v.get('metric', '')))} on "
-              f"{_fmt(v.get('n_val'))} rows: {scores}{at}" + (f"; {html.escape(guard)}" if guard else ""))
+              f"{_fmt(v.get('n_val'))} rows: {scores}{html.escape(choice_words(v, _fmt))}")
     note = f'<div class="dim">{html.escape(str(v["note"]))}</div>' if v.get("note") else ""
     return (f"<b>{html.escape(_SHIP_LABELS.get(ship, ship))}</b>"
             f'<div class="dim">{detail}</div>{note}')
