@@ -162,6 +162,26 @@ def test_a_clear_gain_still_ships_the_blend_or_the_model():
     assert fit.weight == 1.0 and fit.ship == "model" and fit.guard == "passed" and fit.val_ci[0] > 0.6
 
 
+def test_the_guard_is_waived_where_lightgbm_is_no_better_than_trivial():
+    """A boolean where LightGBM is at chance on validation and the model a little above, inside the noise: the
+    guard would ship LightGBM; given the trivial baseline it is waived and the best weight shipped. Where LightGBM is
+    clearly better than trivial, the same model still fails the guard."""
+    rng = np.random.default_rng(3)
+    y = rng.random(400) < 0.3
+    model = np.clip(0.3 + 0.04 * y + rng.normal(0, 0.2, 400), 0, 1)  # a faint signal
+    bad = np.clip(0.3 - 0.03 * y + rng.normal(0, 0.2, 400), 0, 1)  # a faint inverted one
+    trivial = M.trivial_predictions(BOOL, y[:100], 400)
+    plain = fit_blend(BOOL, y, model, bad)
+    assert plain.best_weight >= 0.5 and plain.val_ci[0] < 0 and plain.guard == "failed" and plain.weight == 0.0
+    fit = fit_blend(BOOL, y, model, bad, trivial=trivial)
+    assert fit.guard == "waived" and fit.weight == plain.best_weight and fit.ship != "LightGBM"
+    assert "trivial baseline (majority)" in fit.note and "interval" in fit.note
+    assert fit.summary()["guard"] == "waived" and fit.val_ci == plain.val_ci
+    good = np.clip(0.3 + 0.5 * y + rng.normal(0, 0.1, 400), 0, 1)  # LightGBM far ahead of trivial ...
+    both = fit_blend(BOOL, y, good + rng.normal(0, 0.3, 400), good, trivial=trivial)
+    assert both.guard in (None, "failed") and both.weight == 0.0  # ... so the guard holds
+
+
 def test_the_guarded_blend_is_lightgbm_exactly_on_the_test_rows():
     """Guarded to w = 0, the blend a user receives is LightGBM's predictions bit for bit, numbers not rounded or
     clipped by the train targets' range, so on any test rows its paired interval against LightGBM is exactly 0."""
@@ -243,7 +263,10 @@ def test_evaluate_with_a_blend(shop):  # noqa: F811
             assert r["ship"] == "LightGBM" and v["val_ci"][0] <= 0 and "LightGBM alone" in v["note"]
         else:
             assert sign * v[r["ship"]] == best and v["weight"] == v["best_weight"]
-            assert v.get("guard") == ("passed" if v["best_weight"] > 0 else None)
+            # passed, or waived where LightGBM was not shown better than the trivial baseline on validation
+            assert v.get("guard") in (("passed", "waived") if v["best_weight"] > 0 else (None,))
+            if v.get("guard") == "waived":
+                assert "trivial baseline" in v["note"]
         c = r["blend_vs_gbdt"]
         assert c["diff"] == pytest.approx(b[metric] - r["gbdt"][metric], rel=1e-9, abs=1e-12)
         rows = r["rows"]
@@ -253,7 +276,7 @@ def test_evaluate_with_a_blend(shop):  # noqa: F811
     s = Store.open(store)
     rng = train_target_range(s, "amount", rows.clip_ids)  # clip_ids: the train seeds
     np.testing.assert_allclose(rows.blend, rng.apply(w * rows.pred + (1 - w) * rows.gbdt) if w else rows.gbdt)
-    assert ("note" in res["amount"]["validation"]) == (res["amount"]["validation"].get("guard") == "failed")
+    assert ("note" in res["amount"]["validation"]) == (res["amount"]["validation"].get("guard") in ("failed", "waived"))
     # evaluating the validation split itself says the weight was chosen on the same rows
     on_val = evaluate(model, store, split="val", tasks=["amount"], max_seeds=64, blend="gbdt")
     assert "optimistic" in on_val["amount"]["validation"]["note"]

@@ -21,6 +21,12 @@ weight of 0.05 with a gain inside the noise lost 0.004 AUROC to LightGBM on the 
 docs/design/decisions.md). `fit_blend(..., guard=False)` ships the best weight whatever its interval (`guard`
 "off"), the behaviour without the guard, kept to measure the guard against.
 
+The guard's fallback is only as good as LightGBM: where LightGBM is not itself shown better than the trivial
+baselines on validation (given their predictions, `trivial=`: its paired interval against the best of them not
+wholly above zero), falling back to it promises nothing, and the guard is waived (`guard` "waived"): the best
+weight is shipped, and `note` says why (on a held-out database LightGBM was below chance on a boolean, 0.490 AUROC
+on validation and 0.378 on test, while the model, the validation's best, had 0.508: docs/design/decisions.md).
+
 What to ship (`BlendFit.ship`) follows from the shipped weight, so from validation only, never from the evaluated
 rows: "blend" when 0 < w < 1 (it beat both on validation, and LightGBM beyond the noise), else "model" (w = 1)
 or "LightGBM" (w = 0).
@@ -49,7 +55,7 @@ DEFAULT_WEIGHT = 0.5  # without labelled validation rows
 GUARD_N_BOOT = 1000  # the guard's paired bootstrap: resamples of the validation rows ...
 GUARD_SEED = 0  # ... drawn with a fixed seed ...
 GUARD_LEVEL = 0.95  # ... for a 95 % interval
-GUARD_STATES = ("passed", "failed", "off")  # `BlendFit.guard`; None where there was nothing to guard
+GUARD_STATES = ("passed", "failed", "waived", "off")  # `BlendFit.guard`; None where there was nothing to guard
 SHIP_CHOICES = ("model", "LightGBM", "blend")
 BLEND_CHOICES = ("gbdt",)  # what `--blend` accepts: the one partner the model is blended with
 
@@ -74,8 +80,8 @@ class BlendFit:
     The guard (module docstring): `best_weight` (the best on validation, before the guard; None for the default),
     `val_gain` and `val_ci` (the blend at `best_weight` minus LightGBM on validation, with its paired 95 %
     interval, oriented so that positive = better than LightGBM; None when `best_weight` is 0 or there is no fit
-    on data), `guard` (one of `GUARD_STATES`: "failed" when it set the weight to 0; None when there was nothing to
-    guard)."""
+    on data), `guard` (one of `GUARD_STATES`: "failed" when it set the weight to 0, "waived" when LightGBM was not
+    shown better than the trivial baselines; None when there was nothing to guard)."""
 
     weight: float
     n_val: int
@@ -117,7 +123,8 @@ def guard_words(summary: Mapping[str, Any]) -> str:
     def num(x: Any) -> str:
         return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:+.3g}"
 
-    outcome = {"passed": "guard passed", "failed": "guard failed: LightGBM shipped", "off": "guard off"}
+    outcome = {"passed": "guard passed", "failed": "guard failed: LightGBM shipped", "off": "guard off",
+               "waived": "guard waived: LightGBM not shown better than trivial"}
     return (f"gain over LightGBM {num(summary.get('val_gain'))} [{num(ci[0])}, {num(ci[1])}], "
             f"{outcome.get(guard, f'guard {guard}')}")
 
@@ -188,12 +195,37 @@ def validation_gain(stype: SemanticType, truth: np.ndarray, model: np.ndarray, g
     return gain, (lo, hi)
 
 
+def gbdt_over_trivial(stype: SemanticType, truth: np.ndarray, gbdt: np.ndarray,
+                      trivial: Mapping[str, np.ndarray]) -> tuple[str, float, tuple[float, float]] | None:
+    """LightGBM minus the best of the `trivial` baselines' predictions on these rows (the best by the headline
+    metric), with its paired bootstrap interval as `validation_gain` gives it: (the baseline's name, gain,
+    (lo, hi)), positive = LightGBM better; None without baselines or where the metric is undefined."""
+    metric, higher = M.headline_metric(stype)
+    best: tuple[str, float] | None = None
+    for name, pred in trivial.items():
+        v = M.metrics_for(stype, truth, pred).get(metric, math.nan)
+        v = v if higher else -v
+        if not math.isnan(v) and (best is None or v > best[1]):
+            best = (name, v)
+    if best is None:
+        return None
+    c = M.paired_bootstrap(stype, truth, gbdt, trivial[best[0]], n_boot=GUARD_N_BOOT, seed=GUARD_SEED,
+                           level=GUARD_LEVEL)
+    oriented = M.oriented_gain(c, higher)
+    if oriented is None:
+        return None
+    gain, lo, hi = oriented
+    return best[0], gain, (lo, hi)
+
+
 def fit_blend(stype: SemanticType, truth: np.ndarray, model: np.ndarray, gbdt: np.ndarray,
               target_range: TargetRange | None = None, grid: tuple[float, ...] = GRID, *,
-              guard: bool = True) -> BlendFit:
+              guard: bool = True, trivial: Mapping[str, np.ndarray] | None = None) -> BlendFit:
     """Choose the weight of one task on its labelled validation rows (`truth`, and both predictors' predictions on
     them), guard it and say what to ship (module docstring). `guard=False`: the best weight is shipped whatever
-    its interval against LightGBM (the interval is still reported)."""
+    its interval against LightGBM (the interval is still reported). `trivial`: the trivial baselines' predictions
+    on the same rows, by name (`metrics.trivial_predictions`): where LightGBM is not shown better than them, the
+    guard is waived."""
     stype = SemanticType(stype)
     metric, higher = M.headline_metric(stype)
     truth = np.asarray(truth)
@@ -220,6 +252,13 @@ def fit_blend(stype: SemanticType, truth: np.ndarray, model: np.ndarray, gbdt: n
     if lo > 0.0:  # the whole interval says better than LightGBM (NaN: not shown)
         return replace(fit, guard="passed")
     who = "the model alone (w = 1)" if best >= 1.0 else f"the blend at w = {best:g}"
+    over = gbdt_over_trivial(stype, truth, gbdt, trivial) if trivial else None
+    if over is not None and not over[2][0] > 0.0:
+        name, g, (glo, ghi) = over
+        return replace(fit, guard="waived", note=(
+            f"validation's best, {who}, is not shown better than LightGBM, but LightGBM is not shown better than the "
+            f"trivial baseline ({name}) either: {g:+.3g} {metric} on {n:,} rows, 95% interval [{glo:+.3g}, "
+            f"{ghi:+.3g}] (positive = better); the guard is waived and the best weight shipped"))
     return replace(fit, weight=0.0, ship=ship_for(0.0), guard="failed", note=(
         f"validation's best, {who}, gained {gain:+.3g} {metric} over LightGBM on {n:,} rows, 95% interval "
         f"[{lo:+.3g}, {hi:+.3g}] (positive = better): not shown better than LightGBM, so LightGBM alone is "

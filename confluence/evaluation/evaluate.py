@@ -241,7 +241,10 @@ def _blend_entry(entry: dict[str, Any], predictor: Predictor, task: str, split: 
     pred_val = (model_point_predictions(predictor, task, out_val, keep_val, clip_numbers) if out_val is not None
                 else np.zeros((0,) + np.shape(gbdt_val)[1:]))
     rng = train_target_range(store, task, train_ids) if clip_numbers else None
-    fit = fit_blend(stype, val.values[keep_val], pred_val, gbdt_val, target_range=rng)
+    train = decode_targets(store, task, train_ids)
+    trivial = M.trivial_predictions(stype, train.values[~train.is_null], int(keep_val.sum()),
+                                    num_classes=val.num_classes or None)
+    fit = fit_blend(stype, val.values[keep_val], pred_val, gbdt_val, target_range=rng, trivial=trivial)
     blended = blend_predictions(stype, pred, gbdt_pred, fit.weight, target_range=rng)
     entry["blend"] = {**M.metrics_for(stype, truth, blended, target_std=train_std), "weight": fit.weight,
                       "n_val": fit.n_val}

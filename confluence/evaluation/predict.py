@@ -497,6 +497,7 @@ def fit_task_blend(predictor: Predictor, task: str, builder: Any, *, max_val: in
     from confluence.evaluation.blend import fit_blend
     from confluence.evaluation.evaluate import model_point_predictions
     from confluence.evaluation.gbdt import predict_seeds, train_gbdt
+    from confluence.evaluation.metrics import trivial_predictions
     from confluence.targets import decode_targets, train_target_range
 
     store = predictor.store
@@ -516,7 +517,10 @@ def fit_task_blend(predictor: Predictor, task: str, builder: Any, *, max_val: in
     else:
         model_val = np.zeros((0,) + np.shape(gbdt_val)[1:])
     rng = train_target_range(store, task, train_ids) if clip_numbers else None
-    fit = fit_blend(stype, val.values[keep_val], model_val, gbdt_val, target_range=rng)
+    train = decode_targets(store, task, train_ids)
+    trivial = trivial_predictions(stype, train.values[~train.is_null], int(keep_val.sum()),
+                                  num_classes=val.num_classes or None)
+    fit = fit_blend(stype, val.values[keep_val], model_val, gbdt_val, target_range=rng, trivial=trivial)
     return TaskBlend(task=task, gbdt=model, fit=fit, target_range=rng, clip_numbers=clip_numbers)
 
 
