@@ -14,7 +14,7 @@ from confluence.store.format import STATIC_TIME
 from tests.fixtures.configs import seed_sampler
 
 CFG = seed_sampler(batch_size=8, seq_len=96, max_rows=24, labels=4, child_counts="anchor",
-                    child_count_windows=(7, 30), recent=4)
+                    child_count_windows=(7, 30), recent=4, child_means="anchor_and_parents")
 
 
 def _temporal_tasks(store):

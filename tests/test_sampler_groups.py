@@ -55,10 +55,15 @@ def test_groups_hold_the_named_arrays(small_planted_store):
                                           "valid": "tgt_valid"})
         counts = d.child_counts(True, (30,))
         shown = np.ones(counts.num, np.bool_)
-        group = G.counts_of(counts, shown, True)
+        means = d.child_means(True)
+        m_shown = np.ones(means.num, np.bool_)
+        group = G.counts_of(counts, shown, True, means, m_shown, 32, 8)
         for f in ("tab_ptr", "col", "fk", "window", "mean", "std"):
             assert getattr(group, f) is getattr(counts, f), f
+        for f in ("tab_ptr", "col", "fk", "val", "child_tab"):
+            assert getattr(group, f"m_{f}") is getattr(means, f), f
         assert group.shown is shown and group.all_rows is True
+        assert group.m_shown is m_shown and (group.m_rows, group.m_cells) == (32, 8)
 
 
 def test_a_group_goes_to_the_kernels_as_a_plain_tuple():

@@ -195,6 +195,8 @@ def _run(db: DatabaseMeta, con: duckdb.DuckDBPyConnection, writer: StoreWriter, 
     # link tasks' columns last: adding a link task changes no other column's index (nor any cell task's batches)
     link_entries, link_columns = _link_tasks(db, con, writer, by_name, rep, len(columns) + len(derived_columns))
     derived_columns += link_columns
+    # the children's means last of all: a store keeps every earlier column's index (and a link task's)
+    derived_columns += child_mean_columns(columns, len(columns) + len(derived_columns), temporal)
     num_edges = _graph(writer, tables, num_rows, np.asarray(row_time), rep)
     writer.close(fmt.ROW_TIME)
 
@@ -337,6 +339,39 @@ def child_count_columns(columns: list[ColumnPlan], first_idx: int, temporal: Col
     for c in (c for c in fks if c.table in temporal):
         for w in COUNT_WINDOWS_DAYS:
             add(c, " in the last day" if w == 1 else f" in the last {w} days", {"window_days": w})
+    return out
+
+
+MEAN_VALUE_TYPES = (SemanticType.NUMERICAL, SemanticType.BOOLEAN)
+
+
+def child_mean_columns(columns: list[ColumnPlan], first_idx: int, temporal: Collection[str] = ()
+                       ) -> list[dict[str, Any]]:
+    """One numerical "children's mean" column per (foreign key of a `temporal` child table, numerical or boolean
+    column of that table): the mean of that column over the latest rows of the child table that reference a parent
+    row through the key, before the observation time (a team's recent goals, a courier's recent handling times, a
+    scorer's share of penalties). The sampler computes the value (`SamplerConfig.child_means`,
+    docs/design/sampler.md); the store only names the columns and embeds their text."""
+    out: list[dict[str, Any]] = []
+    by_table: dict[str, list[ColumnPlan]] = {}
+    for c in columns:
+        by_table.setdefault(c.table, []).append(c)
+    for c in columns:
+        if not c.meta.foreign_key or c.table not in temporal:
+            continue
+        parent_table = str(c.meta.fk_table)
+        for v in by_table[c.table]:
+            if v.stype not in MEAN_VALUE_TYPES or v.meta.foreign_key:
+                continue
+            name = f"mean {v.meta.name} of the latest {c.table} rows by {c.meta.name}"
+            desc = (f"the mean of {c.table}.{v.meta.name} over the latest rows of {c.table} that reference this "
+                    f"{parent_table} row through {c.table}.{c.meta.name}, before the observation time")
+            out.append({"column_idx": first_idx + len(out), "table": None, "task": None, "name": name,
+                        "stype": SemanticType.NUMERICAL.label, "text": column_text(name, parent_table, desc),
+                        "stats": {},
+                        "mean_of": {"parent_table": parent_table, "child_table": c.table, "column": c.meta.name,
+                                    "column_idx": c.column_idx, "value_column": v.meta.name,
+                                    "value_column_idx": v.column_idx}})
     return out
 
 

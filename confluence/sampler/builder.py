@@ -71,11 +71,13 @@ class BatchBuilder:
         self._pool = pool
         self._segs = data.child_segments(config.width_per_fk)  # built here, once, not in the worker threads
         self._counts = data.child_counts(config.child_counts != "none", tuple(config.child_count_windows))
-        # the count cells read each (row, foreign key)'s time-sorted children (and so do the recency ranks of rows
-        # reached as children: `linearize.recency_rank`); without either, nothing reads them: no copy is made
-        per_fk = config.child_counts != "none" or config.child_rank
+        # the count and mean cells read each (row, foreign key)'s time-sorted children (and so do the recency ranks
+        # of rows reached as children: `linearize.recency_rank`); without any, nothing reads them: no copy is made
+        self._means = data.child_means(config.child_means != "none")
+        per_fk = config.child_counts != "none" or config.child_rank or self._means.num > 0
         self._cnt_segs = data.child_segments(True) if per_fk else self._segs
         self._cnt_shown: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}  # by the task's cut columns
+        self._mean_shown: dict[bytes, np.ndarray] = {}
         # the kernels' argument groups that hold for every batch of this database (`confluence.sampler.groups`)
         self._graph = G.args(G.graph_of(data))
         self._seg_args = G.args(G.segments_of(self._segs))
@@ -94,6 +96,14 @@ class BatchBuilder:
             per_table = np.bincount(table_of_count[shown], minlength=n_tab)
             self._cnt_shown[key] = (readonly(shown, np.bool_), readonly(per_table, np.int32))
         return self._cnt_shown[key]
+
+    def _shown_means(self, cut_cols: np.ndarray) -> np.ndarray:
+        """bool[K]: which mean cells a task shows. As for the counts: none through the task's excluded / target
+        columns. Cached per set of cut columns."""
+        key = cut_cols.tobytes()
+        if key not in self._mean_shown:
+            self._mean_shown[key] = readonly(~np.isin(self._means.fk, cut_cols), np.bool_)
+        return self._mean_shown[key]
 
     # ---- helpers
     def _checkout(self) -> _Scratch:
@@ -204,7 +214,8 @@ class BatchBuilder:
         visits = G.args(G.Visits(rows, hops, via, src, nrows, n_real, edges, n_edges))
         cells = G.args(G.Cells(**out))
         target = G.args(G.target_of(task))
-        counts = G.args(G.counts_of(cnt, cnt_shown, cfg.child_counts == "all"))
+        counts = G.args(G.counts_of(cnt, cnt_shown, cfg.child_counts == "all", self._means,
+                                    self._shown_means(task.cut_cols), cfg.child_mean_rows, cfg.child_mean_cells))
         limits = G.args(G.WalkLimits(s_walk, int(cfg.width), int(recent), rows_walk, tab_extra))
         lab_group = G.args(G.labels_of(labels)) if k_lab > 0 else None
         timings["collation"] += time.perf_counter() - t0
@@ -213,7 +224,8 @@ class BatchBuilder:
         def phase1(lo: int, hi: int, s: _Scratch) -> None:
             """Walk, linearize and permute sequences lo..hi-1 (all nogil kernels)."""
             c1 = time.thread_time()
-            walk_chunk(lo, hi, sequences, self._graph, self._seg_args, target, limits, s.mark, s.stamp, visits)
+            walk_chunk(lo, hi, sequences, self._graph, self._seg_args, target, limits, counts, self._cnt_seg_args,
+                       s.mark, s.stamp, visits)
             c2 = time.thread_time()
             linearize_chunk(lo, hi, s_walk, sequences, visits, target, self._graph, counts, self._cnt_seg_args,
                             ages_on, cfg.child_rank, cells)

@@ -10,6 +10,7 @@ from confluence.store.format import COUNT_WINDOWS_DAYS
 from confluence.toolkit.config import one_of
 
 CHILD_COUNTS = ("none", "anchor", "all")  # which rows show child-count cells (docs/design/sampler.md)
+CHILD_MEANS = ("none", "anchor_and_parents")  # which rows show children's-mean cells (docs/design/sampler.md)
 TASK_CHOICES = ("uniform", "database_first", "seeds")  # how the training stream picks each batch's task
 
 
@@ -49,7 +50,7 @@ class SamplerConfig:
     # The settings beyond seed 000's walk that the defaults turn on (the `small` recipe's), at the seed's values:
     # a saved config that does not name one was built without it; configs/seed.toml sets them so
     SEED: ClassVar[dict[str, Any]] = {"recent": 0, "width_per_fk": False, "child_counts": "none",
-                                       "child_count_windows": ()}
+                                       "child_count_windows": (), "child_means": "none"}
     # removed after measurement rejected it (docs/design/decisions.md, "Removed settings"): its "off" value still loads
     RETIRED: ClassVar[dict[str, Any]] = {"window_count_stats": "at_child"}
 
@@ -87,6 +88,13 @@ class SamplerConfig:
     # and, with child counts on, how many did within each of these windows (days, from the store's
     # `COUNT_WINDOWS_DAYS`) before the observation time, for the foreign keys of temporal tables; () = none
     child_count_windows: tuple[int, ...] = COUNT_WINDOWS_DAYS
+    # "anchor_and_parents": the anchor row and the rows it references also show, per foreign key of a temporal
+    # table pointing at theirs and per numerical or boolean column of that table, the column's mean over the
+    # latest `child_mean_rows` referencing rows before the observation time (a team's form, a courier's usual
+    # handling time), at most `child_mean_cells` such cells a row; "none": no such cells
+    child_means: Literal["none", "anchor_and_parents"] = "anchor_and_parents"
+    child_mean_rows: int = 32  # the latest this many referencing rows before the observation time are averaged
+    child_mean_cells: int = 16  # at most this many children's-mean cells a row (in column order)
     # fill the batch's `child_rank` (each row reached as a child: its recency rank among its parent's children
     # through that foreign key at the observation time), which `model.child_rank` reads; a run whose model reads
     # it turns this on itself (RunConfig). Off, the field holds CHILD_RANK_UNKNOWN and the sampler saves the rank's
@@ -149,6 +157,11 @@ class SamplerConfig:
         if w and self.child_counts == "none":
             raise ConfigError("child_count_windows", "needs child_counts = \"anchor\" or \"all\" (the windows are "
                                                      "more count cells)")
+        one_of("child_means", self.child_means, CHILD_MEANS)
+        for name in ("child_mean_rows", "child_mean_cells"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 4096:
+                raise ConfigError(name, f"must be an integer in 1..4096, got {v!r}")
         if isinstance(self.perm_tile, bool) or not isinstance(self.perm_tile, int) or (
                 self.perm_tile != 0 and (self.perm_tile < 16 or self.perm_tile & (self.perm_tile - 1))):
             raise ConfigError("perm_tile", f"must be 0 or a power of two >= 16, got {self.perm_tile!r}")

@@ -95,6 +95,26 @@ class ChildCounts:
         return int(self.col.shape[0])
 
 
+@dataclass(frozen=True)
+class ChildMeans:
+    """The children's-mean cells (`SamplerConfig.child_means`): mean k shows, on the anchor row and the rows it
+    references when they belong to its parent table, the mean of the child table's column `val[k]` over the latest
+    `SamplerConfig.child_mean_rows` rows that reference the row through foreign-key column `fk[k]` and whose time is
+    before the observation time (never the anchor row itself), in the numerical cell of column `col[k]`. A number
+    averages its stored z-score, a boolean its share of true (as 2 share - 1). Table t's means are
+    `tab_ptr[t]..tab_ptr[t+1]`; `child_tab[k]` is the child table (its rows hold the values)."""
+
+    tab_ptr: np.ndarray  # i64[T+1]
+    col: np.ndarray  # i32[K]: the derived mean column (its embedding names the cell)
+    fk: np.ndarray  # i32[K]: the child table's foreign-key column
+    val: np.ndarray  # i32[K]: the child table's averaged column
+    child_tab: np.ndarray  # i32[K]
+
+    @property
+    def num(self) -> int:
+        return int(self.col.shape[0])
+
+
 @numba.njit(cache=True, nogil=True)
 def fk_segments(indptr: np.ndarray, column: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Split each row's time-sorted child edges by foreign-key column (a stable sort within the row, so each
@@ -192,6 +212,11 @@ class SamplerData:
     # before windowed counts existed
     count_windows: tuple[int, ...] | None = ()
     has_foreign_keys: bool = False
+    # children's-mean columns of the store, (column, foreign-key column, averaged column, parent table index, child
+    # table index), parent-table order; `mean_candidates`: whether the store's tables call for any (a temporal table
+    # with a foreign key and a numerical or boolean column), so a store preprocessed before they existed is told
+    mean_columns: list[tuple[int, int, int, int, int]] = field(default_factory=list)
+    mean_candidates: bool = False
     # the store's metadata (its tasks' horizons and splits), so a sampler built from SamplerData alone (the
     # sampler benchmark) reads what one built from the store reads
     meta: dict[str, Any] | None = None
@@ -264,6 +289,21 @@ class SamplerData:
                 mean=readonly(mean, np.float32), std=readonly(std, np.float32))
         return self._counts[key]
 
+    def child_means(self, enabled: bool) -> ChildMeans:
+        """The children's-mean cells' arrays (none when not `enabled`). Raises StoreError for a store preprocessed
+        before the mean columns existed."""
+        if enabled and not self.mean_columns and self.mean_candidates:
+            raise StoreError(f"database {self.name!r}: the store has no children's-mean columns (it was preprocessed "
+                             "before they existed); run `confluence preprocess` again to use sampler.child_means")
+        cols = self.mean_columns if enabled else []
+        per_tab = np.bincount(np.array([c[3] for c in cols], dtype=np.int64), minlength=len(self.table_names))
+
+        def arr(i: int) -> np.ndarray:
+            return readonly(np.array([c[i] for c in cols], dtype=np.int32), np.int32)
+
+        return ChildMeans(tab_ptr=readonly(np.concatenate([[0], np.cumsum(per_tab)]), np.int64), col=arr(0),
+                          fk=arr(1), val=arr(2), child_tab=arr(4))
+
     def task(self, name: str) -> TaskData:
         for t in self.tasks:
             if t.name == name:
@@ -284,12 +324,22 @@ class SamplerData:
         column_names = [""] * n_cols
         table_index = {t.name: i for i, t in enumerate(store.tables)}
         count_columns: list[tuple[int, int, int, int]] = []
+        mean_columns: list[tuple[int, int, int, int, int]] = []
         windows: set[int] = set()
         old_counts = False  # an all-time count column without its "windows": preprocessed before windows existed
         for c in store.columns:
             col_stype[c.column_idx] = int(c.stype)
             count_of = getattr(c, "count_of", None)
-            if count_of:
+            mean_of = getattr(c, "mean_of", None)
+            if mean_of:
+                for key in ("parent_table", "child_table"):
+                    if mean_of.get(key) not in table_index:
+                        raise StoreError(f"column {c.column_idx} ({c.name!r}): averages rows of a table "
+                                         f"{mean_of.get(key)!r} that the store does not have")
+                column_names[c.column_idx] = f"{mean_of['parent_table']}.{c.name}"
+                mean_columns.append((int(c.column_idx), int(mean_of["column_idx"]), int(mean_of["value_column_idx"]),
+                                     table_index[mean_of["parent_table"]], table_index[mean_of["child_table"]]))
+            elif count_of:
                 if count_of.get("parent_table") not in table_index:
                     raise StoreError(f"column {c.column_idx} ({c.name!r}): counts rows of a table "
                                      f"{count_of.get('parent_table')!r} that the store does not have")
@@ -304,6 +354,12 @@ class SamplerData:
             else:
                 column_names[c.column_idx] = f"{c.table}.{c.name}" if c.table else f"{c.task}.{c.name}"
         count_columns.sort(key=lambda x: (x[2], x[0]))
+        mean_columns.sort(key=lambda x: (x[3], x[0]))
+        mean_candidates = any(
+            t.temporal_column is not None and any(getattr(c, "foreign_key", None) for c in t.columns)
+            and any(not getattr(c, "foreign_key", None) and SemanticType(int(c.stype)) in
+                    (SemanticType.NUMERICAL, SemanticType.BOOLEAN) for c in t.columns)
+            for t in store.tables)
         num, ts, u32, bools, valid = [], [], [], [], []
         sizes = {"num": 0, "ts": 0, "u32": 0, "bool": 0, "valid": 0}
         tab_row_off = [0]
@@ -385,6 +441,8 @@ class SamplerData:
             count_columns=count_columns,
             count_windows=None if old_counts else tuple(sorted(windows)),
             has_foreign_keys=any(getattr(c, "foreign_key", None) for c in store.columns),
+            mean_columns=mean_columns,
+            mean_candidates=mean_candidates,
             meta=getattr(store, "meta", None),
             timestamp_stats=tuple(float(x) for x in store.timestamp_stats),
         )

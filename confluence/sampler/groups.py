@@ -1,8 +1,7 @@
 """The typed argument groups of the sampler's numba kernels (walk, linearize, labels, permutations).
 
 A kernel takes a few groups instead of dozens of positional arrays: the database (`Graph`), its child segments
-(`Segments`), the task's target arrays (`Target`), the child-count cells (`Counts`), the labels a context may show
-(`Labels`), one batch's sequences (`Sequences`), what the walk visited and how the rows link (`Visits`) and the
+(`Segments`), the task's target arrays (`Target`), the child-count and children's-mean cells (`Counts`), the labels a context may show (`Labels`), one batch's sequences (`Sequences`), what the walk visited and how the rows link (`Visits`) and the
 batch's cell tensors (`Cells`, whose fields are `batch.SEQ_FIELDS`: the one batch specification).
 
 At the call, each group goes as a plain tuple (`args(group)`) and the kernel names its fields again
@@ -75,7 +74,8 @@ class Target(NamedTuple):
 
 
 class Counts(NamedTuple):
-    """The child-count cells (`data.ChildCounts`), which of them the task shows, and on which rows."""
+    """The derived cells of a row: the child counts (`data.ChildCounts`) and the children's means
+    (`data.ChildMeans`), which of them the task shows, and on which rows."""
 
     tab_ptr: np.ndarray  # i64[T+1]: table t's counts
     col: np.ndarray  # i32[K]: the derived count column
@@ -85,6 +85,15 @@ class Counts(NamedTuple):
     std: np.ndarray  # f32[K]
     shown: np.ndarray  # bool[K]: the task shows this count (not through its excluded / target columns)
     all_rows: bool  # counts on every row, else on the anchor row only
+    # the children's-mean cells (`data.ChildMeans`), on the anchor row and the rows it references
+    m_tab_ptr: np.ndarray  # i64[T+1]: table t's means
+    m_col: np.ndarray  # i32[M]: the derived mean column
+    m_fk: np.ndarray  # i32[M]: the child table's foreign-key column
+    m_val: np.ndarray  # i32[M]: the averaged column of the child table
+    m_child_tab: np.ndarray  # i32[M]
+    m_shown: np.ndarray  # bool[M]: the task shows this mean (not through its excluded / target columns)
+    m_rows: int  # the latest this many referencing rows are averaged
+    m_cells: int  # at most this many mean cells a row
 
 
 class Labels(NamedTuple):
@@ -179,10 +188,12 @@ def target_of(task: Any) -> Target:
                   t.cut_cols, t.tgt_f32, t.tgt_ts, t.tgt_u32, t.tgt_bits, t.tgt_valid, t.obs_ts)
 
 
-def counts_of(counts: Any, shown: np.ndarray, all_rows: bool) -> Counts:
-    """The `Counts` of a `data.ChildCounts`, with the task's shown counts."""
-    c = counts
-    return Counts(c.tab_ptr, c.col, c.fk, c.window, c.mean, c.std, shown, bool(all_rows))
+def counts_of(counts: Any, shown: np.ndarray, all_rows: bool, means: Any, m_shown: np.ndarray, m_rows: int,
+              m_cells: int) -> Counts:
+    """The `Counts` of a `data.ChildCounts` and a `data.ChildMeans`, with the task's shown counts and means."""
+    c, m = counts, means
+    return Counts(c.tab_ptr, c.col, c.fk, c.window, c.mean, c.std, shown, bool(all_rows), m.tab_ptr, m.col, m.fk,
+                  m.val, m.child_tab, m_shown, int(m_rows), int(m_cells))
 
 
 def labels_of(index: Any) -> Labels:

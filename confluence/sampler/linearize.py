@@ -3,7 +3,8 @@
 Order: the target cell first (so it always fits in S), then the observation-time cell of a task that has one,
 then the anchor row's other cells (excluded columns hidden), then every other row in visit order, each row's
 cells in column order followed by its child-count cells (`SamplerConfig.child_counts`, the all-time counts then the
-windowed ones of `child_count_windows`). Every cell of a row
+windowed ones of `child_count_windows`) and, on the anchor row and the rows it references, its children's-mean cells
+(`SamplerConfig.child_means`). Every cell of a row
 carries the row's age at the observation time (`row_age`, days) and, for a row reached as a child, its recency
 rank among its parent's children through that foreign key (`child_rank`: 0 = the latest at the observation time). The last row may be cut
 at S.
@@ -17,7 +18,7 @@ from numba import njit
 
 from confluence.batch import CHILD_RANK_MAX, CHILD_RANK_UNKNOWN, ROW_AGE_UNKNOWN
 from confluence.sampler.groups import Cells, Counts, Graph, Segments, Sequences, Target, Visits
-from confluence.sampler.walk import VIA_CHILD, bit, is_cut
+from confluence.sampler.walk import VIA_CHILD, VIA_PARENT, bit, child_mean, is_cut
 from confluence.store.format import NO_CUTOFF, NULL_TIME, STATIC_TIME
 from confluence.stypes import D_TIME, US_PER_DAY, SemanticType
 
@@ -93,8 +94,8 @@ def linearize_chunk(lo: int, hi: int, seq_len: int, sequences: tuple, visits: tu
     """Fill the cell tensors and the F->P edge list of sequences lo..hi-1 (outputs must hold their fill values).
 
     Groups as plain tuples (`confluence.sampler.groups`): reads `Sequences` (seed ids, observation times), the
-    walk's `Visits` (rows, via, src, nrows), the task's `Target`, the `Graph`, the `Counts` and the per-foreign-key
-    `Segments` they and the recency ranks read; writes `Cells` and the `Visits` n_real, edges (the fk_adj edges as
+    walk's `Visits` (rows, via, src, nrows), the task's `Target`, the `Graph`, the `Counts` (child counts and
+    children's means) and the per-foreign-key `Segments` they and the recency ranks read; writes `Cells` and the `Visits` n_real, edges (the fk_adj edges as
     (r1 << 16) | r2, see `fill_adjacency`) and n_edges. `ages_on`: fill `row_age` (False: every cell
     ROW_AGE_UNKNOWN, e.g. a timestamp cell task); `ranks_on`: fill `child_rank` where `ages_on` (False: every
     cell CHILD_RANK_UNKNOWN, its cost saved)."""
@@ -223,6 +224,26 @@ def linearize_chunk(lo: int, hi: int, seq_len: int, sequences: tuple, visits: tu
                 else:
                     numeric_values[b, pos] = (np.log1p(np.float64(cnt)) - cnt_mean[k]) / cnt_std[k]
                 pos += 1
+            # children's-mean cells that have a value, on the anchor row and the rows it references (the walk
+            # budgets exactly these: `walk.mean_cell_count`)
+            if cn.m_tab_ptr[t + 1] > cn.m_tab_ptr[t] and (i == 0 or (via[b, i] == VIA_PARENT and src[b, i] == 0)):
+                shown_means = 0
+                for k in range(cn.m_tab_ptr[t], cn.m_tab_ptr[t + 1]):
+                    if pos >= seq_len or shown_means >= cn.m_cells:
+                        break
+                    if not cn.m_shown[k]:
+                        continue
+                    m, n_vals = child_mean(r, rows[b, 0], obs_times[b], k, cn, g, sg_, False)
+                    if n_vals == 0:
+                        continue  # no earlier referencing row with a value: no cell
+                    semantic_types[b, pos] = _NUM
+                    column_ids[b, pos] = cn.m_col[k]
+                    seq_row_ids[b, pos] = i
+                    row_age[b, pos] = age
+                    child_rank[b, pos] = rank
+                    numeric_values[b, pos] = m
+                    shown_means += 1
+                    pos += 1
             # F->P edges between rows that are both in the sequence (each distinct pair once)
             row_first = ne
             for e in range(p_ptr[r], p_ptr[r + 1]):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from confluence.sampler.groups import Graph, Segments, Sequences, Target, Visits, WalkLimits
+from confluence.sampler.groups import Counts, Graph, Segments, Sequences, Target, Visits, WalkLimits
 from confluence.sampler.rng import below, next_u64
 from confluence.stypes import SemanticType
 
@@ -31,6 +31,7 @@ VIA_CHILD = 2
 _F_VISITED = 1
 _F_PARENT_Q = 2
 _IDENT = int(SemanticType.IDENTIFIER)
+_BOOL = int(SemanticType.BOOLEAN)
 _STAMP_MAX = (1 << 28) - 1
 
 
@@ -73,6 +74,54 @@ def anchor_cell_count(anchor: int, g: Graph, tgt: Target) -> int:
     return n
 
 
+@njit(nogil=True, cache=True)
+def child_mean(r: int, anchor: int, obs: int, k: int, cn: Counts, g: Graph, sg: Segments,
+               first_only: bool) -> tuple[float, int]:
+    """(mean, how many values) of mean k on row `r`: the child column `m_val[k]` over the latest `m_rows` rows
+    that reference `r` through foreign-key column `m_fk[k]` with a time strictly before `obs` (every row with a time
+    when obs is NO_CUTOFF), never the `anchor` row; NULL values are skipped, a boolean counts as 1 / -1. Read from
+    the row's time-sorted per-foreign-key child segment. `first_only`: stop at the first value (is there one?)."""
+    fk, val, child_tab = cn.m_fk[k], cn.m_val[k], cn.m_child_tab[k]
+    total = 0.0
+    n = 0
+    for s in range(sg.seg_ptr[r], sg.seg_ptr[r + 1]):
+        if sg.seg_col[s] != fk:
+            continue
+        a = sg.seg_off[s]
+        hi = a + np.searchsorted(sg.c_time[a : sg.seg_off[s + 1]], obs, side="left")
+        lo = max(a, hi - cn.m_rows)
+        is_bool = g.col_stype[val] == _BOOL
+        for j in range(hi - 1, lo - 1, -1):
+            c = sg.c_idx[j]
+            if c == anchor:
+                continue
+            lr = c - g.tab_row_off[child_tab]
+            if not bit(g.valid_bits, g.col_voff[val], lr):
+                continue
+            if is_bool:
+                total += 1.0 if bit(g.bool_bits, g.col_off[val], lr) else -1.0
+            else:
+                total += g.num_pool[g.col_off[val] + lr]
+            n += 1
+            if first_only:
+                break
+        break
+    return (total / n if n > 0 else 0.0), n
+
+
+@njit(nogil=True, cache=True)
+def mean_cell_count(r: int, t: int, anchor: int, obs: int, cn: Counts, g: Graph, sg: Segments) -> int:
+    """How many mean cells row `r` (of table t) gets: its table's shown means that have a value (a mean of nothing
+    is no cell), at most `m_cells`; linearization writes exactly these."""
+    n = 0
+    for k in range(cn.m_tab_ptr[t], cn.m_tab_ptr[t + 1]):
+        if n >= cn.m_cells:
+            break
+        if cn.m_shown[k] and child_mean(r, anchor, obs, k, cn, g, sg, True)[1] > 0:
+            n += 1
+    return n
+
+
 @njit(nogil=True, cache=True, inline="always")
 def _heap_push(hkey: np.ndarray, hrow: np.ndarray, size: int, key: int, row: int) -> int:
     i = size
@@ -112,19 +161,23 @@ def _heap_pop(hkey: np.ndarray, hrow: np.ndarray, size: int) -> int:
 
 @njit(nogil=True, cache=True)
 def walk_chunk(lo: int, hi: int, sequences: tuple, graph: tuple, segments: tuple, target: tuple, limits: tuple,
-               mark: np.ndarray, stamp: np.ndarray, visits: tuple) -> None:
+               counts: tuple, mean_segments: tuple, mark: np.ndarray, stamp: np.ndarray, visits: tuple) -> None:
     """Walk sequences lo..hi-1: visit rows parents-first, then fewest hops (random tie-break), until S cells.
 
     Groups as plain tuples (`confluence.sampler.groups`): reads `Sequences` (anchors, observation times, the count
     cells the anchor row adds; advances the random states), `Graph`, `Segments`, the `Target` (the anchor row's
-    cells, `anchor_cell_count`; its parent edges through `cut_cols` are cut) and `WalkLimits`; writes the `Visits`
-    rows, hops, via, src and nrows. `mark` (i32[N]) and `stamp` (i64[1]) are the worker's scratch."""
+    cells, `anchor_cell_count`; its parent edges through `cut_cols` are cut), `WalkLimits` and the `Counts`' mean
+    cells of the anchor and the rows it references (`mean_cell_count`, read from the per-foreign-key
+    `mean_segments`); writes the `Visits` rows, hops, via, src and nrows. `mark` (i32[N]) and `stamp` (i64[1]) are
+    the worker's scratch."""
     sq, g, sg_, lim, out = Sequences(*sequences), Graph(*graph), Segments(*segments), WalkLimits(*limits), \
         Visits(*visits)
     tgt = Target(*target)
     cut_cols = tgt.cut_cols
     anchors, obs_times, anchor_extra, states = sq.anchors, sq.obs, sq.anchor_extra, sq.states
     seq_len, width, recent, max_rows, tab_extra = lim.seq_len, lim.width, lim.recent, lim.max_rows, lim.tab_extra
+    cn, msg = Counts(*counts), Segments(*mean_segments)
+    means_on = cn.m_tab_ptr[cn.m_tab_ptr.shape[0] - 1] > 0
     row_ncells, row_time, p_ptr, p_idx, p_col = g.row_ncells, g.row_time, g.p_ptr, g.p_idx, g.p_col
     max_parents, tab_row_off = g.max_parents, g.tab_row_off
     seg_ptr, seg_off, c_idx, c_time, max_segs = sg_.seg_ptr, sg_.seg_off, sg_.c_idx, sg_.c_time, sg_.max_segs
@@ -175,6 +228,9 @@ def walk_chunk(lo: int, hi: int, sequences: tuple, graph: tuple, segments: tuple
                 cells += row_ncells[row]
                 if tab_extra.shape[0] > 0:
                     cells += tab_extra[np.searchsorted(tab_row_off, row, side="right") - 1]
+            if means_on and (nrows == 1 or (via == VIA_PARENT and src == 0)):  # the anchor, a row it references
+                cells += mean_cell_count(row, np.searchsorted(tab_row_off, row, side="right") - 1, anchors[b], obs,
+                                         cn, g, msg)
             if cells >= seq_len or nrows >= max_rows:
                 break
             # parents: all of them, unconditionally (but never a row from after the observation time)

@@ -23,7 +23,8 @@ from confluence.stypes import SemanticType
 @dataclass(frozen=True)
 class ColumnInfo:
     """One global column: a table column, a derived task target or observation time, or a child-count column
-    (`count_of`: the foreign key whose referencing rows it counts; see preprocess/pipeline.child_count_columns)."""
+    (`count_of`: the foreign key whose referencing rows it counts; see preprocess/pipeline.child_count_columns) or a
+    children's-mean column (`mean_of`: the foreign key and the child column it averages; child_mean_columns)."""
 
     column_idx: int
     table: str | None
@@ -34,6 +35,7 @@ class ColumnInfo:
     stats: dict[str, Any] = field(default_factory=dict)
     foreign_key: str | None = None
     count_of: dict[str, Any] | None = None
+    mean_of: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,7 @@ class Store:
             ColumnInfo(
                 column_idx=int(c["column_idx"]), table=c["table"], task=c["task"], name=c["name"],
                 stype=SemanticType.parse(c["stype"]), text=c["text"], stats=c.get("stats", {}),
-                foreign_key=c.get("foreign_key"), count_of=c.get("count_of"),
+                foreign_key=c.get("foreign_key"), count_of=c.get("count_of"), mean_of=c.get("mean_of"),
             )
             for c in meta["columns"]
         ]
