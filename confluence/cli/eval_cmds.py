@@ -191,7 +191,7 @@ def evaluate_cmd(
     blend: str = typer.Option(None, "--blend", metavar="gbdt", help="Also blend the model with LightGBM (implies "
                               "--gbdt): per task a weight chosen on the validation split, the blend scored beside "
                               "both, and which to ship (LightGBM unless a paired interval on validation shows "
-                              "departing from it helps)."),
+                              "departing from it helps, or LightGBM is not shown better than the trivial baseline)."),
     clip_numbers: bool = typer.Option(True, "--clip-numbers/--no-clip-numbers",
                                       help="Score numbers as predict reports them (train range, rounded when whole); "
                                            "--no-clip-numbers: the plain de-normalized number."),
@@ -378,7 +378,8 @@ def predict_cmd(
     blend: str = typer.Option(None, "--blend", metavar="gbdt", help="Also LightGBM's and the blend's columns "
                               "(gbdt_prediction, blend_prediction, ...): LightGBM fitted on the train seeds, the "
                               "blend weight chosen on at most --max-seeds (0: 5,000) validation seeds (0, "
-                              "LightGBM alone, unless a paired interval there shows another weight helps)."),
+                              "LightGBM alone, unless a paired interval there shows another weight helps or LightGBM "
+                              "no better than the trivial baseline)."),
     certify: bool = typer.Option(False, "--certify", help="Also prove these predictions saw nothing from the "
                                  "future, on up to --certify-seeds anchors (as evaluate --certify); the certificate "
                                  "goes into the table's metadata (confluence.certificate) and a leak exits 1 naming it."),

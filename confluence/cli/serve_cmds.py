@@ -97,7 +97,8 @@ def serve_cmd(
                                            "~/.cache/confluence/jax, shared with predict and evaluate)."),
     blend: str = typer.Option(None, "--blend", metavar="gbdt", help="At start-up, fit LightGBM and a blend "
                               "weight per task (chosen on the validation split, 0 unless a paired interval there "
-                              "shows another weight helps; a log line per task); answers "
+                              "shows another weight helps or LightGBM no better than the trivial baseline; a log "
+                              "line per task); answers "
                               "gain LightGBM's and the blend's columns, as predict --blend gbdt."),
     log_level: str = typer.Option("info", "--log-level", help="critical | error | warning | info | debug"),
 ) -> None:
