@@ -192,11 +192,10 @@ def _run(db: DatabaseMeta, con: duckdb.DuckDBPyConnection, writer: StoreWriter, 
                                            cat_texts, rep)
     temporal = {tp.meta.name for tp in tables if tp.meta.temporal_column is not None}
     derived_columns += child_count_columns(columns, len(columns) + len(derived_columns), temporal)
+    derived_columns += child_mean_columns(columns, len(columns) + len(derived_columns), temporal)
     # link tasks' columns last: adding a link task changes no other column's index (nor any cell task's batches)
     link_entries, link_columns = _link_tasks(db, con, writer, by_name, rep, len(columns) + len(derived_columns))
     derived_columns += link_columns
-    # the children's means last of all: a store keeps every earlier column's index (and a link task's)
-    derived_columns += child_mean_columns(columns, len(columns) + len(derived_columns), temporal)
     num_edges = _graph(writer, tables, num_rows, np.asarray(row_time), rep)
     writer.close(fmt.ROW_TIME)
 
