@@ -44,8 +44,11 @@ def test_layout_rows_and_columns(store):
     assert names[20:24] == [("orders_next_30d", "n"), ("country_upper", "country_uc"),
                             ("book_expensive", "expensive"), ("orders_next_30d", "observation time")]
     # + orders_next_30d's observation-time column, then one child-count column per foreign key, then one per
-    # window for each (both foreign keys are of the temporal orders table)
-    assert store.num_columns == 26 + 2 * len(COUNT_WINDOWS_DAYS) and store.d_t == 16
+    # window for each (both foreign keys are of the temporal orders table), then one children's-mean column per
+    # (foreign key, numerical or boolean column of orders): rating and gift by customer_id and by book_id
+    assert store.num_columns == 26 + 2 * len(COUNT_WINDOWS_DAYS) + 4 and store.d_t == 16
+    means = [(c.mean_of["column"], c.mean_of["value_column"]) for c in store.columns if c.mean_of]
+    assert sorted(means) == sorted((fk, v) for fk in ("customer_id", "book_id") for v in ("rating", "gift"))
     assert store.values("orders", "order_id") is None  # identifier: presence only
     assert bits(store, "orders", "customer_id") == [1, 1, 1, 1, 0, 1]
 
