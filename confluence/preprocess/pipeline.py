@@ -341,9 +341,6 @@ def child_count_columns(columns: list[ColumnPlan], first_idx: int, temporal: Col
     return out
 
 
-MEAN_VALUE_TYPES = (SemanticType.NUMERICAL, SemanticType.BOOLEAN)
-
-
 def child_mean_columns(columns: list[ColumnPlan], first_idx: int, temporal: Collection[str] = ()
                        ) -> list[dict[str, Any]]:
     """One numerical "children's mean" column per (foreign key of a `temporal` child table, numerical or boolean
@@ -360,7 +357,7 @@ def child_mean_columns(columns: list[ColumnPlan], first_idx: int, temporal: Coll
             continue
         parent_table = str(c.meta.fk_table)
         for v in by_table[c.table]:
-            if v.stype not in MEAN_VALUE_TYPES or v.meta.foreign_key:
+            if v.stype not in fmt.MEAN_VALUE_STYPES or v.meta.foreign_key:
                 continue
             name = f"mean {v.meta.name} of the latest {c.table} rows by {c.meta.name}"
             desc = (f"the mean of {c.table}.{v.meta.name} over the latest rows of {c.table} that reference this "

@@ -14,7 +14,7 @@ import numba
 import numpy as np
 
 from confluence.errors import StoreError
-from confluence.store.format import NULL_TIME
+from confluence.store.format import MEAN_VALUE_STYPES, NULL_TIME
 from confluence.stypes import D_TIME, US_PER_DAY, SemanticType
 from confluence.targets import kind
 
@@ -358,7 +358,7 @@ class SamplerData:
         mean_candidates = any(
             t.temporal_column is not None and any(getattr(c, "foreign_key", None) for c in t.columns)
             and any(not getattr(c, "foreign_key", None) and SemanticType(int(c.stype)) in
-                    (SemanticType.NUMERICAL, SemanticType.BOOLEAN) for c in t.columns)
+                    MEAN_VALUE_STYPES for c in t.columns)
             for t in store.tables)
         num, ts, u32, bools, valid = [], [], [], [], []
         sizes = {"num": 0, "ts": 0, "u32": 0, "bool": 0, "valid": 0}

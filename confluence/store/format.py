@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from confluence.stypes import SemanticType
+
 FORMAT_VERSION = 2  # 2: tasks with an observation_time_column carry an observation-time cell
 METADATA_FILE = "metadata.json"
 
@@ -19,6 +21,9 @@ NULL_TIME = INT64_MAX  # row_time of a row whose temporal value is NULL
 # the windows (days) of the windowed child-count columns a store has for each foreign key of a temporal table
 # (`preprocess.pipeline.child_count_columns`; the sampler shows those that `child_count_windows` names)
 COUNT_WINDOWS_DAYS = (1, 7, 30, 90, 365)
+# the semantic types a children's-mean column averages (`preprocess.pipeline.child_mean_columns`;
+# the sampler reads the same rule to tell a store made before the mean columns)
+MEAN_VALUE_STYPES = (SemanticType.NUMERICAL, SemanticType.BOOLEAN)
 
 ROW_TIME = "graph/row_time.npy"
 PARENT_INDPTR = "graph/parent_indptr.npy"
