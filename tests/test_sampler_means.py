@@ -212,3 +212,25 @@ def test_a_mean_column_naming_an_unknown_table_is_a_store_error():
                      for c in store.columns]
     with pytest.raises(StoreError, match="'shops'"):
         Sampler([store], CFG)
+
+
+@pytest.mark.parametrize("which, key, value", [
+    ("mean_of", "column_idx", 10_000), ("mean_of", "value_column_idx", -1), ("mean_of", "value_column_idx", "2"),
+    ("count_of", "column_idx", 10_000)])
+def test_a_count_or_mean_column_naming_a_column_out_of_range_is_a_store_error(which, key, value):
+    """The kernels index arrays with these columns unchecked: a store naming one that is not a column of the child
+    table (out of range, or another table's) stops at the store, not inside a kernel."""
+    store = copy.copy(walk_example())
+    bad = next(c for c in store.columns if getattr(c, which, None))
+    store.columns = [dataclasses.replace(c, **{which: {**getattr(c, which), key: value}}) if c is bad else c
+                     for c in store.columns]
+    with pytest.raises(StoreError, match=f"column {bad.column_idx} .*{value!r}"):
+        Sampler([store], CFG)
+    # a mean's foreign key that is a column of another table than the child table
+    if which == "mean_of":
+        store = copy.copy(walk_example())
+        parent_col = next(c.column_idx for c in store.columns if c.table == bad.mean_of["parent_table"])
+        store.columns = [dataclasses.replace(c, mean_of={**c.mean_of, "column_idx": parent_col})
+                         if c.column_idx == bad.column_idx else c for c in store.columns]
+        with pytest.raises(StoreError, match=f"foreign key {parent_col} is not a column of"):
+            Sampler([store], CFG)

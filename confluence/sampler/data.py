@@ -327,6 +327,17 @@ class SamplerData:
         mean_columns: list[tuple[int, int, int, int, int]] = []
         windows: set[int] = set()
         old_counts = False  # an all-time count column without its "windows": preprocessed before windows existed
+        table_of = {int(c.column_idx): c.table for c in store.columns}
+
+        def child_column(c: Any, what: str, idx: Any, table: str | None) -> int:
+            """A count / mean column's `idx` (a column of the child table it reads), checked: the kernels index
+            arrays with it unchecked, so a store naming a column out of range must not reach them."""
+            if isinstance(idx, bool) or not isinstance(idx, int) or idx not in table_of or (
+                    table is not None and table_of[idx] != table):
+                raise StoreError(f"column {c.column_idx} ({c.name!r}): its {what} {idx!r} is not a column of "
+                                 f"{'the store' if table is None else repr(table)}; run confluence preprocess again")
+            return idx
+
         for c in store.columns:
             col_stype[c.column_idx] = int(c.stype)
             count_of = getattr(c, "count_of", None)
@@ -337,15 +348,17 @@ class SamplerData:
                         raise StoreError(f"column {c.column_idx} ({c.name!r}): averages rows of a table "
                                          f"{mean_of.get(key)!r} that the store does not have")
                 column_names[c.column_idx] = f"{mean_of['parent_table']}.{c.name}"
-                mean_columns.append((int(c.column_idx), int(mean_of["column_idx"]), int(mean_of["value_column_idx"]),
-                                     table_index[mean_of["parent_table"]], table_index[mean_of["child_table"]]))
+                child = mean_of["child_table"]
+                mean_columns.append((int(c.column_idx), child_column(c, "foreign key", mean_of.get("column_idx"), child),
+                                     child_column(c, "averaged column", mean_of.get("value_column_idx"), child),
+                                     table_index[mean_of["parent_table"]], table_index[child]))
             elif count_of:
                 if count_of.get("parent_table") not in table_index:
                     raise StoreError(f"column {c.column_idx} ({c.name!r}): counts rows of a table "
                                      f"{count_of.get('parent_table')!r} that the store does not have")
                 column_names[c.column_idx] = f"{count_of['parent_table']}.{c.name}"
                 w = int(count_of.get("window_days", 0))
-                count_columns.append((int(c.column_idx), int(count_of["column_idx"]),
+                count_columns.append((int(c.column_idx), child_column(c, "foreign key", count_of.get("column_idx"), None),
                                       table_index[count_of["parent_table"]], w))
                 if w:
                     windows.add(w)
