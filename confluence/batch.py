@@ -8,8 +8,8 @@ NumPy arrays with exactly the dtypes of seed 000. Index spaces:
 * sequence-local:  `seq_row_ids`, `fk_adj` (0..R-1, per sequence)
 * batch-local:     `text_embed_ids` (0..U-1 into `text_batch_embeddings`)
 
-Fields beyond seed 000 (documented in docs/design/architecture.md): `row_age`, `child_rank`, `task_idx`, `db_idx`, `cat_block_start`,
-`cat_count`, `seed_ids`, `anchor_rows`, `obs_times`, `seq_valid`. They are scalars or `[B]` vectors that the
+Fields beyond seed 000 (documented in docs/design/architecture.md): `row_age`, `child_rank`, `arrival`, `task_idx`,
+`db_idx`, `cat_block_start`, `cat_count`, `seed_ids`, `anchor_rows`, `obs_times`, `seq_valid`. They are scalars or `[B]` vectors that the
 loss (categorical block), evaluation (which seed a sequence came from) and the last partial batch of an
 evaluation pass (`seq_valid`) need.
 """
@@ -25,6 +25,13 @@ from confluence.stypes import D_TIME
 ROW_AGE_UNKNOWN = -1.0  # `row_age` of a cell whose row has no time, or whose sequence has no observation time
 CHILD_RANK_UNKNOWN = -1  # `child_rank` of a cell whose row was not reached as a child (or has no time)
 CHILD_RANK_MAX = 32767  # ranks are clipped here (int16)
+ARRIVAL_NONE = -1  # `arrival` of a cell whose row was not reached through a foreign key (the anchor, labels, padding)
+
+
+def arrival_code(fk_column: int, as_child: bool) -> int:
+    """The `arrival` of a row reached through the foreign-key column `fk_column` (a global column id): as a parent
+    (the row it came from references it) or as a child (it references the row it came from)."""
+    return 2 * fk_column + int(as_child)
 
 @dataclass(frozen=True)
 class SeqField:
@@ -55,6 +62,7 @@ SEQ_FIELDS: dict[str, SeqField] = {
     "is_padding": SeqField(np.dtype(np.bool_)),
     "row_age": SeqField(np.dtype(np.float32), fill=ROW_AGE_UNKNOWN),
     "child_rank": SeqField(np.dtype(np.int16), fill=CHILD_RANK_UNKNOWN),
+    "arrival": SeqField(np.dtype(np.int32), fill=ARRIVAL_NONE),
     "col_perm": SeqField(np.dtype(np.uint16)),
     "out_perm": SeqField(np.dtype(np.uint16)),
     "in_perm": SeqField(np.dtype(np.uint16)),
@@ -93,6 +101,10 @@ class TrainingBatch:
     # row's children through the same foreign key are newer and visible at the observation time (0: the latest);
     # CHILD_RANK_UNKNOWN elsewhere (the anchor, parents, labels, rows without a time, a timestamp cell task)
     child_rank: np.ndarray  # int16
+    # --- [B, S] arrival (beyond seed 000): through which foreign key the cell's row entered the context, from the
+    # row the walk came from: `arrival_code(fk column, as_child)`, ARRIVAL_NONE for the anchor, labelled rows and
+    # padding. It tells apart two parents of one table (a match's home and away team), whose cells are otherwise alike
+    arrival: np.ndarray  # int32
     # --- structure (section 4)
     fk_adj: np.ndarray  # bool [B, R, R]; fk_adj[b, r1, r2]: row r1 has a FK pointing at row r2
     col_perm: np.ndarray  # uint16 [B, S]

@@ -27,7 +27,7 @@ def _batch(b=2, s=8, r=3, u=1):
         semantic_types=z(np.int8), column_ids=z(np.int32), seq_row_ids=z(np.uint16), is_null=z(bool),
         numeric_values=z(np.float32), timestamp_values=z(np.float32, b, s, 15), bool_values=z(bool),
         categorical_embed_ids=z(np.uint32), text_embed_ids=z(np.uint32), is_target=z(bool), is_padding=z(bool),
-        row_age=z(np.float32), child_rank=z(np.int16),
+        row_age=z(np.float32), child_rank=z(np.int16), arrival=z(np.int32),
         fk_adj=z(bool, b, r, r), col_perm=z(np.uint16), out_perm=z(np.uint16), in_perm=z(np.uint16),
         text_batch_embeddings=z(np.float16, u, 4), target_stype=1, task_idx=0, db_idx=0, cat_block_start=0,
         cat_count=0, seed_ids=z(np.int64, b), anchor_rows=z(np.int64, b), obs_times=z(np.int64, b),

@@ -145,7 +145,8 @@ def test_rank_buckets_and_the_encoder_reads_them():
     oh = rank_buckets(r, jnp.float32)
     assert oh.sum(-1).tolist() == [0] + [1] * 12
     assert oh.argmax(-1).tolist()[1:] == [0, 1, 7, 8, 8, 9, 9, 10, 10, 11, 11, 11] and N_RANK_BUCKETS == 12
-    cfg = ModelConfig(d_model=16, n_layers=1, n_heads=2, d_t=8, child_rank=True, compute_dtype="float32")
+    cfg = ModelConfig(d_model=16, n_layers=1, n_heads=2, d_t=8, child_rank=True, compute_dtype="float32",
+                      arrival=False)
     enc = ValueEncoder(cfg, key=jax.random.key(0))
     assert ValueEncoder(dataclasses.replace(cfg, child_rank=False), key=jax.random.key(0)).child_rank_emb is None
     b, s_ = 1, 3

@@ -277,8 +277,8 @@ def test_a_couriers_form_shows_only_in_the_mean_of_its_orders(planted, tmp_path)
     base = planted
     planted = write_planted(tmp_path / "couriers", replace(SPEC, couriers=16))
     meta = json.loads((planted / "planted.metadata.json").read_text())
-    assert len(meta["tasks"]) == 13 and meta["tables"]["orders"]["columns"]["courier_id"]["foreign_key"] == \
-        "couriers.courier_id"
+    assert len(meta["tasks"]) == 14 and all(meta["tables"]["orders"]["columns"][c]["foreign_key"] ==
+                                            "couriers.courier_id" for c in ("courier_id", "relay_courier_id"))
     for name in ("customers", "stores", "regions"):  # nothing else moves
         assert pq.read_table(planted / "raw" / f"{name}.parquet").equals(pq.read_table(base / "raw" / f"{name}.parquet"))
 
@@ -300,3 +300,30 @@ def test_a_couriers_form_shows_only_in_the_mean_of_its_orders(planted, tmp_path)
     store = Store.open(preprocess(planted / "raw", planted / "planted.metadata.json", tmp_path / "store",
                                   encoder=HashEncoder(16), progress=False))
     assert len(store.task_arrays("orders.handling").anchor_row) == ceil["n"]
+
+
+def test_a_handover_compares_the_two_couriers_of_an_order(tmp_path):
+    """`orders.handover` (`couriers` > 0): the relay courier is never the order's courier, the hand-over time is the
+    courier's hidden mean less the relay's (noise HANDOVER_NOISE), so it is antisymmetric in the two: a predictor that
+    sees the two courier rows as a set, not which is which, cannot beat the median by much."""
+    from dataclasses import replace
+
+    from confluence.synth.planted import HANDOVER_NOISE
+
+    planted = write_planted(tmp_path / "couriers", replace(SPEC, couriers=16))
+    orders = pq.read_table(planted / "raw" / "orders.parquet").to_pandas()
+    bayes = pq.read_table(planted / "bayes" / "orders.handover.parquet").to_pandas()
+    assert (orders["courier_id"] != orders["relay_courier_id"]).all()
+    assert abs((orders["handover"] - bayes["bayes"]).std() - HANDOVER_NOISE) < 0.5
+    # a courier's mean handling time (its form) recovers the hidden means, so the difference is learnable
+    form = orders.groupby("courier_id")["handling"].mean()
+    guess = form[orders["courier_id"]].to_numpy() - form[orders["relay_courier_id"]].to_numpy()
+    trivial = np.abs(orders["handover"] - orders["handover"].median()).mean()
+    assert np.abs(orders["handover"] - guess).mean() < 0.5 * trivial
+    # the unordered pair alone says nothing of the sign: swapping the two couriers negates the target
+    pair = orders[["courier_id", "relay_courier_id"]].min(axis=1) * 100 + orders[["courier_id",
+                                                                                  "relay_courier_id"]].max(axis=1)
+    by_pair = orders.groupby(pair)["handover"].transform("mean")
+    assert np.abs(orders["handover"] - by_pair).mean() > 0.8 * trivial
+    ceil = json.loads((planted / "ceilings.json").read_text())["tasks"]["orders.handover"]
+    assert ceil["metric"] == "mae" and ceil["ceiling"] < 0.4 * trivial

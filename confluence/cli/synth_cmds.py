@@ -27,8 +27,9 @@ def planted_cmd(
                                               help="Mean orders per customer (gamma-distributed rates)."),
     noise: float = typer.Option(0.1, "--noise", min=0.0, max=0.99,
                                 help="Share of targets redrawn at random (the ceiling accounts for it)."),
-    couriers: int = typer.Option(0, "--couriers", min=0, help="Couriers of the orders, with the root cause "
-                                 "orders.handling (a parent's form; 0: none, the database without them)."),
+    couriers: int = typer.Option(0, "--couriers", min=0, help="Couriers of the orders, with the root causes "
+                                 "orders.handling (a parent's form) and orders.handover (two couriers compared); 0: "
+                                 "none, the database without them."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out."),
 ) -> None:
     """Write a planted-signal database: one task per kind of relational signal, each with its ceiling."""

@@ -48,7 +48,7 @@ class ModelConfig:
     # configs/seed.toml sets them so (docs/design/decisions.md, "Defaults are what ships").
     SEED: ClassVar[dict[str, Any]] = {"category_codes": 0.0, "column_codes": 0.0, "row_age": False,
                                        "numeric_by_column": False, "copy_head": False, "time_reference": False,
-                                       "time_reference_gate": "learned"}
+                                       "time_reference_gate": "learned", "arrival": False}
 
     d_model: int = 256  # D, the width of every cell's hidden state
     n_layers: int = 12  # blocks (each: outbound, inbound and column attention, then a SwiGLU FFN)
@@ -85,6 +85,11 @@ class ModelConfig:
     # row of a small table of rank buckets (model.encoding.rank_buckets), so "the latest order" is one lookup
     # away; False is seed 002
     child_rank: bool = False
+    # True: every cell of a row reached through a foreign key also carries that key (the batch's `arrival`: a
+    # projection of the key column's name embedding) and whether the row was reached as a parent or a child, so a
+    # match's home team and away team, two rows of one table, are told apart; False is seed 000 (a row's parents
+    # are a set)
+    arrival: bool = True
     # True: a number also moves its cell along a direction of its own column (x times a learned projection of the
     # column-name embedding), beside the seed's direction shared by every numerical column; False is seed 002
     numeric_by_column: bool = True

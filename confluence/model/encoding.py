@@ -86,6 +86,8 @@ class ValueEncoder(eqx.Module):
     numeric_column_weight: jax.Array | None  # [D_t, D]: column-name embedding -> the column's number direction
     row_age_emb: jax.Array | None  # [A, D]: the row-age features (`age_features`) -> D (row_age off: None)
     child_rank_emb: jax.Array | None  # [N_RANK_BUCKETS, D]: a row per recency-rank bucket (child_rank off: None)
+    arrival_weight: jax.Array | None  # [D_t, D]: the arrival foreign key's name embedding -> D (arrival off: None)
+    arrival_emb: jax.Array | None  # [2, D]: reached as a parent / as a child (arrival off: None)
 
     def __init__(self, cfg: ModelConfig, *, key: jax.Array):
         k = jax.random.split(key, 11)
@@ -103,6 +105,8 @@ class ValueEncoder(eqx.Module):
         self.child_rank_emb = (normal_init(jax.random.fold_in(key, 13), (N_RANK_BUCKETS, d))
                                if cfg.child_rank else None)
         ncol = Linear(cfg.d_t, d, key=jax.random.fold_in(key, 12)).weight if cfg.numeric_by_column else None
+        self.arrival_weight = Linear(cfg.d_t, d, key=jax.random.fold_in(key, 14)).weight if cfg.arrival else None
+        self.arrival_emb = normal_init(jax.random.fold_in(key, 15), (2, d)) if cfg.arrival else None
         self.numeric_column_weight = None if ncol is None else cfg.numeric_by_column_init * ncol
 
     def __call__(self, inputs: dict[str, jax.Array], column_table: jax.Array, category_table: jax.Array) -> jax.Array:
@@ -158,4 +162,13 @@ class ValueEncoder(eqx.Module):
             h = h + matmul((age_features(inputs["row_age"]) * m(keep)).astype(dt), self.row_age_emb)
         if self.child_rank_emb is not None:
             h = h + matmul(rank_buckets(inputs["child_rank"], dt) * m(keep), self.child_rank_emb)
+        if self.arrival_weight is not None:
+            # the foreign key the row came in through, by its column's name embedding, and which way: a match's
+            # home and away team (two rows of one table, alike cell for cell) are told apart by it
+            arrival = inputs["arrival"].astype(jnp.int32)
+            came = keep & (arrival >= 0)
+            fk = jnp.where(came, arrival >> 1, 0)
+            as_child = (arrival & 1) == 1
+            h = h + project_rows(self.arrival_weight, column_table, fk, dt) * m(came)
+            h = h + matmul(jnp.stack([came & ~as_child, came & as_child], axis=-1).astype(dt), self.arrival_emb)
         return h

@@ -6,8 +6,9 @@ cells in column order followed by its child-count cells (`SamplerConfig.child_co
 windowed ones of `child_count_windows`) and, on the anchor row and the rows it references, its children's-mean cells
 (`SamplerConfig.child_means`). Every cell of a row
 carries the row's age at the observation time (`row_age`, days) and, for a row reached as a child, its recency
-rank among its parent's children through that foreign key (`child_rank`: 0 = the latest at the observation time). The last row may be cut
-at S.
+rank among its parent's children through that foreign key (`child_rank`: 0 = the latest at the observation time), and
+every row but the anchor the foreign key it was reached through (`arrival`, `batch.arrival_code`). The last row may
+be cut at S.
 Text cells hold GLOBAL text indices here; `textgather` rewrites them batch-locally.
 """
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from confluence.batch import CHILD_RANK_MAX, CHILD_RANK_UNKNOWN, ROW_AGE_UNKNOWN
+from confluence.batch import ARRIVAL_NONE, CHILD_RANK_MAX, CHILD_RANK_UNKNOWN, ROW_AGE_UNKNOWN
 from confluence.sampler.groups import Cells, Counts, Graph, Segments, Sequences, Target, Visits
 from confluence.sampler.walk import VIA_CHILD, VIA_PARENT, bit, child_mean, is_cut
 from confluence.store.format import NO_CUTOFF, NULL_TIME, STATIC_TIME
@@ -89,6 +90,18 @@ def recency_rank(r: int, parent: int, rt: int, obs: int, p_ptr: np.ndarray, p_id
 
 
 @njit(nogil=True, cache=True)
+def arrival_of(child: int, parent: int, as_child: bool, skip_cut: bool, p_ptr: np.ndarray, p_idx: np.ndarray,
+               p_col: np.ndarray, cut_cols: np.ndarray) -> int:
+    """`batch.arrival_code` of the foreign key through which `child` references `parent` (its first such edge,
+    skipping the task's cut columns when `skip_cut`: the anchor's edges the walk did not follow), for a row reached
+    as a child (`as_child`) or as a parent; ARRIVAL_NONE when no edge links them."""
+    for e in range(p_ptr[child], p_ptr[child + 1]):
+        if p_idx[e] == parent and not (skip_cut and is_cut(p_col[e], cut_cols)):
+            return 2 * p_col[e] + (1 if as_child else 0)
+    return ARRIVAL_NONE
+
+
+@njit(nogil=True, cache=True)
 def linearize_chunk(lo: int, hi: int, seq_len: int, sequences: tuple, visits: tuple, target: tuple, graph: tuple,
                     counts: tuple, segments: tuple, ages_on: bool, ranks_on: bool, cells: tuple) -> None:
     """Fill the cell tensors and the F->P edge list of sequences lo..hi-1 (outputs must hold their fill values).
@@ -119,7 +132,7 @@ def linearize_chunk(lo: int, hi: int, seq_len: int, sequences: tuple, visits: tu
         out.is_null
     numeric_values, timestamp_values, bool_values = out.numeric_values, out.timestamp_values, out.bool_values
     categorical_embed_ids, text_embed_ids, is_target = out.categorical_embed_ids, out.text_embed_ids, out.is_target
-    is_padding, row_age, child_rank = out.is_padding, out.row_age, out.child_rank
+    is_padding, row_age, child_rank, arrival = out.is_padding, out.row_age, out.child_rank, out.arrival
     for b in range(lo, hi):
         nr = nrows[b]
         ne = 0
@@ -162,6 +175,11 @@ def linearize_chunk(lo: int, hi: int, seq_len: int, sequences: tuple, visits: tu
             if ranks_on and ages_on and via[b, i] == VIA_CHILD and rt != STATIC_TIME and rt != NULL_TIME:
                 rank = recency_rank(r, rows[b, src[b, i]], rt, obs_times[b], p_ptr, p_idx, p_col, seg_ptr, seg_off,
                                     seg_col, c_time)
+            arr = ARRIVAL_NONE
+            if via[b, i] == VIA_PARENT:  # the row it came from references it
+                arr = arrival_of(rows[b, src[b, i]], r, False, src[b, i] == 0, p_ptr, p_idx, p_col, cut_cols)
+            elif via[b, i] == VIA_CHILD:  # it references the row it came from
+                arr = arrival_of(r, rows[b, src[b, i]], True, False, p_ptr, p_idx, p_col, cut_cols)
             for kk in range(tab_col_ptr[t], tab_col_ptr[t + 1]):
                 if pos >= seq_len:
                     break
@@ -184,6 +202,7 @@ def linearize_chunk(lo: int, hi: int, seq_len: int, sequences: tuple, visits: tu
                 seq_row_ids[b, pos] = i
                 row_age[b, pos] = age
                 child_rank[b, pos] = rank
+                arrival[b, pos] = arr
                 if not valid:
                     is_null[b, pos] = True
                 elif s == _NUM:
@@ -219,6 +238,7 @@ def linearize_chunk(lo: int, hi: int, seq_len: int, sequences: tuple, visits: tu
                 seq_row_ids[b, pos] = i
                 row_age[b, pos] = age
                 child_rank[b, pos] = rank
+                arrival[b, pos] = arr
                 if w > 0 and obs_times[b] == NO_CUTOFF:
                     is_null[b, pos] = True  # no observation time: no window to count in
                 else:
@@ -241,6 +261,7 @@ def linearize_chunk(lo: int, hi: int, seq_len: int, sequences: tuple, visits: tu
                     seq_row_ids[b, pos] = i
                     row_age[b, pos] = age
                     child_rank[b, pos] = rank
+                    arrival[b, pos] = arr
                     numeric_values[b, pos] = m
                     shown_means += 1
                     pos += 1

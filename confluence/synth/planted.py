@@ -20,14 +20,17 @@ One database holds every signal, each behind its own task, so one preprocessing 
 | `orders.fee` | a number whose level moves with time | 10 x 2^(years since the start) x lognormal(0, 0.1) | 10 x 2^years |
 | `customer_amount_90d` | a sum of children's values in a time window | sum of amounts in (t - 90 days, t] | the sum itself |
 | `orders.handling` (with `couriers`) | a parent's form: the mean of many earlier siblings' values | the courier's hidden mean + N(0, 15) minutes | the courier's mean |
+| `orders.handover` (with `couriers`) | two parents of one table compared | the courier's hidden mean - the relay courier's + N(0, 5) | that difference |
 
-The last four are the root causes of losses to LightGBM found on real databases (docs/design/learnability.md): they are
-drawn from a second and a third generator, so the columns of the first nine signals keep their bytes. The last one,
+The last five are the root causes of losses to LightGBM found on real databases (docs/design/learnability.md): they are
+drawn from a second and a third generator, so the columns of the first nine signals keep their bytes. The last two,
 only in a database drawn with `couriers` > 0 (`synth planted --couriers 16`; without, the database is byte for byte
 what it was before it existed), stands for a match decided by the teams' form: a courier carries about a thousand
 orders, one order's handling time says little about its courier (noise 15 minutes against a spread of 12 between
 couriers), and only the mean over many of the courier's earlier orders tells it; the courier's row says nothing (its
-`vehicle` is drawn apart). It is opt-in because the courier on every order changes what the other signals' contexts
+`vehicle` is drawn apart). `orders.handover` stands for a match's goal difference: each order also names a relay
+courier (another one, through a second foreign key to `couriers`), and the hand-over time is the difference of the
+two couriers' forms, so a predictor must tell which of the order's two courier rows is which. It is opt-in because the courier on every order changes what the other signals' contexts
 hold (docs/design/learnability.md).
 
 `noise` is the share of rows whose categorical target is redrawn uniformly (and it sets the flip rate of the
@@ -87,6 +90,7 @@ VEHICLES = ("bike", "car", "van")
 HANDLING_MEAN = 45.0  # minutes: the couriers' mean handling times are HANDLING_MEAN + COURIER_SPREAD x N(0, 1) ...
 COURIER_SPREAD = 12.0
 HANDLING_NOISE = 15.0  # ... and an order's handling time is its courier's + HANDLING_NOISE x N(0, 1)
+HANDOVER_NOISE = 5.0  # an order's hand-over time: its courier's mean - its relay courier's + HANDOVER_NOISE x N(0, 1)
 
 
 @dataclass(frozen=True)
@@ -283,14 +287,22 @@ def generate(spec: PlantedSpec = PlantedSpec()) -> PlantedDatabase:
         courier = rng3.integers(0, spec.couriers, m)
         handling_bayes = courier_mean[courier]
         handling = np.round(handling_bayes + HANDLING_NOISE * rng3.standard_normal(m), 1)
+        relay = rng3.integers(0, spec.couriers - 1, m) if spec.couriers > 1 else courier
+        relay = np.where(relay >= courier, relay + 1, relay) if spec.couriers > 1 else relay  # never the courier
+        handover_bayes = courier_mean[courier] - courier_mean[relay]
+        handover = np.round(handover_bayes + HANDOVER_NOISE * rng3.standard_normal(m), 1)
         tables["couriers"] = pa.table({
             "courier_id": pa.array(np.arange(1, spec.couriers + 1), pa.int64()),
             "vehicle": [VEHICLES[i] for i in rng3.integers(0, len(VEHICLES), spec.couriers)],
         })
         tables["orders"] = orders.append_column("courier_id", pa.array(courier + 1, pa.int64())).append_column(
-            "handling", pa.array(handling, pa.float64()))
+            "handling", pa.array(handling, pa.float64())).append_column(
+            "relay_courier_id", pa.array(relay + 1, pa.int64())).append_column(
+            "handover", pa.array(handover, pa.float64()))
         bayes["orders.handling"] = pa.table({"order_id": np.arange(1, m + 1), "target": handling,
                                              "bayes": handling_bayes})
+        bayes["orders.handover"] = pa.table({"order_id": np.arange(1, m + 1), "target": handover,
+                                             "bayes": handover_bayes})
     bayes |= _derived_bayes(tables)
     metadata = planted_metadata(spec)
     return PlantedDatabase(tables, metadata, bayes, {t: ceiling(t, b) for t, b in bayes.items()})
@@ -355,9 +367,10 @@ SIGNALS = {
     "orders.total": ("a number close to a function of same-row numbers", "numerical"),
     "orders.fee": ("a number whose level moves with time", "numerical"),
     "orders.handling": ("a parent's form: the mean of many earlier siblings' values", "numerical"),
+    "orders.handover": ("two parents of one table compared: one's form against the other's", "numerical"),
 } | {k: (v[3], v[2]) for k, v in DERIVED_QUERIES.items()}
 # the signals behind the losses to LightGBM on real databases: judged against LightGBM (docs/design/learnability.md)
-ROOT_CAUSES = ("orders.total", "orders.fee", "customer_amount_90d", "orders.handling")
+ROOT_CAUSES = ("orders.total", "orders.fee", "customer_amount_90d", "orders.handling", "orders.handover")
 
 
 def derived_query(task: str) -> str:
@@ -423,6 +436,8 @@ def planted_metadata(spec: PlantedSpec) -> dict[str, Any]:
     }
     if spec.couriers:
         cell["orders.handling"] = ("handling", "numerical", "handling time, planted around the courier's hidden mean")
+        cell["orders.handover"] = ("handover", "numerical",
+                                   "hand-over time, planted as the courier's hidden mean less the relay courier's")
     tasks: dict[str, Any] = {}
     for task, (col, stype, desc) in cell.items():
         table = task.split(".")[0]
@@ -466,7 +481,10 @@ def planted_metadata(spec: PlantedSpec) -> dict[str, Any]:
     if spec.couriers:
         meta["tables"]["orders"]["columns"] |= {
             "courier_id": {"stype": "identifier", "foreign_key": "couriers.courier_id"},
-            "handling": {"stype": "numerical", "description": "minutes from order to hand-over"}}
+            "handling": {"stype": "numerical", "description": "minutes from order to hand-over"},
+            "relay_courier_id": {"stype": "identifier", "foreign_key": "couriers.courier_id",
+                                 "description": "the courier who takes the order over"},
+            "handover": {"stype": "numerical", "description": "minutes the hand-over to the relay courier took"}}
         meta["tables"]["couriers"] = {"primary_key": "courier_id", "columns": {
             "courier_id": {"stype": "identifier"}, "vehicle": {"stype": "categorical"}}}
     return meta

@@ -129,6 +129,7 @@ ADDED_PARTS: dict[str, Callable[[Any], Any]] = {
     "copy_head": lambda m: m.copy,
     "link_head": lambda m: m.link,
     "child_rank": lambda m: m.encoder.child_rank_emb,
+    "arrival": lambda m: (m.encoder.arrival_weight, m.encoder.arrival_emb),
     "time_reference": lambda m: m.time_ref,
     "attention_sink": lambda m: tuple(getattr(b, a).sink for b in m.blocks for a in ("attn_out", "attn_in", "attn_col")),
 }

@@ -38,7 +38,8 @@ from confluence.toolkit.optim import (
 # Leaf names of the 2-D core matrices (attention projections, SDPA gates, SwiGLU) inside `blocks`: Muon.
 CORE_MATRICES = frozenset({"w_q", "w_k", "w_v", "w_o", "w_gate", "w_up", "w_down"})
 # AdamW leaves that get weight decay: weights of encoders / heads and the learned embeddings.
-DECAYED = frozenset({"weight", "boolean_encoder", "identifier_emb", "null_emb", "mask_emb", "child_rank_emb"})
+DECAYED = frozenset({"weight", "boolean_encoder", "identifier_emb", "null_emb", "mask_emb", "child_rank_emb",
+                     "arrival_weight", "arrival_emb"})
 
 
 def param_labels(params) -> object:
