@@ -121,7 +121,7 @@ def test_the_encoder_tells_two_keys_and_the_two_ways_apart():
     from confluence.model.config import ModelConfig
     from confluence.model.encoding import ValueEncoder
 
-    cfg = ModelConfig(d_model=16, n_layers=1, n_heads=2, d_t=8, compute_dtype="float32")
+    cfg = ModelConfig(d_model=16, n_layers=1, n_heads=2, d_t=8, compute_dtype="float32", arrival_init=1.0)
     assert cfg.arrival and ValueEncoder(dataclasses.replace(cfg, arrival=False), key=jax.random.key(0)).arrival_weight \
         is None
     enc = ValueEncoder(cfg, key=jax.random.key(0))
@@ -144,3 +144,8 @@ def test_the_encoder_tells_two_keys_and_the_two_ways_apart():
                                atol=1e-5)
     assert not np.allclose(h[0, 1], h[0, 2]) and not np.allclose(h[0, 1], h[0, 3])
     np.testing.assert_array_equal(h[0, 4], 0)  # padding stays zero
+    # by default the encoding starts at zero: the model starts as the one without arrival, cell for cell
+    plain = ValueEncoder(dataclasses.replace(cfg, arrival=False), key=jax.random.key(0))
+    zero = ValueEncoder(dataclasses.replace(cfg, arrival_init=0.0), key=jax.random.key(0))
+    assert ModelConfig().arrival_init == 0.0
+    np.testing.assert_array_equal(zero(inputs, table, jnp.zeros((2, 8))), plain(inputs, table, jnp.zeros((2, 8))))

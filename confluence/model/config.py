@@ -90,6 +90,11 @@ class ModelConfig:
     # match's home team and away team, two rows of one table, are told apart; False is seed 000 (a row's parents
     # are a set)
     arrival: bool = True
+    # scale of the arrival encoding's initialisation (its projection as the column-name encoder's, times this): 0
+    # starts the model as the one without arrival, which learns to read it as it pays; at 1 the key's embedding
+    # as large as the cell's own column's slowed the planted parent's-attribute signal (docs/design/decisions.md,
+    # "Arrival")
+    arrival_init: float = 0.0
     # True: a number also moves its cell along a direction of its own column (x times a learned projection of the
     # column-name embedding), beside the seed's direction shared by every numerical column; False is seed 002
     numeric_by_column: bool = True
@@ -130,7 +135,7 @@ class ModelConfig:
             raise ConfigError(f"kernel_{which}", problem)
         one_of("copy_numbers", self.copy_numbers, ("mean", "median"))
         one_of("time_reference_gate", self.time_reference_gate, ("learned", "open"))
-        non_negative(self, "category_codes", "numeric_by_column_init", "column_codes")
+        non_negative(self, "category_codes", "numeric_by_column_init", "column_codes", "arrival_init")
 
     @property
     def d_head(self) -> int:

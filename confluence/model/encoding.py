@@ -105,8 +105,11 @@ class ValueEncoder(eqx.Module):
         self.child_rank_emb = (normal_init(jax.random.fold_in(key, 13), (N_RANK_BUCKETS, d))
                                if cfg.child_rank else None)
         ncol = Linear(cfg.d_t, d, key=jax.random.fold_in(key, 12)).weight if cfg.numeric_by_column else None
-        self.arrival_weight = Linear(cfg.d_t, d, key=jax.random.fold_in(key, 14)).weight if cfg.arrival else None
-        self.arrival_emb = normal_init(jax.random.fold_in(key, 15), (2, d)) if cfg.arrival else None
+        # scaled by `arrival_init` (0 by default: the model starts as the one without arrival, cell for cell)
+        a = cfg.arrival_init
+        self.arrival_weight = (a * Linear(cfg.d_t, d, key=jax.random.fold_in(key, 14)).weight if cfg.arrival
+                               else None)
+        self.arrival_emb = a * normal_init(jax.random.fold_in(key, 15), (2, d)) if cfg.arrival else None
         self.numeric_column_weight = None if ncol is None else cfg.numeric_by_column_init * ncol
 
     def __call__(self, inputs: dict[str, jax.Array], column_table: jax.Array, category_table: jax.Array) -> jax.Array:
