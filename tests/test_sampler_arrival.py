@@ -89,6 +89,18 @@ def test_an_orders_two_couriers_come_in_through_their_own_keys(couriers_store):
         assert codes == {arrival_code(courier, False), arrival_code(relay, False)}, b
 
 
+def test_sample_show_names_the_key_each_row_came_in_through(couriers_store):
+    from confluence.sampler.show import render_sequence
+
+    s = Sampler([couriers_store], CFG)
+    res = s.build("orders.handover", np.arange(2))
+    rows = [line for line in render_sequence(res, s.data[0], 0, "orders.handover").splitlines()
+            if line.startswith("  r")]
+    assert "through" not in rows[0]  # the anchor
+    couriers = [line for line in rows if " couriers " in line and " parent " in line and " r0 " in line]
+    assert sorted(line.split("through ")[1] for line in couriers) == ["orders.courier_id", "orders.relay_courier_id"]
+
+
 def test_labels_and_the_anchor_have_no_arrival(couriers_store):
     s = Sampler([couriers_store], dataclasses.replace(CFG, labels=4))
     res = s.build("customer_mean_amount", np.arange(8))

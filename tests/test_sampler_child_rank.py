@@ -171,5 +171,5 @@ def test_sample_show_prints_each_child_rows_rank(store):
     text = render_sequence(res, s.data[0], 0, "customer_last_channel")
     rows = [line for line in text.splitlines() if line.startswith("  r")]
     child = [line for line in rows if " child " in line and " orders " in line]
-    assert child and all("rank " in line for line in child) and any(line.endswith("rank 0") for line in child)
+    assert child and all("rank " in line for line in child) and any("rank 0 " in line for line in child)
     assert not any("rank" in line for line in rows if " parent " in line or " seed " in line)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from confluence.batch import CHILD_RANK_UNKNOWN
+from confluence.batch import ARRIVAL_NONE, CHILD_RANK_UNKNOWN
 from confluence.sampler.builder import BuildResult
 from confluence.sampler.data import SamplerData
 from confluence.store.format import INT64_MAX
@@ -149,10 +149,13 @@ def render_sequence(res: BuildResult, data: SamplerData, b: int = 0, task_name: 
     out.append(f"{n} real cells + {x.seq_len - n} padding = S {x.seq_len}; {nr} rows (R padded to {x.num_rows})")
     out.append("")
     out.append(f"rows (sequence-local id, table, {'primary key' if dec else 'table row'}, reached via, from row, hops, "
-               "cells, recency rank among the parent's children where known: 0 = the latest)")
+               "cells, recency rank among the parent's children where known: 0 = the latest, the foreign key it came in "
+               "through)")
     cells_per_row = np.bincount(x.seq_row_ids[b, :n], minlength=nr)
     rank = np.full(nr, CHILD_RANK_UNKNOWN, np.int64)  # a row's cells share its rank; the target cell has none
     rank[x.seq_row_ids[b, 1:n]] = x.child_rank[b, 1:n]
+    arrival = np.full(nr, ARRIVAL_NONE, np.int64)  # the foreign key each row came in through (batch.arrival_code)
+    arrival[x.seq_row_ids[b, 1:n]] = x.arrival[b, 1:n]
     n_walk = nr - (int((res.labels[b] >= 0).sum()) if res.labels is not None else 0)
     for i in range(nr):
         g = int(res.rows[b, i])
@@ -164,6 +167,7 @@ def render_sequence(res: BuildResult, data: SamplerData, b: int = 0, task_name: 
             f"  r{i:<4d} {what:<20s} {who:<20s} "
             f"{_VIA[int(res.via[b, i])]:<7s} {'' if src < 0 else f'r{src}':<6s} hops {int(res.hops[b, i]):<3d} "
             f"cells {int(cells_per_row[i])}" + ("" if rank[i] == CHILD_RANK_UNKNOWN else f"   rank {int(rank[i])}")
+            + ("" if arrival[i] < 0 else f"   through {data.column_names[int(arrival[i]) >> 1]}")
         )
     if n_walk < nr:
         out.append(f"  (r{n_walk}.. are labelled task rows: the label # is the task's seed, the row its anchor; "
