@@ -67,17 +67,25 @@ def local_row(hkeys: np.ndarray, hvals: np.ndarray, cap: int, row: int) -> int:
     return -1
 
 
+@njit(nogil=True, cache=True, inline="always")
+def linking_fk(child: int, parent: int, skip_cut: bool, p_ptr: np.ndarray, p_idx: np.ndarray, p_col: np.ndarray,
+               cut_cols: np.ndarray) -> int:
+    """The foreign-key column through which `child` references `parent` (its first such edge, skipping the task's
+    cut columns when `skip_cut`: the anchor's edges the walk did not follow); -1 when no edge links them. The one
+    scan behind a row's recency rank and its `arrival` (`batch.arrival_code`: 2 x this column, + 1 as a child)."""
+    for e in range(p_ptr[child], p_ptr[child + 1]):
+        if p_idx[e] == parent and not (skip_cut and is_cut(p_col[e], cut_cols)):
+            return p_col[e]
+    return -1
+
+
 @njit(nogil=True, cache=True)
 def recency_rank(r: int, parent: int, rt: int, obs: int, p_ptr: np.ndarray, p_idx: np.ndarray, p_col: np.ndarray,
                  seg_ptr: np.ndarray, seg_off: np.ndarray, seg_col: np.ndarray, c_time: np.ndarray) -> int:
     """How many rows referencing `parent` through the foreign key that links row `r` (time `rt`) to it have a
     time in (rt, obs]: 0 for the parent's latest child at the observation time (ties share a rank). Read from
     the parent's time-sorted per-foreign-key child segment; CHILD_RANK_UNKNOWN when no edge links them."""
-    fk = -1
-    for e in range(p_ptr[r], p_ptr[r + 1]):
-        if p_idx[e] == parent:
-            fk = p_col[e]
-            break
+    fk = linking_fk(r, parent, False, p_ptr, p_idx, p_col, p_col[:0])
     if fk < 0:
         return CHILD_RANK_UNKNOWN
     hi = obs if obs != NO_CUTOFF else NULL_TIME - 1  # without a cut-off: every child with a time
@@ -87,18 +95,6 @@ def recency_rank(r: int, parent: int, rt: int, obs: int, p_ptr: np.ndarray, p_id
             n = np.searchsorted(times, hi, side="right") - np.searchsorted(times, rt, side="right")
             return min(max(n, 0), CHILD_RANK_MAX)
     return CHILD_RANK_UNKNOWN
-
-
-@njit(nogil=True, cache=True)
-def arrival_of(child: int, parent: int, as_child: bool, skip_cut: bool, p_ptr: np.ndarray, p_idx: np.ndarray,
-               p_col: np.ndarray, cut_cols: np.ndarray) -> int:
-    """`batch.arrival_code` of the foreign key through which `child` references `parent` (its first such edge,
-    skipping the task's cut columns when `skip_cut`: the anchor's edges the walk did not follow), for a row reached
-    as a child (`as_child`) or as a parent; ARRIVAL_NONE when no edge links them."""
-    for e in range(p_ptr[child], p_ptr[child + 1]):
-        if p_idx[e] == parent and not (skip_cut and is_cut(p_col[e], cut_cols)):
-            return 2 * p_col[e] + (1 if as_child else 0)
-    return ARRIVAL_NONE
 
 
 @njit(nogil=True, cache=True)
@@ -175,11 +171,13 @@ def linearize_chunk(lo: int, hi: int, seq_len: int, sequences: tuple, visits: tu
             if ranks_on and ages_on and via[b, i] == VIA_CHILD and rt != STATIC_TIME and rt != NULL_TIME:
                 rank = recency_rank(r, rows[b, src[b, i]], rt, obs_times[b], p_ptr, p_idx, p_col, seg_ptr, seg_off,
                                     seg_col, c_time)
-            arr = ARRIVAL_NONE
+            arr = ARRIVAL_NONE  # batch.arrival_code of the key the row came in through
             if via[b, i] == VIA_PARENT:  # the row it came from references it
-                arr = arrival_of(rows[b, src[b, i]], r, False, src[b, i] == 0, p_ptr, p_idx, p_col, cut_cols)
+                fk = linking_fk(rows[b, src[b, i]], r, src[b, i] == 0, p_ptr, p_idx, p_col, cut_cols)
+                arr = ARRIVAL_NONE if fk < 0 else 2 * fk
             elif via[b, i] == VIA_CHILD:  # it references the row it came from
-                arr = arrival_of(r, rows[b, src[b, i]], True, False, p_ptr, p_idx, p_col, cut_cols)
+                fk = linking_fk(r, rows[b, src[b, i]], False, p_ptr, p_idx, p_col, cut_cols)
+                arr = ARRIVAL_NONE if fk < 0 else 2 * fk + 1
             for kk in range(tab_col_ptr[t], tab_col_ptr[t + 1]):
                 if pos >= seq_len:
                     break

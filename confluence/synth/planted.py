@@ -30,8 +30,8 @@ orders, one order's handling time says little about its courier (noise 15 minute
 couriers), and only the mean over many of the courier's earlier orders tells it; the courier's row says nothing (its
 `vehicle` is drawn apart). `orders.handover` stands for a match's goal difference: each order also names a relay
 courier (another one, through a second foreign key to `couriers`), and the hand-over time is the difference of the
-two couriers' forms, so a predictor must tell which of the order's two courier rows is which. It is opt-in because the courier on every order changes what the other signals' contexts
-hold (docs/design/learnability.md).
+two couriers' forms, so a predictor must tell which of the order's two courier rows is which. They are opt-in
+because the courier on every order changes what the other signals' contexts hold (docs/design/learnability.md).
 
 `noise` is the share of rows whose categorical target is redrawn uniformly (and it sets the flip rate of the
 booleans' generating probabilities); the derived (windowed) targets are exact functions of the visible past, so their
