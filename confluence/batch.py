@@ -9,9 +9,10 @@ NumPy arrays with exactly the dtypes of seed 000. Index spaces:
 * batch-local:     `text_embed_ids` (0..U-1 into `text_batch_embeddings`)
 
 Fields beyond seed 000 (documented in docs/design/architecture.md): `row_age`, `child_rank`, `arrival`, `task_idx`,
-`db_idx`, `cat_block_start`, `cat_count`, `seed_ids`, `anchor_rows`, `obs_times`, `seq_valid`. They are scalars or `[B]` vectors that the
-loss (categorical block), evaluation (which seed a sequence came from) and the last partial batch of an
-evaluation pass (`seq_valid`) need.
+`db_idx`, `cat_block_start`, `cat_count`, `seed_ids`, `anchor_rows`, `obs_times`, `wait_ref`, `wait_scale`,
+`seq_valid`. They are scalars or `[B]` vectors that the loss (categorical block, a wait's scale), the model (a
+wait's reference), evaluation (which seed a sequence came from) and the last partial batch of an evaluation pass
+(`seq_valid`) need.
 """
 
 from __future__ import annotations
@@ -123,6 +124,19 @@ class TrainingBatch:
     anchor_rows: np.ndarray  # int64, global row index of the anchor (seed) row
     obs_times: np.ndarray  # int64, observation time in epoch microseconds (INT64_MAX: no cut-off)
     seq_valid: np.ndarray  # bool, False for filler sequences of a last partial batch
+    # --- [B] a wait (beyond seed 000): for a timestamp task with observation times, the epoch z-score of the
+    # observation time plus the task's median wait on its train split (`wait_ref`) and the train waits' mean absolute
+    # deviation from that median in z-units (`wait_scale`, the unit the answer and its loss are read in); 0 and 0
+    # for every other sequence (`confluence.sampler.waits`). None: zeros
+    wait_ref: np.ndarray | None = None  # float32
+    wait_scale: np.ndarray | None = None  # float32
+
+    def __post_init__(self) -> None:
+        b = self.semantic_types.shape[0]
+        if self.wait_ref is None:
+            self.wait_ref = np.zeros(b, np.float32)
+        if self.wait_scale is None:
+            self.wait_scale = np.zeros(b, np.float32)
 
     @property
     def batch_size(self) -> int:
@@ -157,6 +171,10 @@ class TrainingBatch:
                 raise ValueError(f"TrainingBatch.{name}: got {arr.dtype}{arr.shape}, expected int64[{b}]")
         if self.seq_valid.dtype != np.bool_ or self.seq_valid.shape != (b,):
             raise ValueError(f"TrainingBatch.seq_valid: expected bool[{b}]")
+        for name in ("wait_ref", "wait_scale"):
+            arr = getattr(self, name)
+            if arr.dtype != np.float32 or arr.shape != (b,):
+                raise ValueError(f"TrainingBatch.{name}: got {arr.dtype}{arr.shape}, expected float32[{b}]")
 
     def arrays(self) -> dict[str, np.ndarray]:
         """All array fields by name (what is shipped to the device)."""

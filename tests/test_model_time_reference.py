@@ -219,3 +219,68 @@ def test_an_open_gate_setting_ignores_the_learned_gate_and_closes_only_without_t
     out, _ = _run(_set(tiny_model(opened), 30.0), edit=_no_timestamps)
     base, _ = _run(plain, edit=_no_timestamps)
     np.testing.assert_allclose(np.asarray(out.ts_preds), np.asarray(base.ts_preds), rtol=1e-5, atol=1e-5)
+
+
+WAIT = dataclasses.replace(REF, time_wait=True)
+
+
+def _with_waits(ref: np.ndarray, scale: np.ndarray):
+    def edit(i):
+        i = dict(i)
+        i["wait_ref"], i["wait_scale"] = np.asarray(ref, np.float32), np.asarray(scale, np.float32)
+        return i
+    return edit
+
+
+def _set_wait(model, bias: float):
+    r = model.time_ref
+    r = eqx.tree_at(lambda r: (r.wait.weight, r.wait.bias), r,
+                    (jnp.zeros_like(r.wait.weight), jnp.full_like(r.wait.bias, bias)))
+    return eqx.tree_at(lambda m: m.time_ref, model, r)
+
+
+def test_a_sequence_with_a_wait_is_its_reference_plus_the_wait_in_its_unit():
+    """With `time_wait`, a sequence whose `wait_scale` s > 0 answers `wait_ref + s * wait(h)` whatever the pointer
+    and gate say; a sequence with s = 0 answers as the model without waits (the same parameters otherwise)."""
+    ref = np.linspace(-1.0, 1.0, 8)
+    scale = np.array([0.0, 0.01, 0.0, 0.5, 0.002, 0.0, 1.0, 0.03])
+    model = _set_wait(_set(tiny_model(WAIT), 0.0, uniform=False, offset=None), 1.5)
+    out, _ = _run(model, edit=_with_waits(ref, scale))
+    without, _ = _run(eqx.tree_at(lambda m: m.time_ref.wait, model, None, is_leaf=lambda x: x is None),
+                      edit=_with_waits(ref, scale))
+    got, plain = np.asarray(out.ts_preds[:, -1], np.float64), np.asarray(without.ts_preds[:, -1], np.float64)
+    has = scale > 0
+    np.testing.assert_allclose(got[has], (ref + 1.5 * scale)[has], rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(got[~has], plain[~has])
+    np.testing.assert_array_equal(np.asarray(out.ts_preds[:, :-1]), np.asarray(without.ts_preds[:, :-1]))
+    np.testing.assert_array_equal(np.asarray(out.ts_epoch_scale), np.where(has, scale, 1.0).astype(np.float32))
+    assert without.ts_epoch_scale is None
+
+
+def test_a_waits_epoch_loss_is_read_in_its_unit():
+    """The epoch term of a sequence with a wait is Huber of the error divided by its scale (a month of a 150-year
+    database is a unit, not 0.003); the cyclic terms and the heads' own epoch keep their loss."""
+    from confluence.model.loss import huber
+
+    scale = np.array([0.0, 0.01, 0.0, 0.5, 0.002, 0.0, 1.0, 0.03])
+    model = _set_wait(tiny_model(WAIT), 0.3)
+    db = tiny_db()
+    col, cat = tables(db)
+    inputs = _with_waits(np.zeros(8), scale)(batch_to_inputs(tiny_batch(db, task=TS, b=8, s=64, r=12)))
+    inputs = {k: jnp.asarray(v) for k, v in inputs.items()}
+    cfg = LossConfig(max_k=MAX_K)
+    out = model.at_targets(inputs, col, cat)
+    parts = target_loss(out, inputs, model.encoder, cat, cfg)
+    tgt = np.asarray(inputs["target_timestamp"], np.float64)
+    pred = np.asarray(out.ts_preds, np.float64)
+    unit = np.where(scale > 0, scale, 1.0)
+    cyc = np.mean(np.asarray(huber(jnp.asarray(pred[:, :14] - tgt[:, :14]), cfg.huber_delta)), axis=1)
+    epoch = np.asarray(huber(jnp.asarray((pred[:, 14] - tgt[:, 14]) / unit), cfg.huber_delta))
+    head = np.asarray(huber(out.ts_epoch_head - inputs["target_timestamp"][:, -1], cfg.huber_delta))
+    per = cyc + cfg.ts_scalar_weight * (epoch + head)
+    null = np.asarray(inputs["target_is_null"], np.float64)
+    w = np.asarray(parts.weight, np.float64)
+    np.testing.assert_allclose(float(parts.type_loss), np.sum((1 - null) * per * w) / w.sum(), rtol=1e-5)
+    # the wait decoder is trained by it
+    g = jax.grad(lambda m: target_loss(m.at_targets(inputs, col, cat), inputs, m.encoder, cat, cfg).loss)(model)
+    assert float(jnp.abs(g.time_ref.wait.weight).sum()) > 0

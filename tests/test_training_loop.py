@@ -240,6 +240,39 @@ def test_init_from_a_checkpoint_without_added_parts_loads_the_rest(tiny_store, t
             np.testing.assert_array_equal(a, b)
 
 
+def test_init_from_a_time_reference_without_waits_grafts_them(tiny_store, tmp_path):
+    """`model.time_wait` adds one decoder inside the time reference: a checkpoint made with the reference but
+    without it loads, the decoder starting from the new run's initialisation; without the reference it is moot."""
+    import dataclasses
+
+    import equinox as eqx
+
+    from confluence.training.loop import ADDED_PARTS
+
+    cfg = _cfg(loop={"max_steps": 3, "ckpt_every": 3, "val_every": 3})
+    ref = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, time_reference=True, time_wait=False))
+    with open_stream([tiny_store], ref) as s:
+        first = train(ref, s, tmp_path / "a", progress=False)
+    new_cfg = dataclasses.replace(ref, model=dataclasses.replace(ref.model, time_wait=True)).with_max_steps(0)
+    with open_stream([tiny_store], new_cfg) as s:
+        fine = train(new_cfg, s, tmp_path / "b", init_from=tmp_path / "a", progress=False)
+    shared = eqx.tree_at(ADDED_PARTS["time_wait"], fine.params, None, is_leaf=lambda x: x is None)
+    for a, b in zip(_leaves(first.params), _leaves(shared), strict=True):
+        np.testing.assert_array_equal(a, b)
+    fresh = RelationalTransformer(new_cfg.model, key=jax.random.key(new_cfg.seed))
+    for a, b in zip(_leaves(ADDED_PARTS["time_wait"](fresh)), _leaves(ADDED_PARTS["time_wait"](fine.params)),
+                    strict=True):
+        np.testing.assert_array_equal(a, b)
+    # waits without the time reference: nothing to graft, the checkpoint loads as it is
+    plain = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, time_wait=False))
+    with open_stream([tiny_store], plain) as s:
+        train(plain, s, tmp_path / "c", progress=False)
+    moot = dataclasses.replace(plain, model=dataclasses.replace(plain.model, time_wait=True)).with_max_steps(0)
+    with open_stream([tiny_store], moot) as s:
+        again = train(moot, s, tmp_path / "d", init_from=tmp_path / "c", progress=False)
+    assert again.params.time_ref is None
+
+
 def test_init_from_grafts_added_parts_when_only_parameterless_settings_differ(tiny_store, tmp_path):
     """`make demo`'s path: the shipped model copies medians (`copy_numbers`, which shapes no parameter) and has no
     time reference; a run copying means with the time reference still starts from it."""

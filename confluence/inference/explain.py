@@ -212,7 +212,7 @@ def occluded(batch: TrainingBatch, items: list[Item], how: str = "remove", donor
                 changes[f][j, pos[ok]] = donors.values[f][src[ok]]
             changes["is_null"][j, pos[~ok]] = True
     changes["fk_adj"] = batch.fk_adj[idx]
-    for f in ("seed_ids", "anchor_rows", "obs_times"):
+    for f in ("seed_ids", "anchor_rows", "obs_times", "wait_ref", "wait_scale"):
         changes[f] = getattr(batch, f)[idx]
     valid = np.zeros(b, bool)
     valid[:n] = True

@@ -48,7 +48,8 @@ class ModelConfig:
     # configs/seed.toml sets them so (docs/design/decisions.md, "Defaults are what ships").
     SEED: ClassVar[dict[str, Any]] = {"category_codes": 0.0, "column_codes": 0.0, "row_age": False,
                                        "numeric_by_column": False, "copy_head": False, "time_reference": False,
-                                       "time_reference_gate": "learned", "arrival": False}
+                                       "time_reference_gate": "learned", "arrival": False,
+                                       "time_wait": False}
 
     d_model: int = 256  # D, the width of every cell's hidden state
     n_layers: int = 12  # blocks (each: outbound, inbound and column attention, then a SwiGLU FFN)
@@ -117,6 +118,11 @@ class ModelConfig:
     # (a gate from the target's state, the first form, which answered "when next" times days early on the tune
     # databases' validation; docs/design/decisions.md, "The time reference's gate")
     time_reference_gate: Literal["learned", "open"] = "open"
+    # True: a timestamp task with observation times ("when next") is answered as the observation time plus the
+    # task's median wait plus a wait read in the task's own unit (the train waits' mean absolute deviation), and its
+    # epoch loss is read in that unit (`confluence.sampler.waits`; needs time_reference); False: such a task is
+    # answered like any timestamp, its errors of weeks measured on the database's whole time span
+    time_wait: bool = True
     # the attention kinds whose softmax also has a learned per-head sink: a virtual key with a learned logit and a
     # zero value, so a query can attend to "nothing" and the output's size tells how many keys matched (softmax
     # alone averages: 3 matching children and 30 give the same output); () is seed 000's softmax

@@ -31,6 +31,9 @@ class ModelOutput(NamedTuple):
     # time reference only (at the target cells, else None): [B] the heads' own epoch before the reference mixed in,
     # which keeps the seed's loss (`model.loss.target_loss`): what the absolute head taught the trunk stays taught
     ts_epoch_head: jax.Array | None = None
+    # time reference with waits only (at the target cells, else None): [B] the unit the epoch's error is read in,
+    # a wait's scale where the sequence has one and 1 elsewhere (`confluence.sampler.waits`)
+    ts_epoch_scale: jax.Array | None = None
 
 
 class DecoderHeads(eqx.Module):
@@ -203,24 +206,32 @@ class TimeReference(eqx.Module):
     reference (its minute of the hour, say) are not those of reference + delay, and one gate for all 15 was
     measured to stay half-open for them. Applied after the copy head, so an open gate is the whole answer. The
     pointer and gate read only visible cells (the target's value is blanked before the model), so it adds no
-    leakage path; the same-row bias `b` (learned, from 0) lets the anchor row's own times be found in one step."""
+    leakage path; the same-row bias `b` (learned, from 0) lets the anchor row's own times be found in one step.
+
+    With `wait` (ModelConfig.time_wait), a sequence that carries a wait scale s > 0 (a timestamp task with
+    observation times: `confluence.sampler.waits`) is answered `wait_ref + s * wait(h_t)` instead: its observation
+    time plus the task's median wait plus a wait in the task's own unit, so an untrained model answers the median
+    wait and what it learns is read at the precision the task needs."""
 
     query: Linear
     key: Linear
     gate: Linear  # D -> 1
     offset: Linear  # D -> 1, read at OFFSET_SCALE
     same_row: jax.Array  # [] learned bias of the target row's own timestamp cells, in units of 1 / SAME_ROW_RATE
+    # D -> 1: a wait in its task's unit, for sequences that carry one (ModelConfig.time_wait; None without it)
+    wait: Linear | None
     # True: the gate is open whenever a timestamp is visible (the absolute head answers only without one), since an
     # absolute date learnt on the training period cannot extrapolate to a later split (ModelConfig.time_reference_gate)
     open_gate: bool = eqx.field(static=True, default=False)
 
-    def __init__(self, d: int, *, key: jax.Array, open_gate: bool = False):
+    def __init__(self, d: int, *, key: jax.Array, open_gate: bool = False, wait: bool = False):
         k = jax.random.split(key, 4)
         self.query = Linear(d, d, key=k[0])
         self.key = Linear(d, d, key=k[1])
         self.gate = Linear(d, 1, key=k[2], init="normal", scale=0.1)
         self.offset = Linear(d, 1, key=k[3], init="normal", scale=0.1)
         self.same_row = jnp.zeros((), jnp.float32)
+        self.wait = Linear(d, 1, key=jax.random.fold_in(key, 5), init="normal", scale=0.1) if wait else None
         self.open_gate = open_gate
 
     def __call__(self, out: ModelOutput, hn: jax.Array, hn_t: jax.Array, inputs: dict[str, jax.Array]) -> ModelOutput:
@@ -238,6 +249,11 @@ class TimeReference(eqx.Module):
         fine = ref + OFFSET_SCALE * self.offset(hn_t)[:, 0].astype(f32)
         head = out.ts_preds[:, -1]
         epoch = (1.0 - g) * jax.lax.stop_gradient(head) + g * fine  # the head learns from its own loss alone
+        if self.wait is not None and "wait_scale" in inputs:  # a "when next" task: its reference plus a wait
+            scale = inputs["wait_scale"].astype(f32)
+            waited = inputs["wait_ref"].astype(f32) + scale * self.wait(hn_t)[:, 0].astype(f32)
+            epoch = jnp.where(scale > 0, waited, epoch)
+            out = out._replace(ts_epoch_scale=jnp.where(scale > 0, scale, 1.0))
         return out._replace(ts_preds=jnp.concatenate([out.ts_preds[:, :-1], epoch[:, None]], axis=1),
                             ts_epoch_head=head)
 

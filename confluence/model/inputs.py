@@ -31,7 +31,9 @@ SCALAR_FIELDS = ("target_stype", "cat_block_start", "cat_count", "task_idx", "db
 TARGET_FIELDS = {"target_is_null": "is_null", "target_numeric": "numeric_values", "target_bool": "bool_values",
                  "target_timestamp": "timestamp_values", "target_category": "categorical_embed_ids"}
 # Fields whose leading axis is the batch axis (sharded over the "data" mesh axis).
-BATCH_AXIS_FIELDS = (*SEQ_FIELDS, "fk_adj", "seq_valid", *TARGET_FIELDS)
+# [B] float32 fields the model reads beside the cells (a wait's reference and unit: `confluence.sampler.waits`)
+WAIT_FIELDS = ("wait_ref", "wait_scale")
+BATCH_AXIS_FIELDS = (*SEQ_FIELDS, "fk_adj", "seq_valid", *TARGET_FIELDS, *WAIT_FIELDS)
 
 
 def batch_to_inputs(batch: TrainingBatch, *, min_text_rows: int = 1) -> dict[str, np.ndarray]:
@@ -40,6 +42,8 @@ def batch_to_inputs(batch: TrainingBatch, *, min_text_rows: int = 1) -> dict[str
     out: dict[str, np.ndarray] = split_targets({name: getattr(batch, name) for name in SEQ_FIELDS})
     out["fk_adj"] = batch.fk_adj
     out["seq_valid"] = batch.seq_valid
+    for name in WAIT_FIELDS:
+        out[name] = np.asarray(getattr(batch, name), np.float32)
     text = batch.text_batch_embeddings
     if text.shape[0] < min_text_rows:
         pad = np.zeros((min_text_rows - text.shape[0], text.shape[1]), np.float16)

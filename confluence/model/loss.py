@@ -2,7 +2,8 @@
 computed unconditionally and selected by a one-hot of the batch's target stype (no graph break).
 
 * numerical: Huber (delta 1) on the z-score;
-* timestamp: mean of the Huber losses of the 14 cyclic components + `ts_scalar_weight` * Huber of the epoch one;
+* timestamp: mean of the Huber losses of the 14 cyclic components + `ts_scalar_weight` * Huber of the epoch one
+  (for a "when next" task with `ModelConfig.time_wait`, of the epoch's error in the task's wait unit);
 * option `numeric_loss="median"` (not the seed's default; see docs/design/decisions.md): the numerical loss becomes
   smooth L1 (`huber(e, d) / d` with a small `d = median_delta`), whose minimiser is the conditional *median*, the
   right point estimate when the headline metric is MAE (timestamps keep Huber: measured, smooth L1 on the epoch
@@ -60,11 +61,14 @@ def numeric_point_loss(err: jax.Array, cfg: LossConfig) -> jax.Array:
 
 
 def timestamp_loss(
-    pred: jax.Array, target: jax.Array, delta: float, scalar_weight: float,
+    pred: jax.Array, target: jax.Array, delta: float, scalar_weight: float, epoch_scale: jax.Array | None = None,
 ) -> jax.Array:
-    """[..., 15] -> [...]: mean Huber of the 14 cyclic components + scalar_weight * Huber of the epoch one."""
-    h = huber(pred - target, delta)
-    return jnp.mean(h[..., :14], axis=-1) + scalar_weight * h[..., 14]
+    """[..., 15] -> [...]: mean Huber of the 14 cyclic components + scalar_weight * Huber of the epoch one, whose
+    error is divided by `epoch_scale` [...] where given (a wait's unit: `confluence.sampler.waits`)."""
+    err = pred - target
+    h = huber(err, delta)
+    epoch = h[..., 14] if epoch_scale is None else huber(err[..., 14] / epoch_scale, delta)
+    return jnp.mean(h[..., :14], axis=-1) + scalar_weight * epoch
 
 
 def categorical_logits(
@@ -124,7 +128,7 @@ def target_loss(
     num_loss = numeric_point_loss(out.num_preds - inputs["target_numeric"].astype(jnp.float32), cfg)
     bool_loss = optax.sigmoid_binary_cross_entropy(out.bool_logits, inputs["target_bool"].astype(jnp.float32))
     ts_target = inputs["target_timestamp"].astype(jnp.float32)
-    ts_loss = timestamp_loss(out.ts_preds, ts_target, cfg.huber_delta, cfg.ts_scalar_weight)
+    ts_loss = timestamp_loss(out.ts_preds, ts_target, cfg.huber_delta, cfg.ts_scalar_weight, out.ts_epoch_scale)
     if out.ts_epoch_head is not None:  # the time reference: the heads' own epoch keeps the seed's loss too
         ts_loss = ts_loss + cfg.ts_scalar_weight * huber(out.ts_epoch_head - ts_target[:, -1], cfg.huber_delta)
     start = inputs["cat_block_start"].astype(jnp.int32)

@@ -42,7 +42,8 @@ class RelationalTransformer(eqx.Module):
         self.copy = (CopyHead(cfg.d_model, numbers=cfg.copy_numbers, key=jax.random.fold_in(key, 3))
                      if cfg.copy_head else None)
         self.time_ref = (TimeReference(cfg.d_model, key=jax.random.fold_in(key, 4),
-                                       open_gate=cfg.time_reference_gate == "open") if cfg.time_reference else None)
+                                       open_gate=cfg.time_reference_gate == "open", wait=cfg.time_wait)
+                         if cfg.time_reference else None)
         self.link = LinkHead(cfg.d_model, key=jax.random.fold_in(key, 5)) if cfg.link_head else None
 
     def hidden(

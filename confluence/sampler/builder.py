@@ -28,6 +28,7 @@ from confluence.sampler.perms import perms_chunk
 from confluence.sampler.relabel import relabel, relabel_draw
 from confluence.sampler.rng import hash_unit, sequence_states, stream_key
 from confluence.sampler.textgather import dedup_text, gather_rows
+from confluence.sampler.waits import sequence_waits
 from confluence.sampler.walk import walk_chunk
 from confluence.stypes import SemanticType
 
@@ -286,6 +287,7 @@ class BatchBuilder:
         c0 = time.thread_time()
 
         t0 = time.perf_counter()
+        wait_ref, wait_scale = sequence_waits(task, seed_ids)
         batch = TrainingBatch(
             **out,
             fk_adj=fk_adj,
@@ -299,6 +301,8 @@ class BatchBuilder:
             anchor_rows=anchors,
             obs_times=obs,
             seq_valid=seq_valid,
+            wait_ref=wait_ref,
+            wait_scale=wait_scale,
         )
         timings["collation"] += time.perf_counter() - t0
         cpu_parts["collation"][0] += time.thread_time() - c0

@@ -54,6 +54,9 @@ class TaskData:
     # ad-hoc anchor task (`Sampler.anchor_task`) keys an anchor that is a seed of its task on that seed's index, so
     # the same (anchor, observation time) gets the same context draws however it is asked for
     seed_keys: np.ndarray | None = None
+    # the task's waits on its train split, in epoch z-units (`confluence.sampler.waits`; 0, 0: none)
+    wait_median: float = 0.0
+    wait_scale: float = 0.0
 
     @property
     def num_seeds(self) -> int:

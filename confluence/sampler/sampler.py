@@ -31,6 +31,7 @@ from confluence.sampler.labels import (
 )
 from confluence.sampler.rng import hash_unit, stream_key
 from confluence.sampler.splits import split_index, split_seed_ids, task_split
+from confluence.sampler.waits import has_waits, with_waits
 from confluence.stypes import SemanticType
 from confluence.targets import kind
 
@@ -87,7 +88,7 @@ class Sampler:
         return self._pool
 
     def _select_tasks(self) -> list[TaskEntry]:
-        all_entries = [TaskEntry(i, d.name, t) for i, d in enumerate(self.data) for t in d.tasks]
+        all_entries = [TaskEntry(i, d.name, self._with_waits(i, t)) for i, d in enumerate(self.data) for t in d.tasks]
         if self.config.tasks is None:
             return all_entries
         picked: list[TaskEntry] = []
@@ -98,6 +99,13 @@ class Sampler:
                 raise ConfluenceError(f"task {name!r} not found (known tasks: {known})")
             picked += [h for h in hits if h not in picked]
         return picked
+
+    def _with_waits(self, db_idx: int, task: TaskData) -> TaskData:
+        """`task` with its waits from its whole train split (every rank's seeds: all ranks answer alike)."""
+        if not has_waits(task):
+            return task
+        cfg = task_split(self.stores[db_idx], task.name, self.config.split)
+        return with_waits(task, split_seed_ids(task.name, task.anchor_row, task.obs_time, cfg, "train"))
 
     def entry(self, task: str, db: int | str = 0) -> TaskEntry:
         """The entry of `task` (a name or "db/task") in database `db` (index or name)."""

@@ -88,7 +88,8 @@ def _init_params(cfg: RunConfig, init_from: Path | str, like: Any) -> Any:
         return params
     except CheckpointError as exc:
         saved = RunConfig.from_dict(read_checkpoint(init_from).meta.get("config", {})).model
-        added = tuple(name for name in ADDED_PARTS if getattr(cfg.model, name) and not getattr(saved, name))
+        added = tuple(name for name in ADDED_PARTS if getattr(cfg.model, name) and not getattr(saved, name)
+                      and (name != "time_wait" or cfg.model.time_reference))  # waits live in the time reference
         if added:
             # a checkpoint made without some added parts (the copy head, the recency-rank rows, the time reference):
             # when every other parameter fits (settings that shape no parameter, such as copy_numbers, may differ),
@@ -131,6 +132,7 @@ ADDED_PARTS: dict[str, Callable[[Any], Any]] = {
     "child_rank": lambda m: m.encoder.child_rank_emb,
     "arrival": lambda m: (m.encoder.arrival_weight, m.encoder.arrival_emb),
     "time_reference": lambda m: m.time_ref,
+    "time_wait": lambda m: m.time_ref.wait,
     "attention_sink": lambda m: tuple(getattr(b, a).sink for b in m.blocks for a in ("attn_out", "attn_in", "attn_col")),
 }
 
