@@ -119,3 +119,12 @@ def test_too_few_or_identical_waits_give_none(store):
     same = np.array(task.tgt_ts)
     same[:, -1] = task.obs_ts[:, -1] + 0.01
     assert wait_stats(dataclasses.replace(task, tgt_ts=same), train) == (0.0, 0.0)
+
+
+def test_sample_show_says_how_a_wait_is_answered(store):
+    s = _sampler(store)
+    task = s.entry(NEXT).task
+    text = s.render(NEXT, int(s.seed_ids("val", NEXT)[0]))
+    days = task.wait_median * store.timestamp_stats[1] / 86_400e6
+    assert f"median wait ({days:.1f} days)" in text
+    assert "median wait" not in s.render("orders_next_30d", int(s.seed_ids("val", "orders_next_30d")[0]))

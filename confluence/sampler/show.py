@@ -15,7 +15,7 @@ from confluence.batch import ARRIVAL_NONE, CHILD_RANK_UNKNOWN
 from confluence.sampler.builder import BuildResult
 from confluence.sampler.data import SamplerData
 from confluence.store.format import INT64_MAX
-from confluence.stypes import SemanticType
+from confluence.stypes import US_PER_DAY, SemanticType
 
 _VIA = {0: "seed", 1: "parent", 2: "child", 3: "label"}  # 3: a labelled task row (`confluence.sampler.labels`)
 
@@ -147,6 +147,11 @@ def render_sequence(res: BuildResult, data: SamplerData, b: int = 0, task_name: 
         + ("" if x.seq_valid[b] else "  [filler: seq_valid is False]")
     )
     out.append(f"{n} real cells + {x.seq_len - n} padding = S {x.seq_len}; {nr} rows (R padded to {x.num_rows})")
+    if x.wait_scale[b] > 0:  # a "when next" task: its reference and unit (confluence.sampler.waits)
+        mean, std = (float(v) for v in data.timestamp_stats)
+        median = (float(x.wait_ref[b]) * std + mean - float(x.obs_times[b])) / US_PER_DAY
+        out.append(f"answered as the observation time plus the train split's median wait ({median:.1f} days) plus "
+                   f"a wait read in units of {float(x.wait_scale[b]) * std / US_PER_DAY:.1f} days")
     out.append("")
     out.append(f"rows (sequence-local id, table, {'primary key' if dec else 'table row'}, reached via, from row, hops, "
                "cells, recency rank among the parent's children where known: 0 = the latest, the foreign key it came in "
