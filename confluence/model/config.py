@@ -118,10 +118,9 @@ class ModelConfig:
     # (a gate from the target's state, the first form, which answered "when next" times days early on the tune
     # databases' validation; docs/design/decisions.md, "The time reference's gate")
     time_reference_gate: Literal["learned", "open"] = "open"
-    # True: a timestamp task with observation times ("when next") is answered as the observation time plus the
-    # task's median wait plus a wait read in the task's own unit (the train waits' mean absolute deviation), and its
-    # epoch loss is read in that unit (`confluence.sampler.waits`; needs time_reference); False: such a task is
-    # answered like any timestamp, its errors of weeks measured on the database's whole time span
+    # True: a "when next" time (a timestamp task with observation times) is the observation time plus the median
+    # wait plus a wait in the task's own unit, its loss read in that unit (confluence.sampler.waits; needs
+    # time_reference); False: measured on the database's whole time span
     time_wait: bool = True
     # the attention kinds whose softmax also has a learned per-head sink: a virtual key with a learned logit and a
     # zero value, so a query can attend to "nothing" and the output's size tells how many keys matched (softmax
