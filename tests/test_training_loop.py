@@ -205,10 +205,10 @@ def test_init_from_a_checkpoint_with_other_input_codes_warns_and_loads(tiny_stor
 
 @pytest.mark.parametrize("added", [("copy_head",), ("child_rank",), ("copy_head", "child_rank"),
                                    ("time_reference",), ("copy_head", "time_reference"), ("attention_sink",),
-                                   ("arrival",)])
+                                   ("arrival",), ("time_wait", "time_reference")])
 def test_init_from_a_checkpoint_without_added_parts_loads_the_rest(tiny_store, tmp_path, added):
-    """A run with `model.copy_head` / `child_rank` / `time_reference` / `attention_sink` / `arrival` starts from a
-    checkpoint made without them: every other parameter is the checkpoint's, the added parts are the new run's own
+    """A run with `model.copy_head` / `child_rank` / `time_reference` / `attention_sink` / `arrival` (or the time
+    reference with its waits, `make demo`'s path from `pretrained:small`) starts from a checkpoint made without them: every other parameter is the checkpoint's, the added parts are the new run's own
     initialisation."""
     import dataclasses
 
