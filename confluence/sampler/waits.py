@@ -62,7 +62,7 @@ def sequence_waits(task: TaskData, seed_ids: np.ndarray) -> tuple[np.ndarray, np
     the median wait and the scale where the task has waits and the seed a real cut-off, 0 and 0 elsewhere."""
     b = np.asarray(seed_ids).shape[0]
     ref, scale = np.zeros(b, np.float32), np.zeros(b, np.float32)
-    if task.wait_scale <= 0.0 or not has_waits(task):
+    if task.wait_scale <= 0.0:  # a task without waits (`with_waits` gives only those a scale)
         return ref, scale
     ids = np.asarray(seed_ids, dtype=np.int64)
     cut = task.obs_time[ids] != NO_CUTOFF
