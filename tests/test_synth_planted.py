@@ -197,16 +197,17 @@ def test_bayes_reference_scores_the_rows_it_is_given(planted, tmp_path):
 def test_bench_learnability_end_to_end(tmp_path):
     out = tmp_path / "bench"
     args = ["bench", "learnability", "--out", str(out), "--steps", "2", "--customers", "60", "--max-seeds", "50",
-            "--no-gbdt", "--set", "sampler.batch_size=4", "--set", "sampler.seq_len=64"]
+            "--no-gbdt", "--set", "sampler.batch_size=4", "--set", "sampler.seq_len=64", "--visits"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     report = json.loads((out / "learnability.json").read_text())
     assert {r["task"] for r in report["tasks"]} == set(_ceilings(out / "db"))
+    assert "customer_next_visit" in {r["task"] for r in report["tasks"] if r["root_cause"]}
     for r in report["tasks"]:
         if r["task"] in ("customer_orders_30d", "customer_mean_amount", "customer_last_channel",
                          "customer_amount_90d"):
             assert r["ceiling"] == (1.0 if r["metric"] == "accuracy" else 0.0)
-        assert r["metric"] in ("accuracy", "auroc", "mae") and r["n"] > 0
+        assert r["metric"] in ("accuracy", "auroc", "mae", "mae_days") and r["n"] > 0
     assert "| customers.tier |" in result.output
     assert all(r["reached"] == reached(r) for r in report["tasks"])
     assert f"of {len(report['tasks'])}" in result.output and "runs" not in report
@@ -327,3 +328,72 @@ def test_a_handover_compares_the_two_couriers_of_an_order(tmp_path):
     assert np.abs(orders["handover"] - by_pair).mean() > 0.8 * trivial
     ceil = json.loads((planted / "ceilings.json").read_text())["tasks"]["orders.handover"]
     assert ceil["metric"] == "mae" and ceil["ceiling"] < 0.4 * trivial
+
+
+def test_a_next_visit_is_a_when_next_time_on_a_database_of_decades(planted, tmp_path):
+    """`customer_next_visit` (`visits`): the target is the customer's first visit after the observation time
+    (recomputed here from the raw visits), the stored Bayes prediction is the conditional median of the plan's
+    lognormal gap after the latest visit (recomputed with scipy's lognormal), it beats the plan alone and the median
+    wait, and the dates of birth stretch the store's time scale so that a week is under 1 % of it. Without visits the
+    database is the one drawn before they existed; with them only the customers gain two columns."""
+    from dataclasses import replace
+
+    from scipy.stats import lognorm
+
+    from confluence.preprocess.pipeline import preprocess
+    from confluence.synth.planted import PLAN_DAYS, PLANS, VISIT_NOISE
+
+    assert not (planted / "raw" / "visits.parquet").exists()
+    assert "plan" not in pq.read_schema(planted / "raw" / "customers.parquet").names
+    db = write_planted(tmp_path / "visits", replace(SPEC, visits=True))
+    for name in ("orders", "stores", "regions"):
+        assert pq.read_table(db / "raw" / f"{name}.parquet").equals(pq.read_table(planted / "raw" / f"{name}.parquet"))
+    cust = pq.read_table(db / "raw" / "customers.parquet")
+    assert cust.drop(["plan", "born_on"]).equals(pq.read_table(planted / "raw" / "customers.parquet"))
+    meta = json.loads((db / "planted.metadata.json").read_text())
+    task = meta["tasks"]["customer_next_visit"]
+    assert task["target_stype"] == "timestamp" and task["horizon"] == "365 days"
+
+    visits = pq.read_table(db / "raw" / "visits.parquet").to_pandas()
+    plan = dict(zip(cust.column("customer_id").to_pylist(), cust.column("plan").to_pylist(), strict=True))
+    gaps = visits.sort_values("visited_at").groupby("customer_id")["visited_at"].diff().dt.total_seconds() / 86400
+    by_plan = gaps.groupby(visits["customer_id"].map(plan)).median()
+    for p, days in zip(PLANS, PLAN_DAYS, strict=True):
+        assert by_plan[p] == pytest.approx(days, rel=0.05)
+
+    bayes = pq.read_table(db / "bayes" / "customer_next_visit.parquet").to_pandas()
+    times = {c: np.sort(g.to_numpy()) for c, g in visits.groupby("customer_id")["visited_at"]}
+    target, expected, last = [], [], []
+    for c, t in zip(bayes["customer_id"], bayes["obs_time"], strict=True):
+        v = times[c]
+        target.append(v[np.searchsorted(v, t.to_datetime64(), side="right")])
+        prev = v[np.searchsorted(v, t.to_datetime64(), side="right") - 1]
+        last.append(prev)
+        gap = lognorm(s=VISIT_NOISE, scale=PLAN_DAYS[PLANS.index(plan[c])])
+        waited = (t.to_datetime64() - prev) / np.timedelta64(1, "D")
+        q = gap.cdf(waited) + gap.sf(waited) / 2
+        expected.append(prev + np.timedelta64(int(round(gap.ppf(q) * 86400e6)), "us"))
+    assert (bayes["target"].to_numpy() == np.array(target)).all()
+    err = np.abs((bayes["bayes"].to_numpy() - np.array(expected)) / np.timedelta64(1, "s"))
+    assert err.max() < 60  # the same median to the minute
+
+    def mae_days(pred) -> float:
+        return float(np.mean(np.abs((bayes["target"].to_numpy() - pred) / np.timedelta64(1, "D"))))
+
+    ceil = _ceilings(db)["customer_next_visit"]
+    assert ceil["metric"] == "mae_days" and ceil["ceiling"] == pytest.approx(mae_days(bayes["bayes"].to_numpy()))
+    wait = bayes["target"] - bayes["obs_time"]
+    median_wait = mae_days((bayes["obs_time"] + wait.median()).to_numpy())
+    per_plan = bayes["obs_time"] + wait.groupby(bayes["customer_id"].map(plan)).transform("median")
+    assert ceil["ceiling"] < 0.6 * mae_days(per_plan.to_numpy()) < 0.6 * median_wait
+
+    store = Store.open(preprocess(db / "raw", db / "planted.metadata.json", tmp_path / "store",
+                                  encoder=HashEncoder(16), progress=False))
+    assert len(store.task_arrays("customer_next_visit").anchor_row) == ceil["n"]
+    from confluence.bench.learnability import bayes_reference
+
+    got = bayes_reference(db)("customer_next_visit", np.arange(ceil["n"]), store)["ceiling"]
+    assert got["mae_days"] == pytest.approx(ceil["ceiling"])  # matched by (customer, observation time)
+    born = cust.column("born_on").to_pandas()
+    assert (born.max() - born.min()).days > 50 * 365
+    assert 7 * 86400e6 < 0.01 * store.timestamp_stats[1]  # decades of times: a week is a sliver of the time scale

@@ -30,6 +30,8 @@ def planted_cmd(
     couriers: int = typer.Option(0, "--couriers", min=0, help="Couriers of the orders, with the root causes "
                                  "orders.handling (a parent's form) and orders.handover (two couriers compared); 0: "
                                  "none, the database without them."),
+    visits: bool = typer.Option(False, "--visits", help="Customers' plans, dates of birth and visits, with the root "
+                                "cause customer_next_visit (a \"when next\" time on a database of decades)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out."),
 ) -> None:
     """Write a planted-signal database: one task per kind of relational signal, each with its ceiling."""
@@ -37,7 +39,8 @@ def planted_cmd(
 
     try:
         spec = PlantedSpec(seed=seed, customers=customers, stores=stores, regions=regions,
-                           orders_per_customer=orders_per_customer, noise=noise, couriers=couriers)
+                           orders_per_customer=orders_per_customer, noise=noise, couriers=couriers,
+                           visits=visits)
         path = write_planted(out, spec, overwrite=overwrite)
     except ConfluenceError as exc:
         typer.echo(f"error: {exc}", err=True)

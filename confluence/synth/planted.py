@@ -4,6 +4,7 @@ of relational signal, with the best any predictor can do on it (its ceiling) com
 One database holds every signal, each behind its own task, so one preprocessing and one training run cover them all:
 
     regions (static) <- stores (static) <- customers (static) <- orders (temporal) [-> couriers (static)]
+                                                  [<- visits (temporal)]
 
 | task | signal | target | Bayes predictor |
 |---|---|---|---|
@@ -21,6 +22,7 @@ One database holds every signal, each behind its own task, so one preprocessing 
 | `customer_amount_90d` | a sum of children's values in a time window | sum of amounts in (t - 90 days, t] | the sum itself |
 | `orders.handling` (with `couriers`) | a parent's form: the mean of many earlier siblings' values | the courier's hidden mean + N(0, 15) minutes | the courier's mean |
 | `orders.handover` (with `couriers`) | two parents of one table compared | the courier's hidden mean - the relay courier's + N(0, 5) | that difference |
+| `customer_next_visit` (with `visits`) | a "when next" time on a database of decades | the customer's first visit after t | last visit + the plan's gap, its conditional median |
 
 The last five are the root causes of losses to LightGBM found on real databases (docs/design/learnability.md): they are
 drawn from a second and a third generator, so the columns of the first nine signals keep their bytes. The last two,
@@ -32,6 +34,12 @@ couriers), and only the mean over many of the courier's earlier orders tells it;
 courier (another one, through a second foreign key to `couriers`), and the hand-over time is the difference of the
 two couriers' forms, so a predictor must tell which of the order's two courier rows is which. They are opt-in
 because the courier on every order changes what the other signals' contexts hold (docs/design/learnability.md).
+`customer_next_visit`, only with `visits` (`synth planted --visits`), stands for a "when next" time measured on a
+database of decades (a sports database's next match date): each customer has a visible `plan` (fortnightly,
+monthly, quarterly), visits at gaps of the plan's days x lognormal(0, 0.15), and a date of birth (`born_on`, 1940-2004) that
+stretches the database's times over 80 years, as real people's birth dates do; so a week is a few thousandths of
+the database's time scale. The Bayes predictor is the median of the next visit given the plan and the latest visit
+at or before t (the gaps are independent, so nothing earlier tells more).
 
 `noise` is the share of rows whose categorical target is redrawn uniformly (and it sets the flip rate of the
 booleans' generating probabilities); the derived (windowed) targets are exact functions of the visible past, so their
@@ -91,6 +99,12 @@ HANDLING_MEAN = 45.0  # minutes: the couriers' mean handling times are HANDLING_
 COURIER_SPREAD = 12.0
 HANDLING_NOISE = 15.0  # ... and an order's handling time is its courier's + HANDLING_NOISE x N(0, 1)
 HANDOVER_NOISE = 5.0  # an order's hand-over time: its courier's mean - its relay courier's + HANDOVER_NOISE x N(0, 1)
+PLANS = ("fortnightly", "monthly", "quarterly")  # with `visits`: a customer's visits come at the plan's gap ...
+PLAN_SHARES = (0.2, 0.4, 0.4)
+PLAN_DAYS = (14.0, 30.0, 91.0)
+VISIT_NOISE = 0.15  # ... x lognormal(0, VISIT_NOISE)
+VISIT_TAIL_DAYS = 240  # visits go on this long after the orders' period, so every observation time has a next one
+BORN_FIRST, BORN_LAST = dt.date(1940, 1, 1), dt.date(2004, 12, 31)  # the customers' dates of birth: decades of times
 
 
 @dataclass(frozen=True)
@@ -105,6 +119,9 @@ class PlantedSpec:
     # > 0: each order gets one of this many couriers and `orders.handling` (16: ~1,100 orders each); out of the repr
     # and the ceilings' spec when 0, so a database without couriers keeps its bytes
     couriers: int = field(default=0, repr=False)
+    # True: customers get a `plan` and a date of birth, a `visits` table and `customer_next_visit`; out of the repr
+    # and the ceilings' spec when False, so a database without visits keeps its bytes
+    visits: bool = field(default=False, repr=False)
     noise: float = 0.1  # share of categorical targets redrawn uniformly; boolean probabilities pulled toward 0.5
     dangling: float = 0.01  # share of orders whose customer does not exist
     null_rate: float = 0.05  # NULLs in nuisance columns and in order amounts
@@ -303,9 +320,78 @@ def generate(spec: PlantedSpec = PlantedSpec()) -> PlantedDatabase:
                                              "bayes": handling_bayes})
         bayes["orders.handover"] = pa.table({"order_id": np.arange(1, m + 1), "target": handover,
                                              "bayes": handover_bayes})
+    if spec.visits:  # a "when next" time on a span of decades, from a fourth generator
+        tables["customers"], tables["visits"] = _visits(np.random.default_rng([spec.seed, 4]), customers)
     bayes |= _derived_bayes(tables)
+    if spec.visits:
+        bayes["customer_next_visit"] = _next_visit_bayes(tables)
     metadata = planted_metadata(spec)
     return PlantedDatabase(tables, metadata, bayes, {t: ceiling(t, b) for t, b in bayes.items()})
+
+
+def _visits(rng: np.random.Generator, customers: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """The customers with their `plan` and `born_on`, and their visits: from a phase before the start, one visit
+    per gap of the plan's days x lognormal(0, VISIT_NOISE), to VISIT_TAIL_DAYS after the orders' period."""
+    n = customers.num_rows
+    plan = rng.choice(len(PLANS), n, p=PLAN_SHARES)
+    span = (BORN_LAST - BORN_FIRST).days
+    born = [BORN_FIRST + dt.timedelta(days=int(d)) for d in rng.integers(0, span + 1, n)]
+    end = (DAYS + VISIT_TAIL_DAYS) * 86400
+    owner, at = [], []
+    for i in range(n):
+        gap = PLAN_DAYS[plan[i]] * 86400
+        t = -rng.random() * gap
+        while t < end:
+            owner.append(i + 1)
+            at.append(int(round(t)))
+            t += gap * rng.lognormal(0.0, VISIT_NOISE)
+    order = np.lexsort((np.asarray(owner), np.asarray(at)))
+    at_s = np.asarray(at, np.int64)[order]
+    visits = pa.table({
+        "visit_id": pa.array(np.arange(1, len(at_s) + 1), pa.int64()),
+        "customer_id": pa.array(np.asarray(owner, np.int64)[order], pa.int64()),
+        "visited_at": pa.array([START + dt.timedelta(seconds=int(s)) for s in at_s], pa.timestamp("us")),
+    })
+    customers = customers.append_column("plan", pa.array([PLANS[i] for i in plan])).append_column(
+        "born_on", pa.array(born, pa.date32()))
+    return customers, visits
+
+
+def next_visit_median(last_us: np.ndarray, obs_us: np.ndarray, plan_days: np.ndarray) -> np.ndarray:
+    """The Bayes prediction of `customer_next_visit` under MAE: the median of last + G given last + G > obs, where
+    G = plan days x lognormal(0, VISIT_NOISE) (epoch microseconds in and out)."""
+    from scipy.special import ndtr, ndtri
+
+    gap_us = plan_days * 86400e6
+    waited = np.maximum(obs_us - last_us, 0).astype(np.float64)
+    with np.errstate(divide="ignore"):
+        z = np.log(waited / gap_us) / VISIT_NOISE  # -inf where the last visit is at the observation time
+    below = ndtr(z)
+    q = np.clip(below + (1.0 - below) / 2.0, 0.5, 1.0 - 1e-12)
+    return last_us + gap_us * np.exp(VISIT_NOISE * ndtri(q))
+
+
+def _next_visit_bayes(tables: dict[str, pa.Table]) -> pa.Table:
+    """`customer_next_visit`'s rows (DuckDB over the tables) with the Bayes prediction from the customer's plan and
+    latest visit at or before the observation time."""
+    con = duckdb.connect()
+    try:
+        con.execute("SET threads = 1")
+        for name in ("customers", "visits"):
+            con.register(name, tables[name])
+        t = con.sql(f"WITH q AS ({NEXT_VISIT_QUERY.format(obs=_obs_sql())}) SELECT q.customer_id, q.obs_time, "
+                    "q.next_visit_at AS target, max(v.visited_at) AS last_at, any_value(c.plan) AS plan "
+                    "FROM q JOIN visits v ON v.customer_id = q.customer_id AND v.visited_at <= q.obs_time "
+                    "JOIN customers c ON c.customer_id = q.customer_id GROUP BY ALL "
+                    "ORDER BY q.customer_id, q.obs_time").to_arrow_table()
+    finally:
+        con.close()
+    us = lambda c: np.asarray(t.column(c).cast(pa.timestamp("us")).cast(pa.int64()), np.int64)  # noqa: E731
+    days = np.asarray([PLAN_DAYS[PLANS.index(p)] for p in t.column("plan").to_pylist()])
+    bayes = next_visit_median(us("last_at"), us("obs_time"), days)
+    return pa.table({"customer_id": t.column("customer_id"), "obs_time": t.column("obs_time"),
+                     "target": t.column("target"),
+                     "bayes": pa.array(np.round(bayes).astype(np.int64), pa.int64()).cast(pa.timestamp("us"))})
 
 
 def _cat_table(key: str, ids: np.ndarray, target: np.ndarray, post: np.ndarray, classes: tuple[str, ...]) -> pa.Table:
@@ -357,6 +443,13 @@ DERIVED_QUERIES = {
         "total amount of the customer's orders in the 90 days up to the observation time"),
 }
 
+# with `visits`: a "when next" time, looking forward from the observation time (its horizon covers any gap)
+NEXT_VISIT_QUERY = (
+    "WITH obs AS ({obs}) SELECT c.customer_id, o.obs_time, min(v.visited_at) AS next_visit_at "
+    "FROM customers c CROSS JOIN obs o JOIN visits v ON v.customer_id = c.customer_id AND v.visited_at > o.obs_time "
+    "GROUP BY c.customer_id, o.obs_time ORDER BY c.customer_id, o.obs_time")
+NEXT_VISIT_HORIZON = "365 days"
+
 SIGNALS = {
     "customers.tier": ("same-row categorical -> categorical", "categorical"),
     "customers.flag": ("same-row numbers -> boolean", "boolean"),
@@ -368,9 +461,11 @@ SIGNALS = {
     "orders.fee": ("a number whose level moves with time", "numerical"),
     "orders.handling": ("a parent's form: the mean of many earlier siblings' values", "numerical"),
     "orders.handover": ("two parents of one table compared: one's form against the other's", "numerical"),
-} | {k: (v[3], v[2]) for k, v in DERIVED_QUERIES.items()}
+} | {k: (v[3], v[2]) for k, v in DERIVED_QUERIES.items()} | {
+    "customer_next_visit": ("a \"when next\" time on a database of decades", "timestamp")}
 # the signals behind the losses to LightGBM on real databases: judged against LightGBM (docs/design/learnability.md)
-ROOT_CAUSES = ("orders.total", "orders.fee", "customer_amount_90d", "orders.handling", "orders.handover")
+ROOT_CAUSES = ("orders.total", "orders.fee", "customer_amount_90d", "orders.handling", "orders.handover",
+               "customer_next_visit")
 
 
 def derived_query(task: str) -> str:
@@ -404,6 +499,11 @@ def bayes_metrics(task: str, rows: pa.Table) -> dict[str, float]:
     """The metrics (`confluence.evaluation.metrics`) of the Bayes predictor on `rows` of `task`'s Bayes table
     (`PlantedDatabase.bayes`, or `bayes/<task>.parquet`, any subset of its rows)."""
     stype = SIGNALS[task][1]
+    if stype == "timestamp":
+        from confluence.targets.timestamp import timestamp_metrics
+
+        return timestamp_metrics(*(np.asarray(rows.column(c).cast(pa.timestamp("us")).cast(pa.int64()), np.int64)
+                                   for c in ("target", "bayes")))
     if stype == "boolean":
         return binary_metrics(np.asarray(rows.column("target"), bool), np.asarray(rows.column("bayes")))
     if stype == "categorical":
@@ -423,7 +523,7 @@ def ceiling(task: str, bayes: pa.Table) -> dict[str, Any]:
 
 
 def planted_metadata(spec: PlantedSpec) -> dict[str, Any]:
-    """The reviewed metadata of a planted database: tables, semantic types, keys and the thirteen tasks."""
+    """The reviewed metadata of a planted database: tables, semantic types, keys and the tasks."""
     cell = {
         "customers.tier": ("tier", "categorical", "tier, planted as a map of the same row's segment"),
         "customers.flag": ("flag", "boolean", "flag, planted from the same row's x1 and x2"),
@@ -448,10 +548,17 @@ def planted_metadata(spec: PlantedSpec) -> dict[str, Any]:
         tasks[task] = {"query": derived_query(task), "anchor_table": "customers", "anchor_key": "customer_id",
                        "target_column": col, "target_stype": stype, "observation_time_column": "obs_time",
                        "horizon": "0 seconds", "description": desc}  # each target looks back from obs_time
+    if spec.visits:
+        tasks["customer_next_visit"] = {
+            "query": NEXT_VISIT_QUERY.format(obs=_obs_sql()), "anchor_table": "customers",
+            "anchor_key": "customer_id", "target_column": "next_visit_at", "target_stype": "timestamp",
+            "observation_time_column": "obs_time", "horizon": NEXT_VISIT_HORIZON,
+            "description": "time of the customer's first visit after the observation time"}
     meta = {
         "name": f"planted{spec.seed}",
         "description": f"planted-signal database (confluence synth planted, {spec}"
-                       + (f", couriers={spec.couriers})" if spec.couriers else ")"),
+                       + (f", couriers={spec.couriers}" if spec.couriers else "")
+                       + (", visits=True" if spec.visits else "") + ")",
         "tables": {
             "regions": {"primary_key": "region_id", "columns": {
                 "region_id": {"stype": "identifier"}, "climate": {"stype": "categorical"},
@@ -487,6 +594,14 @@ def planted_metadata(spec: PlantedSpec) -> dict[str, Any]:
             "handover": {"stype": "numerical", "description": "minutes the hand-over to the relay courier took"}}
         meta["tables"]["couriers"] = {"primary_key": "courier_id", "columns": {
             "courier_id": {"stype": "identifier"}, "vehicle": {"stype": "categorical"}}}
+    if spec.visits:
+        meta["tables"]["customers"]["columns"] |= {
+            "plan": {"stype": "categorical", "description": "how often the customer visits"},
+            "born_on": {"stype": "timestamp", "description": "date of birth"}}
+        meta["tables"]["visits"] = {"primary_key": "visit_id", "temporal_column": "visited_at", "columns": {
+            "visit_id": {"stype": "identifier"},
+            "customer_id": {"stype": "identifier", "foreign_key": "customers.customer_id"},
+            "visited_at": {"stype": "timestamp"}}}
     return meta
 
 
@@ -494,7 +609,7 @@ def write_planted(out: str | Path, spec: PlantedSpec = PlantedSpec(), *, overwri
     """Generate and write a planted database under `out` (appearing atomically):
 
     * `raw/<table>.parquet`: the raw database;
-    * `planted.metadata.json`: its reviewed metadata with the thirteen tasks;
+    * `planted.metadata.json`: its reviewed metadata with its tasks;
     * `ceilings.json`: per task its signal, headline metric and the Bayes predictor's value on all its rows;
     * `bayes/<task>.parquet`: per task row (anchor key [, obs_time]) the target and the Bayes prediction, to score
       the ceiling on exactly the rows a benchmark evaluates.
@@ -507,7 +622,8 @@ def write_planted(out: str | Path, spec: PlantedSpec = PlantedSpec(), *, overwri
                  for t, c in db.ceilings.items()}
         return ({"raw": db.tables, "bayes": db.bayes},
                 {"planted.metadata.json": db.metadata,
-                 "ceilings.json": {"spec": {k: v for k, v in spec.__dict__.items() if k != "couriers" or v},
+                 "ceilings.json": {"spec": {k: v for k, v in spec.__dict__.items()
+                                            if k not in ("couriers", "visits") or v},
                                    "tasks": clean}})
 
     return write_generated(out, build, overwrite=overwrite)
