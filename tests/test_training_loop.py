@@ -404,3 +404,17 @@ def test_gradient_accumulation_of_identical_micro_batches_equals_one_batch():
         outs.append(_leaves(params))
     for a, b in zip(*outs, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("reference,wait,expected", [(True, True, True), (True, False, False), (False, True, False)])
+def test_waits_are_a_part_only_inside_the_time_reference(reference, wait, expected):
+    """`has_part`: the waits' decoder lives in the time reference, so a model without the reference has none to
+    graft or to miss, whatever `time_wait` says."""
+    import dataclasses
+
+    from confluence.model.config import ModelConfig
+    from confluence.training.loop import has_part
+
+    model = dataclasses.replace(ModelConfig(), time_reference=reference, time_wait=wait)
+    assert has_part(model, "time_wait") is expected
+    assert has_part(model, "time_reference") is reference

@@ -88,8 +88,7 @@ def _init_params(cfg: RunConfig, init_from: Path | str, like: Any) -> Any:
         return params
     except CheckpointError as exc:
         saved = RunConfig.from_dict(read_checkpoint(init_from).meta.get("config", {})).model
-        added = tuple(name for name in ADDED_PARTS if getattr(cfg.model, name) and not getattr(saved, name)
-                      and (name != "time_wait" or cfg.model.time_reference))  # waits live in the time reference
+        added = tuple(name for name in ADDED_PARTS if has_part(cfg.model, name) and not has_part(saved, name))
         if added:
             # a checkpoint made without some added parts (the copy head, the recency-rank rows, the time reference):
             # when every other parameter fits (settings that shape no parameter, such as copy_numbers, may differ),
@@ -135,6 +134,13 @@ ADDED_PARTS: dict[str, Callable[[Any], Any]] = {
     "time_wait": lambda m: m.time_ref.wait,
     "attention_sink": lambda m: tuple(getattr(b, a).sink for b in m.blocks for a in ("attn_out", "attn_in", "attn_col")),
 }
+# added parts that live inside another: a model has them only where that one is on too
+PART_OF = {"time_wait": "time_reference"}
+
+
+def has_part(model: Any, name: str) -> bool:
+    """Whether a model of these settings (`ModelConfig`) has the parameters of the added part `name`."""
+    return bool(getattr(model, name)) and (name not in PART_OF or has_part(model, PART_OF[name]))
 
 
 def _graft_added(saved_model: Any, added: tuple[str, ...], init_from: Path | str, like: Any) -> Any:
