@@ -353,8 +353,8 @@ def bench_learnability_cmd(
     noise: float = typer.Option(0.1, "--noise", min=0.0, max=0.99, help="Share of targets redrawn at random."),
     couriers: int = typer.Option(0, "--couriers", min=0, help="Couriers of the orders, with orders.handling and "
                                  "orders.handover (0: none)."),
-    visits: bool = typer.Option(False, "--visits", help="Customers' visits over a database of decades, with "
-                                "customer_next_visit (a \"when next\" time)."),
+    visits: bool = typer.Option(False, "--visits", help="Visits, with customer_next_visit (a \"when next\" "
+                                "time)."),
     max_seeds: int = typer.Option(2000, "--max-seeds", min=1, help="Test rows per task (the same for every scorer)."),
     gbdt: bool = typer.Option(True, "--gbdt/--no-gbdt", help="Also fit LightGBM on the same rows."),
     split: str = typer.Option("val", "--split", help="Split scored: val to choose settings, test once to report."),

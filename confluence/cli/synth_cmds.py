@@ -28,10 +28,9 @@ def planted_cmd(
     noise: float = typer.Option(0.1, "--noise", min=0.0, max=0.99,
                                 help="Share of targets redrawn at random (the ceiling accounts for it)."),
     couriers: int = typer.Option(0, "--couriers", min=0, help="Couriers of the orders, with the root causes "
-                                 "orders.handling (a parent's form) and orders.handover (two couriers compared); 0: "
-                                 "none, the database without them."),
-    visits: bool = typer.Option(False, "--visits", help="Customers' plans, dates of birth and visits, with the root "
-                                "cause customer_next_visit (a \"when next\" time on a database of decades)."),
+                                 "orders.handling and orders.handover (0: none)."),
+    visits: bool = typer.Option(False, "--visits", help="Visits over decades of dates, with the root cause "
+                                "customer_next_visit (a \"when next\" time)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out."),
 ) -> None:
     """Write a planted-signal database: one task per kind of relational signal, each with its ceiling."""
