@@ -60,6 +60,12 @@ def test_a_when_next_task_waits_are_its_train_splits_median_and_deviation(store)
     # in days, read back through the store's timestamp z-score: a plausible wait of this database's orders
     days = task.wait_median * store.timestamp_stats[1] / 86_400e6
     assert 0 < days < 300
+    # the train seeds drawn for the waits are the ones `seed_ids` serves (one process: drawn once, kept)
+    from confluence.sampler.splits import split_seed_ids, task_split
+
+    fresh = split_seed_ids(NEXT, task.anchor_row, task.obs_time, task_split(store, NEXT, s.config.split), "train")
+    np.testing.assert_array_equal(s.seed_ids("train", NEXT), fresh)
+    assert s.seed_ids("train", NEXT) is s.seed_ids("train", NEXT)
 
 
 def test_every_other_task_has_no_wait(store):

@@ -72,8 +72,8 @@ class Sampler:
         self.data = [s if isinstance(s, SamplerData) else SamplerData.from_store(s) for s in stores]
         self._pool = ThreadPoolExecutor(self.config.threads, "sampler") if self.config.threads > 1 else None
         self.builders = [BatchBuilder(d, self.config, i, self._pool, self.seed) for i, d in enumerate(self.data)]
-        self.entries = self._select_tasks()
         self._seed_cache: dict[tuple[int, str, str], np.ndarray] = {}
+        self.entries = self._select_tasks()
         self._label_cache: dict[tuple[int, str, str], LabelIndex] = {}
         if self.config.labels > 0:  # every served task must say when its labels are known (a clear error now)
             for e in self.entries:
@@ -105,7 +105,10 @@ class Sampler:
         if not has_waits(task):
             return task
         cfg = task_split(self.stores[db_idx], task.name, self.config.split)
-        return with_waits(task, split_seed_ids(task.name, task.anchor_row, task.obs_time, cfg, "train"))
+        train = split_seed_ids(task.name, task.anchor_row, task.obs_time, cfg, "train")
+        if self.world_size == 1:  # this rank's train seeds too: `seed_ids` need not draw the split again
+            self._seed_cache[(db_idx, task.name, "train")] = train
+        return with_waits(task, train)
 
     def entry(self, task: str, db: int | str = 0) -> TaskEntry:
         """The entry of `task` (a name or "db/task") in database `db` (index or name)."""
