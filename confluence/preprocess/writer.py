@@ -133,16 +133,6 @@ def is_legacy_store(path: Path) -> bool:
     return bool(meta.get("format_version")) and present <= listed
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def recover_leftovers(out: Path) -> None:
     """Clean up after a killed run: remove its `<out>.tmp-<pid>`; finish or undo an interrupted swap.
 
@@ -154,7 +144,7 @@ def recover_leftovers(out: Path) -> None:
         return
     for p in sorted(out.parent.glob(f"{out.name}.*-*")):
         kind, _, pid = p.name[len(out.name) + 1:].partition("-")
-        if kind not in ("tmp", "old") or not pid.isdigit() or _pid_alive(int(pid)) or not p.is_dir():
+        if kind not in ("tmp", "old") or not pid.isdigit() or outputs.pid_alive(int(pid)) or not p.is_dir():
             continue
         if kind == "old" and not out.exists() and (p / fmt.METADATA_FILE).is_file():
             os.replace(p, out)
