@@ -5,6 +5,7 @@ import json
 import time
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -16,6 +17,8 @@ from confluence.toolkit.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
+from confluence.toolkit.config import overlay
+from confluence.toolkit.logs import read_scalars
 from confluence.training.budget import (
     AUTO_MAX_STEPS,
     AUTO_MIN_STEPS,
@@ -30,7 +33,7 @@ from confluence.training.budget import (
 )
 from confluence.training.config import load_config
 from confluence.training.loop import open_stream, resolve_length, train
-from tests.test_training_loop import _cfg
+from tests.test_training_loop import _cfg, _Crash, _leaves
 
 
 def test_durations_parse_and_bad_lengths_are_named():
@@ -134,6 +137,38 @@ def test_early_stopping_state_resumes_exactly(tiny_store, tmp_path):
     a = read_checkpoint(tmp_path / "full", latest=True).meta["early_stop"]
     b = read_checkpoint(tmp_path / "cut", latest=True).meta["early_stop"]
     assert a == b  # the parameters' equality: the loop's own resume test
+
+
+@pytest.mark.slow
+def test_a_wsd_run_that_stops_improving_cools_down_and_resumes_exactly(tiny_store, tmp_path):
+    """optim.schedule="wsd": where early stopping would stop at the peak rate, the rate decays from there (over
+    half the lengthened run here) and the run ends where it does; a resume inside the decay ends identically."""
+    cfg = _cfg(optim={"schedule": "wsd", "cooldown_fraction": 0.5},
+               loop={"max_steps": 40, "val_every": 2, "ckpt_every": 3, "patience": 2, "min_delta": 0.9})
+    with open_stream([tiny_store], cfg) as s:
+        full = train(cfg, s, tmp_path / "full", progress=False)
+    assert full.stopped_early and full.step == 8  # stalled at step 4, then 4 steps of decay
+    lr = dict(read_scalars(tmp_path / "full" / "scalars.csv")["lr/adamw"])
+    assert lr[4] == pytest.approx(3e-3) and lr[6] == pytest.approx(3e-3 * 0.55) and lr[8] == pytest.approx(3e-4)
+    meta = read_checkpoint(tmp_path / "full", latest=True).meta
+    assert meta["cooldown"] == {"at": 4, "run_steps": 40} and meta["config"]["loop"]["max_steps"] == 8
+    assert json.loads((tmp_path / "full" / "config.json").read_text())["optim"]["decay_start"] == 4
+
+    def crash(step, _):
+        if step == 7:
+            raise _Crash  # inside the decay, after the checkpoint of step 6
+
+    with pytest.raises(_Crash), open_stream([tiny_store], cfg) as s:
+        train(cfg, s, tmp_path / "cut", progress=False, on_step=crash)
+    with open_stream([tiny_store], cfg) as s:
+        resumed = train(cfg, s, tmp_path / "cut", resume=True, progress=False)
+    assert resumed.step == 8
+    for a, b in zip(_leaves(full.params), _leaves(resumed.params), strict=True):
+        np.testing.assert_array_equal(a, b)
+    # the seed's cosine stops where the validation stalled
+    with open_stream([tiny_store], cfg) as s:
+        cosine = train(overlay(cfg, {"optim": {"schedule": "cosine"}}), s, tmp_path / "cosine", progress=False)
+    assert cosine.stopped_early and cosine.step == 4
 
 
 @pytest.mark.slow

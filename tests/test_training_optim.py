@@ -8,6 +8,7 @@ import numpy as np
 import optax
 import pytest
 
+from confluence.errors import ConfigError
 from confluence.toolkit.optim import (
     ADAMW_DECAY,
     ADAMW_NO_DECAY,
@@ -15,6 +16,7 @@ from confluence.toolkit.optim import (
     OptimConfig,
     lr_multiplier,
     make_optimizer,
+    make_schedule,
     newton_schulz5,
     newton_schulz5_batched,
     scale_by_muon,
@@ -114,6 +116,28 @@ def test_schedule_values():
                                                               rel=1e-6)
     assert float(lr_multiplier(110, w, total)) == pytest.approx(0.1)
     assert float(lr_multiplier(500, w, total)) == pytest.approx(0.1)  # held at 10 % after the end
+
+
+def test_wsd_holds_the_peak_then_decays_linearly_and_a_cooldown_keeps_the_past():
+    cfg = OptimConfig(schedule="wsd", warmup_steps=10, cooldown_fraction=0.2).for_run(110)
+    assert (cfg.total_steps, cfg.warmup_steps, cfg.decay_start) == (110, 10, 88)
+    assert float(cfg.multiplier(5)) == pytest.approx(0.5)
+    assert float(cfg.multiplier(10)) == float(cfg.multiplier(88)) == pytest.approx(1.0)  # held at the peak
+    assert float(cfg.multiplier(99)) == pytest.approx(1.0 - 0.9 * 11 / 22)  # half-way down the linear decay
+    assert float(cfg.multiplier(110)) == float(cfg.multiplier(500)) == pytest.approx(0.1)
+    cool = cfg.cooled_down(40)  # a run that stops improving at step 40 decays from there over a fifth of 50 steps
+    assert (cool.total_steps, cool.decay_start, cool.warmup_steps) == (50, 40, 10)
+    assert [float(cool.multiplier(t)) for t in range(1, 41)] == [float(cfg.multiplier(t)) for t in range(1, 41)]
+    assert float(cool.multiplier(45)) == pytest.approx(0.55) and float(cool.multiplier(50)) == pytest.approx(0.1)
+    assert cool.for_run(110) == cool  # resolved once: a later for_run (a resume) keeps it
+    # the optimizer follows the same schedule: its first update's size is the multiplier's
+    assert float(make_schedule(2.0, cool)(44)) == pytest.approx(2.0 * 0.55)
+    with pytest.raises(ValueError, match="wsd"):
+        OptimConfig().for_run(100).cooled_down(50)
+    with pytest.raises(ConfigError, match="schedule"):
+        OptimConfig(schedule="linear")
+    with pytest.raises(ConfigError, match="cooldown_fraction"):
+        OptimConfig(cooldown_fraction=1.0)
 
 
 def test_nesterov_muon_looks_one_step_ahead():

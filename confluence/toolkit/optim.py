@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import equinox as eqx
 import jax
@@ -24,9 +24,10 @@ import jax.numpy as jnp
 import optax
 
 from confluence.errors import ConfigError
-from confluence.toolkit.config import positive
+from confluence.toolkit.config import one_of, positive
 
 MUON, ADAMW_DECAY, ADAMW_NO_DECAY = "muon", "adamw_decay", "adamw_no_decay"
+SCHEDULES = ("cosine", "wsd")
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,10 @@ class OptimConfig:
     """Optimizer and learning-rate schedule (section `optim` of a run's tree).
 
     The schedule spans `total_steps`, or the run's length when that is None (so changing the number of steps of a
-    run rescales it); the warmup is the larger of `warmup_steps` and `warmup_fraction` of the span."""
+    run rescales it); the warmup is the larger of `warmup_steps` and `warmup_fraction` of the span. `"cosine"` (seed
+    000) decays from the warmup's end to the span's; `"wsd"` (warmup, stable, decay) holds the peak rate and
+    decays linearly over the span's last `cooldown_fraction`, so a run can decide late where it ends: one that
+    stops improving cools down from there (`cooled_down`) instead of stopping at its peak rate."""
 
     lr_muon: float = 0.02  # peak rate of Muon (the blocks' 2-D matrices)
     lr_adamw: float = 3e-4  # peak rate of AdamW (encoders, heads, embeddings, norms)
@@ -50,10 +54,18 @@ class OptimConfig:
     warmup_steps: int = 2000  # linear warmup, at least this many steps
     warmup_fraction: float = 0.0  # ... or this fraction of the schedule's span, whichever is longer
     total_steps: int | None = None  # None: the run's number of steps
-    final_lr_fraction: float = 0.1  # the cosine decay ends at this fraction of the peak rate
+    final_lr_fraction: float = 0.1  # the decay ends at this fraction of the peak rate
+    schedule: Literal["cosine", "wsd"] = "cosine"  # the decay's shape (see the class doc)
+    cooldown_fraction: float = 0.2  # "wsd": the share of the span its linear decay takes
+    decay_start: int | None = None  # "wsd": the step its decay starts (None: the span's last cooldown_fraction)
 
     def __post_init__(self) -> None:
         positive(self, "lr_muon", "lr_adamw", "ns_steps", "clip_norm", "adam_eps")
+        one_of("schedule", self.schedule, SCHEDULES)
+        if not 0.0 < self.cooldown_fraction < 1.0:
+            raise ConfigError("cooldown_fraction", f"must be in (0, 1), got {self.cooldown_fraction}")
+        if self.decay_start is not None and self.decay_start < 0:
+            raise ConfigError("decay_start", f"must be >= 0 (or unset), got {self.decay_start}")
         for name in ("muon_beta", "adam_b1", "adam_b2", "final_lr_fraction", "warmup_fraction"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(name, f"must be in [0, 1], got {getattr(self, name)}")
@@ -68,8 +80,29 @@ class OptimConfig:
         """This config with the schedule resolved for a run of `run_steps` steps: `total_steps` set, the warmup in
         `warmup_steps` (at most the span) and `warmup_fraction` 0."""
         total = int(self.total_steps if self.total_steps is not None else max(run_steps, 1))
-        warmup = max(self.warmup_steps, int(self.warmup_fraction * total + 1e-9))
-        return replace(self, total_steps=total, warmup_steps=min(warmup, total), warmup_fraction=0.0)
+        warmup = min(max(self.warmup_steps, int(self.warmup_fraction * total + 1e-9)), total)
+        start = self.decay_start
+        if self.schedule == "wsd" and start is None:
+            start = max(total - max(int(round(self.cooldown_fraction * total)), 1), warmup)
+        return replace(self, total_steps=total, warmup_steps=warmup, warmup_fraction=0.0, decay_start=start)
+
+    def cooled_down(self, at: int) -> OptimConfig:
+        """This resolved `"wsd"` schedule decaying from step `at` instead, over `cooldown_fraction` of the
+        lengthened span (`at` / (1 - fraction) steps in all), its warmup kept: the schedule of a run that stops
+        improving at `at`. Steps up to `at` see the same rates as before."""
+        if self.schedule != "wsd" or self.total_steps is None:
+            raise ValueError("cooled_down needs a resolved \"wsd\" schedule (OptimConfig.for_run)")
+        extra = max(int(round(at * self.cooldown_fraction / (1.0 - self.cooldown_fraction))), 1)
+        return replace(self, total_steps=at + extra, decay_start=at)
+
+    def multiplier(self, t: jax.Array | int) -> jax.Array:
+        """The rate's multiplier at 1-based update `t` of this resolved schedule (warmup x decay)."""
+        if self.total_steps is None:
+            raise ValueError("multiplier needs a resolved OptimConfig (OptimConfig.for_run)")
+        if self.schedule == "wsd":
+            return wsd_multiplier(t, self.warmup_steps, self.decay_start or 0, self.total_steps,
+                                  self.final_lr_fraction)
+        return lr_multiplier(t, self.warmup_steps, self.total_steps, self.final_lr_fraction)
 
 
 def lr_multiplier(t: jax.Array | int, warmup: int, total: int, final: float = 0.1) -> jax.Array:
@@ -83,12 +116,21 @@ def lr_multiplier(t: jax.Array | int, warmup: int, total: int, final: float = 0.
     return warm * decay
 
 
+def wsd_multiplier(t: jax.Array | int, warmup: int, start: int, total: int, final: float = 0.1) -> jax.Array:
+    """warmup(t) * decay(t) of the "wsd" schedule: linear warmup to 1 at t = warmup, 1 until t = start, then a
+    linear decay to `final` at t = total (held at `final` after)."""
+    t = jnp.asarray(t, jnp.float32)
+    warm = jnp.minimum(1.0, t / max(warmup, 1))
+    progress = jnp.clip((t - start) / max(total - start, 1), 0.0, 1.0)
+    return warm * (1.0 - (1.0 - final) * progress)
+
+
 def make_schedule(peak: float, cfg: OptimConfig) -> optax.Schedule:
     """optax schedule (its argument is the 0-based update count) for one peak learning rate; `cfg` resolved by
     `OptimConfig.for_run`."""
     if cfg.total_steps is None:
         raise ValueError("make_schedule needs a resolved OptimConfig (OptimConfig.for_run)")
-    return lambda count: peak * lr_multiplier(count + 1, cfg.warmup_steps, cfg.total_steps, cfg.final_lr_fraction)
+    return lambda count: peak * cfg.multiplier(count + 1)
 
 
 def newton_schulz5(g: jax.Array, steps: int = 5, eps: float = 1e-7) -> jax.Array:

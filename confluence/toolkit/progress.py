@@ -271,6 +271,13 @@ class StepBar:
             self.lines = _Lines(self.console, interval)
             self.lines.start(label, total, done=start)
 
+    def retotal(self, total: int) -> None:
+        """The run now ends at step `total` (a run that cools down early)."""
+        if self.p is not None:
+            self.p.update(self.task, total=total)
+        elif self.lines is not None:
+            self.lines.total = max(int(total), 1)
+
     def update(self, step: int, loss: float | None) -> None:
         """Record that the run reached `step` with training loss `loss`."""
         rate = (step - self.start) / max(time.perf_counter() - self.t0, 1e-9)

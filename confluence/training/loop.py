@@ -275,6 +275,10 @@ def _train(cfg: RunConfig, stream: BatchStream, out_dir: Path, *, resume: bool, 
     stop_at = loop.max_steps
     deadline = None if duration is None else t_start + duration
     early = EarlyStop.from_meta(loop.patience, saved_meta.get("early_stop"), loop.min_delta)
+    cooldown = saved_meta.get("cooldown")  # a "wsd" run cooling down since it stopped improving: how to resume it
+    if cooldown is not None:
+        cfg = cooled(cfg, int(cooldown["run_steps"]), int(cooldown["at"]))
+        loop, stop_at = cfg.loop, cfg.loop.max_steps
 
     def phase(what: str, detail: str = "") -> Phase:
         """A line when a long wait before or between steps starts and ends (compiling, validating), whatever
@@ -320,6 +324,8 @@ def _train(cfg: RunConfig, stream: BatchStream, out_dir: Path, *, resume: bool, 
                 "heldout_databases": [s.name for s in heldout.stores] if heldout is not None else [], "code": code}
         if loop.patience:
             meta["early_stop"] = early.to_meta()
+        if cooldown is not None:
+            meta["cooldown"] = cooldown
         save_checkpoint(out_dir, at, params, opt_state, meta, keep=loop.keep_checkpoints, best=best)
         saved_at = at
 
@@ -396,7 +402,7 @@ def _train(cfg: RunConfig, stream: BatchStream, out_dir: Path, *, resume: bool, 
             compiled = {_shape_key(first[0])}
         validated(0, val0)
     bar = StepBar(stop_at, step, console=console) if progress and main else None
-    if early.should_stop:  # a run that stopped early, resumed: nothing left to train
+    if early.should_stop and not decaying(cfg, step):  # a run that stopped early, resumed: nothing left to train
         stop_at = step
         result.stopped_early, result.best_step = True, early.best_step
     try:
@@ -442,7 +448,21 @@ def _train(cfg: RunConfig, stream: BatchStream, out_dir: Path, *, resume: bool, 
                     result.val_losses = val
                     scalars.update(val)
                     validated(step, val)
-                    if early.should_stop and step < stop_at:
+                    if early.should_stop and step < stop_at and cfg.optim.schedule == "wsd":
+                        if not decaying(cfg, step):  # stopped improving at the peak rate: cool down from here
+                            cooldown = {"at": step, "run_steps": loop.max_steps}
+                            cfg = cooled(cfg, loop.max_steps, step)
+                            loop, stop_at = cfg.loop, min(stop_at, cfg.loop.max_steps)
+                            trainer, compiled = get_trainer(cfg.model, cfg.optim, cfg.loss), set()
+                            result.stopped_early = True
+                            if bar is not None:
+                                bar.retotal(stop_at)
+                            if main:
+                                (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+                                console.print(f"validation has not improved for {early.since_best} validations "
+                                              f"(the best at step {early.best_step}): the learning rate decays from "
+                                              f"here to step {stop_at}, where the run ends")
+                    elif early.should_stop and step < stop_at:
                         stop_at = step  # validation stopped improving: checkpoint this step and stop
                         result.stopped_early = True
                         if main:
@@ -479,6 +499,21 @@ def _train(cfg: RunConfig, stream: BatchStream, out_dir: Path, *, resume: bool, 
     if loop.patience and early.best_step >= 0:
         result.best_step = early.best_step
     return result
+
+
+def decaying(cfg: RunConfig, step: int) -> bool:
+    """Whether a run of `cfg` (its length resolved) is in its "wsd" schedule's decay at `step`: early stopping
+    waits for the decay's end, where the rate is low enough for the validation loss to settle."""
+    if cfg.optim.schedule != "wsd":
+        return False
+    return step >= (cfg.optim.for_run(cfg.loop.max_steps).decay_start or 0)
+
+
+def cooled(cfg: RunConfig, run_steps: int, at: int) -> RunConfig:
+    """`cfg`, a "wsd" run of `run_steps` steps, cooling down from step `at` (`OptimConfig.cooled_down`): its rate
+    decays from there and the run ends where the decay does. Its schedule is resolved, so a resume keeps it."""
+    optim = cfg.optim.for_run(run_steps).cooled_down(at)
+    return replace(cfg, optim=optim, loop=replace(cfg.loop, max_steps=optim.total_steps))
 
 
 def resolve_length(cfg: RunConfig, stream: BatchStream,

@@ -31,7 +31,6 @@ from confluence.toolkit.optim import (
     MUON,
     OptimConfig,
     label_by_path,
-    lr_multiplier,
     make_optimizer,
 )
 
@@ -173,8 +172,7 @@ class Trainer:
             loss = sum(p.loss for p in losses) / len(micro)
             nl = sum(p.null_loss for p in losses) / len(micro)
             tl = sum(p.type_loss for p in losses) / len(micro)
-        lr = lr_multiplier(step_index + 1, self.optim_cfg.warmup_steps, self.optim_cfg.total_steps,
-                           self.optim_cfg.final_lr_fraction)
+        lr = self.optim_cfg.multiplier(step_index + 1)
         return params, opt_state, StepMetrics(loss, nl, tl, gn, lr)
 
     def check_memory(self, params, opt_state, micro: list[tuple[dict, jax.Array, jax.Array]]) -> StepMemory | None:
