@@ -28,14 +28,19 @@ def describe_schedule(cfg) -> str:
     """One line saying how long the run is and what its learning-rate schedule does."""
     from confluence.training.budget import describe_length, is_resolved
 
-    stop = (f"; stops after {cfg.loop.patience} validations without improvement, keeping the best checkpoint"
+    wsd = cfg.optim.schedule == "wsd"
+    stop = ((f"; after {cfg.loop.patience} validations without improvement the rate decays from there and the run "
+             f"ends where it does" if wsd else
+             f"; stops after {cfg.loop.patience} validations without improvement") + ", keeping the best checkpoint"
             if cfg.loop.patience else "")
+    decay = (f"held, then a linear decay over the last {cfg.optim.cooldown_fraction:.0%} of the run" if wsd else
+             "cosine decay over the run")
     if not is_resolved(cfg.loop.max_steps):
-        return (f"run length {describe_length(cfg.loop.max_steps)}; learning rate: linear warmup, then cosine "
-                f"decay over the run{stop}")
+        return f"run length {describe_length(cfg.loop.max_steps)}; learning rate: linear warmup, then {decay}{stop}"
     o = cfg.optim.for_run(cfg.loop.max_steps)
-    return (f"{cfg.loop.max_steps} steps; learning rate: linear warmup over {o.warmup_steps} steps, then cosine "
-            f"decay to {o.final_lr_fraction:g} x peak at step {o.total_steps}"
+    then = (f"held until step {o.decay_start}, then a linear decay" if wsd else "then cosine decay")
+    return (f"{cfg.loop.max_steps} steps; learning rate: linear warmup over {o.warmup_steps} steps, {then} "
+            f"to {o.final_lr_fraction:g} x peak at step {o.total_steps}"
             + ("" if cfg.optim.total_steps is None else " (optim.total_steps is set: it does not follow the run)")
             + stop)
 
