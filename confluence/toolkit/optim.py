@@ -55,11 +55,10 @@ class OptimConfig:
     warmup_fraction: float = 0.0  # ... or this fraction of the schedule's span, whichever is longer
     total_steps: int | None = None  # None: the run's number of steps
     final_lr_fraction: float = 0.1  # the decay ends at this fraction of the peak rate
-    # "cosine" (seed 000) or "wsd": the peak held, then a linear decay over the last cooldown_fraction; a run that
-    # stops improving decays from there (see the class doc)
+    # "cosine" (seed 000) or "wsd": the peak held, then a linear decay (a stalled run decays from there)
     schedule: Literal["cosine", "wsd"] = "cosine"
-    cooldown_fraction: float = 0.2  # "wsd": the share of the span its linear decay takes
-    decay_start: int | None = None  # "wsd": the step its decay starts (None: the span's last cooldown_fraction)
+    cooldown_fraction: float = 0.2  # "wsd": the decay's share of the span
+    decay_start: int | None = None  # "wsd": the decay's first step (None: from cooldown_fraction)
 
     def __post_init__(self) -> None:
         positive(self, "lr_muon", "lr_adamw", "ns_steps", "clip_norm", "adam_eps")
