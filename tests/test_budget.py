@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from confluence.cli.main import app
-from confluence.errors import ConfigError
+from confluence.errors import ConfigError, ConfluenceError
 from confluence.toolkit.checkpoint import (
     best_checkpoint,
     read_checkpoint,
@@ -32,7 +32,7 @@ from confluence.training.budget import (
     validation_interval,
 )
 from confluence.training.config import load_config
-from confluence.training.loop import open_stream, resolve_length, train
+from confluence.training.loop import cooldown_record, open_stream, resolve_length, train
 from tests.test_training_loop import _cfg, _Crash, _leaves
 
 
@@ -169,6 +169,14 @@ def test_a_wsd_run_that_stops_improving_cools_down_and_resumes_exactly(tiny_stor
     with open_stream([tiny_store], cfg) as s:
         cosine = train(overlay(cfg, {"optim": {"schedule": "cosine"}}), s, tmp_path / "cosine", progress=False)
     assert cosine.stopped_early and cosine.step == 4
+
+
+@pytest.mark.parametrize("record", [{"at": 4}, {"at": "x", "run_steps": 40}, {"at": 50, "run_steps": 40}, [4, 40]])
+def test_a_damaged_cooldown_record_is_named_not_a_traceback(record, tmp_path):
+    with pytest.raises(ConfluenceError, match="cooldown record is damaged"):
+        cooldown_record({"cooldown": record}, tmp_path / "run")
+    assert cooldown_record({}, tmp_path) is None
+    assert cooldown_record({"cooldown": {"at": 4, "run_steps": 40}}, tmp_path) == {"at": 4, "run_steps": 40}
 
 
 @pytest.mark.slow

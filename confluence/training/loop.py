@@ -275,9 +275,9 @@ def _train(cfg: RunConfig, stream: BatchStream, out_dir: Path, *, resume: bool, 
     stop_at = loop.max_steps
     deadline = None if duration is None else t_start + duration
     early = EarlyStop.from_meta(loop.patience, saved_meta.get("early_stop"), loop.min_delta)
-    cooldown = saved_meta.get("cooldown")  # a "wsd" run cooling down since it stopped improving: how to resume it
+    cooldown = cooldown_record(saved_meta, out_dir)  # a "wsd" run cooling down since it stalled: how to resume it
     if cooldown is not None:
-        cfg = cooled(cfg, int(cooldown["run_steps"]), int(cooldown["at"]))
+        cfg = cooled(cfg, cooldown["run_steps"], cooldown["at"])
         loop, stop_at = cfg.loop, cfg.loop.max_steps
 
     def phase(what: str, detail: str = "") -> Phase:
@@ -448,21 +448,21 @@ def _train(cfg: RunConfig, stream: BatchStream, out_dir: Path, *, resume: bool, 
                     result.val_losses = val
                     scalars.update(val)
                     validated(step, val)
-                    if early.should_stop and step < stop_at and cfg.optim.schedule == "wsd":
-                        if not decaying(cfg, step):  # stopped improving at the peak rate: cool down from here
-                            cooldown = {"at": step, "run_steps": loop.max_steps}
-                            cfg = cooled(cfg, loop.max_steps, step)
-                            loop, stop_at = cfg.loop, min(stop_at, cfg.loop.max_steps)
-                            trainer, compiled = get_trainer(cfg.model, cfg.optim, cfg.loss), set()
-                            result.stopped_early = True
-                            if bar is not None:
-                                bar.retotal(stop_at)
-                            if main:
-                                (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-                                console.print(f"validation has not improved for {early.since_best} validations "
-                                              f"(the best at step {early.best_step}): the learning rate decays from "
-                                              f"here to step {stop_at}, where the run ends")
-                    elif early.should_stop and step < stop_at:
+                    if early.should_stop and step < stop_at and cfg.optim.schedule == "wsd" \
+                            and not decaying(cfg, step):  # stopped improving at the peak rate: cool down from here
+                        cooldown = {"at": step, "run_steps": loop.max_steps}
+                        cfg = cooled(cfg, loop.max_steps, step)
+                        loop, stop_at = cfg.loop, min(stop_at, cfg.loop.max_steps)
+                        trainer, compiled = get_trainer(cfg.model, cfg.optim, cfg.loss), set()
+                        result.stopped_early = True
+                        if bar is not None:
+                            bar.retotal(stop_at)
+                        if main:
+                            (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+                            console.print(f"validation has not improved for {early.since_best} validations "
+                                          f"(the best at step {early.best_step}): the learning rate decays from "
+                                          f"here to step {stop_at}, where the run ends")
+                    elif early.should_stop and step < stop_at and not decaying(cfg, step):
                         stop_at = step  # validation stopped improving: checkpoint this step and stop
                         result.stopped_early = True
                         if main:
@@ -507,6 +507,24 @@ def decaying(cfg: RunConfig, step: int) -> bool:
     if cfg.optim.schedule != "wsd":
         return False
     return step >= (cfg.optim.for_run(cfg.loop.max_steps).decay_start or 0)
+
+
+def cooldown_record(meta: dict[str, Any], out_dir: Path) -> dict[str, int] | None:
+    """The checkpoint's record of where its run's decay started (`{"at", "run_steps"}`), checked: None for a run
+    that never cooled down; a ConfluenceError naming the run when the record is damaged."""
+    rec = meta.get("cooldown")
+    if rec is None:
+        return None
+    try:
+        at, run_steps = int(rec["at"]), int(rec["run_steps"])
+    except (KeyError, TypeError, ValueError):
+        raise ConfluenceError(f"{out_dir}: the latest checkpoint's cooldown record is damaged ({rec!r}); "
+                              f"resume from an earlier checkpoint or train again with --force") from None
+    if not 0 <= at < run_steps:
+        raise ConfluenceError(f"{out_dir}: the latest checkpoint's cooldown record is damaged (the decay starts at "
+                              f"step {at} of a {run_steps}-step run); resume from an earlier checkpoint or train "
+                              f"again with --force")
+    return {"at": at, "run_steps": run_steps}
 
 
 def cooled(cfg: RunConfig, run_steps: int, at: int) -> RunConfig:
