@@ -45,8 +45,9 @@ def test_layout_rows_and_columns(store):
                             ("book_expensive", "expensive"), ("orders_next_30d", "observation time")]
     # + orders_next_30d's observation-time column, then one child-count column per foreign key, then one per
     # window for each (both foreign keys are of the temporal orders table), then one children's-mean column per
-    # (foreign key, numerical or boolean column of orders): rating and gift by customer_id and by book_id
-    assert store.num_columns == 26 + 2 * len(COUNT_WINDOWS_DAYS) + 4 and store.d_t == 16
+    # (foreign key, numerical or boolean column of orders): rating and gift by customer_id and by book_id, then one
+    # "days since the latest child" column per foreign key of orders
+    assert store.num_columns == 26 + 2 * len(COUNT_WINDOWS_DAYS) + 4 + 2 and store.d_t == 16
     means = [(c.mean_of["column"], c.mean_of["value_column"]) for c in store.columns if c.mean_of]
     assert sorted(means) == sorted((fk, v) for fk in ("customer_id", "book_id") for v in ("rating", "gift"))
     assert store.values("orders", "order_id") is None  # identifier: presence only
@@ -194,7 +195,8 @@ def test_exclude_columns_and_categorical_cell_masking(store):
 def test_child_count_columns_one_per_foreign_key(store):
     """Each foreign-key column gets a numerical column naming the count of referencing rows (the sampler's
     `child_counts` cells); its text is embedded like any column name."""
-    counts = [c for c in store.columns if c.count_of and "window_days" not in c.count_of]
+    counts = [c for c in store.columns if c.count_of and "window_days" not in c.count_of
+              and "latest" not in c.count_of]
     fks = [c for c in store.columns if c.foreign_key]
     assert [c.count_of["column_idx"] for c in counts] == [c.column_idx for c in fks] and len(fks) == 2
     assert [c.column_idx for c in counts] == [24, 25]
@@ -211,6 +213,11 @@ def test_child_count_columns_one_per_foreign_key(store):
     assert want and [(c.count_of["column_idx"], c.count_of["window_days"]) for c in windowed] == want
     assert [c.column_idx for c in windowed] == list(range(26, 26 + len(want)))
     assert windowed[0].name.endswith("in the last day") and windowed[2].name.endswith("in the last 30 days")
+    # last, after the children's means: the days since the latest referencing row, per temporal foreign key
+    latest = [c for c in store.columns if c.count_of and c.count_of.get("latest")]
+    assert [c.count_of["column_idx"] for c in latest] == [fk.column_idx for fk in fks if fk.table in temporal]
+    assert [c.column_idx for c in latest] == [store.num_columns - 2, store.num_columns - 1]
+    assert latest[0].name == f"days since the latest orders row by {fks[0].name}" and latest[0].stype.label == "numerical"
 
 
 def test_derived_numerical_with_observation_column(store):

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from confluence.errors import ConfigError, StoreError
 from confluence.sampler.sampler import Sampler
-from confluence.store.format import NO_CUTOFF
+from confluence.store.format import NO_CUTOFF, NULL_TIME, STATIC_TIME
 from confluence.stypes import US_PER_DAY, SemanticType
 from tests.fixtures.configs import seed_sampler
 from tests.fixtures.graphs import local_row, random_store, walk_example
@@ -25,10 +25,25 @@ CFG = seed_sampler(batch_size=4, seq_len=128, width=16, max_rows=32, row_buckets
                     child_counts="all")
 
 
-def _count_columns(store, windows: tuple[int, ...] = ()) -> dict[int, tuple[str, int]]:
-    """count column -> (parent table, counted foreign-key column), the all-time ones and those of `windows`."""
+def _count_columns(store, windows: tuple[int, ...] = (), latest: bool = False) -> dict[int, tuple[str, int]]:
+    """count column -> (parent table, counted foreign-key column), the all-time ones, those of `windows` and, with
+    `latest`, the days since the latest child."""
     return {c.column_idx: (c.count_of["parent_table"], c.count_of["column_idx"])
-            for c in store.columns if getattr(c, "count_of", None) and c.count_of.get("window_days", 0) in (0, *windows)}
+            for c in store.columns if getattr(c, "count_of", None) and (
+                latest if c.count_of.get("latest") else c.count_of.get("window_days", 0) in (0, *windows))}
+
+
+def _is_latest(store, col: int) -> bool:
+    return bool(store.columns[col].count_of.get("latest"))
+
+
+def _brute_latest_days(store, row: int, fk: int, obs: int) -> float | None:
+    """Days from the latest row with a time that references `row` through `fk` at or before `obs` (None: none)."""
+    times = [int(store.row_time[r]) for r in range(store.num_rows)
+             for e in range(store.parent_indptr[r], store.parent_indptr[r + 1])
+             if store.parent_indices[e] == row and store.parent_column[e] == fk]
+    times = [t for t in times if t <= obs and t not in (STATIC_TIME, NULL_TIME)]
+    return (obs - max(times)) / US_PER_DAY if times else None
 
 
 def _window_us(store, col: int) -> int:
@@ -49,13 +64,13 @@ def _brute_count(store, row: int, fk: int, obs: int, window: int = 0) -> int:
 
 
 def _check_counts(store, sampler, res, cut: frozenset[int], anchor_only: bool = False,
-                  windows: tuple[int, ...] = ()) -> int:
+                  windows: tuple[int, ...] = (), latest: bool = False) -> int:
     """Every count cell equals the brute-force count, sits on a row of its parent table, and each fully shown row
     (the anchor only, `anchor_only`) carries exactly its table's counts minus the cut ones, right after its own
     cells. Returns the cells checked."""
-    counts = _count_columns(store, windows)
+    counts = _count_columns(store, windows, latest)
     data = sampler.data[0]
-    cc = data.child_counts(True, windows)
+    cc = data.child_counts(True, windows, latest)
     stats = {int(c): (float(m), float(s)) for c, m, s in zip(cc.col, cc.mean, cc.std, strict=True)}
     tab_of = {t.name: i for i, t in enumerate(store.tables)}
     checked = 0
@@ -81,6 +96,15 @@ def _check_counts(store, sampler, res, cut: frozenset[int], anchor_only: bool = 
                     continue
                 assert b_.semantic_types[b, p] == SemanticType.NUMERICAL
                 assert counts[c][1] not in cut
+                if _is_latest(store, c):  # the days since the latest child: NULL without one or a cut-off
+                    days = None if obs == NO_CUTOFF else _brute_latest_days(store, row, counts[c][1], obs)
+                    assert bool(b_.is_null[b, p]) == (days is None), (b, i, c)
+                    if days is not None:
+                        m, s = stats[c]
+                        np.testing.assert_allclose(b_.numeric_values[b, p], (np.log1p(days) - m) / s, rtol=1e-5,
+                                                   atol=1e-5)
+                    checked += 1
+                    continue
                 if _window_us(store, c) and obs == NO_CUTOFF:  # no observation time: a windowed count is unknown
                     assert b_.is_null[b, p]
                     checked += 1
@@ -96,11 +120,13 @@ def _check_counts(store, sampler, res, cut: frozenset[int], anchor_only: bool = 
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 23), width=st.integers(0, 4), seq_len=st.sampled_from([16, 64, 512]),
        per_fk=st.booleans(), mode=st.sampled_from(["anchor", "all"]),
-       windows=st.sampled_from([(), (1, 30), (7, 90, 365)]))
-def test_count_cells_equal_brute_force_counts_at_the_observation_time(seed, width, seq_len, per_fk, mode, windows):
+       windows=st.sampled_from([(), (1, 30), (7, 90, 365)]), latest=st.booleans())
+def test_count_cells_equal_brute_force_counts_at_the_observation_time(seed, width, seq_len, per_fk, mode, windows,
+                                                                      latest):
     store = random_store(seed)
     cfg = dataclasses.replace(CFG, batch_size=6, seq_len=seq_len, width=width, max_rows=64, row_buckets=(8, 64),
-                              text_buckets=(8,), width_per_fk=per_fk, child_counts=mode, child_count_windows=windows)
+                              text_buckets=(8,), width_per_fk=per_fk, child_counts=mode, child_count_windows=windows,
+                              child_latest=latest)
     s = Sampler([store], cfg)
     rng = np.random.default_rng(seed)
     for e in s.entries:
@@ -109,7 +135,7 @@ def test_count_cells_equal_brute_force_counts_at_the_observation_time(seed, widt
         res.batch.validate()
         cut = frozenset(int(c) for c in e.task.cut_cols)
         _check_walk(store, res, seq_len, width, 64, cut=cut, per_fk=per_fk)
-        _check_counts(store, s, res, cut, anchor_only=mode == "anchor", windows=windows)
+        _check_counts(store, s, res, cut, anchor_only=mode == "anchor", windows=windows, latest=latest)
 
 
 def test_walk_example_counts_by_hand_and_never_after_the_observation_time():
@@ -247,3 +273,48 @@ def test_count_windows_are_validated_and_need_a_store_that_has_them():
     Sampler([store], CFG).build("rating", np.array([0]))  # the all-time counts still work
     with pytest.raises(StoreError, match="windowed.*preprocess"):
         Sampler([store], dataclasses.replace(CFG, child_count_windows=(7,)))
+
+
+def test_days_since_the_latest_child_by_hand():
+    """Customer 23's orders fall on days 3, 4, 10 and 20, book 42's on days 5 and 10: observed at order 1 (day 10)
+    both latest are order 1 itself (0 days; order 99 at day 20 comes after). The z-score is fitted on log1p of the
+    gaps between a parent's consecutive children (1, 6, 10 days; 5 days). Without an observation time (the
+    customer's country task) the cell is NULL; a key-only child or none at all leaves it NULL too (brute force)."""
+    store = walk_example()
+    cfg = dataclasses.replace(CFG, child_latest=True)
+    s = Sampler([store], cfg)
+    latest = {store.columns[c.count_of["column_idx"]].name: c.column_idx for c in store.columns
+              if (c.count_of or {}).get("latest")}
+    assert set(latest) == {"customer_id", "book_id"}
+    assert store.columns[latest["customer_id"]].name == "days since the latest orders row by customer_id"
+    cc = s.data[0].child_counts(True, cfg.child_count_windows, True)
+    stats = {int(c): (float(m), float(sd)) for c, m, sd in zip(cc.col, cc.mean, cc.std, strict=True)}
+    want = np.log1p([1.0, 6.0, 10.0])
+    assert stats[latest["customer_id"]] == pytest.approx((want.mean(), want.std()), rel=1e-5)
+    assert stats[latest["book_id"]] == pytest.approx((np.log1p(5.0), 1.0), rel=1e-5)  # one gap: std 1
+    first = int(np.flatnonzero(np.asarray(store.task_arrays("rating").anchor_row) == local_row(store, "orders", 1))[0])
+    res = s.build("rating", np.array([first]))
+    b = res.batch
+    cust = {int(r): i for i, r in enumerate(res.rows[0, : res.nrows[0]])}[local_row(store, "customers", 23)]
+    p = np.flatnonzero((b.seq_row_ids[0] == cust) & (b.column_ids[0] == latest["customer_id"]) & ~b.is_padding[0])
+    m, sd = stats[latest["customer_id"]]
+    assert p.size == 1 and float(np.expm1(b.numeric_values[0, p[0]] * sd + m)) == pytest.approx(0.0, abs=1e-4)
+    assert _check_counts(store, s, res, frozenset(), windows=cfg.child_count_windows, latest=True) > 0
+    res = s.build("country", np.array([0]))
+    p = np.flatnonzero((res.batch.column_ids[0] == latest["customer_id"]) & ~res.batch.is_padding[0])
+    assert p.size == 1 and res.batch.is_null[0, p[0]]
+    # off (the default), no such cell
+    off = Sampler([store], CFG).build("rating", np.array([first])).batch
+    assert not np.isin(off.column_ids, list(latest.values())).any()
+
+
+def test_days_since_the_latest_child_are_validated_and_need_a_store_that_has_them():
+    with pytest.raises(ConfigError, match="child_latest"):
+        dataclasses.replace(CFG, child_latest="yes")
+    with pytest.raises(ConfigError, match="child_latest.*child_counts"):
+        dataclasses.replace(CFG, child_counts="none", child_count_windows=(), child_latest=True)
+    store = copy.copy(walk_example())  # read as one preprocessed before the latest child's days existed
+    store.columns = [c for c in store.columns if not (getattr(c, "count_of", None) or {}).get("latest")]
+    Sampler([store], CFG).build("rating", np.array([0]))
+    with pytest.raises(StoreError, match="latest.*preprocess"):
+        Sampler([store], dataclasses.replace(CFG, child_latest=True))

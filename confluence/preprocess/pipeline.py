@@ -193,6 +193,7 @@ def _run(db: DatabaseMeta, con: duckdb.DuckDBPyConnection, writer: StoreWriter, 
     temporal = {tp.meta.name for tp in tables if tp.meta.temporal_column is not None}
     derived_columns += child_count_columns(columns, len(columns) + len(derived_columns), temporal)
     derived_columns += child_mean_columns(columns, len(columns) + len(derived_columns), temporal)
+    derived_columns += child_latest_columns(columns, len(columns) + len(derived_columns), temporal)
     # link tasks' columns last: adding a link task changes no other column's index (nor any cell task's batches)
     link_entries, link_columns = _link_tasks(db, con, writer, by_name, rep, len(columns) + len(derived_columns))
     derived_columns += link_columns
@@ -338,6 +339,28 @@ def child_count_columns(columns: list[ColumnPlan], first_idx: int, temporal: Col
     for c in (c for c in fks if c.table in temporal):
         for w in COUNT_WINDOWS_DAYS:
             add(c, " in the last day" if w == 1 else f" in the last {w} days", {"window_days": w})
+    return out
+
+
+def child_latest_columns(columns: list[ColumnPlan], first_idx: int, temporal: Collection[str] = ()
+                         ) -> list[dict[str, Any]]:
+    """One numerical "days since the latest child" column per foreign key of a `temporal` child table: how long
+    before the observation time a row of the child table last referenced the parent row through the key (a
+    customer's days since their last order, a team's since its last match). A count column (`count_of` with
+    `"latest": true`): the sampler computes the value beside the counts (`SamplerConfig.child_latest`,
+    docs/design/sampler.md); the store only names the columns and embeds their text."""
+    out: list[dict[str, Any]] = []
+    for c in columns:
+        if not c.meta.foreign_key or c.table not in temporal:
+            continue
+        parent_table = str(c.meta.fk_table)
+        name = f"days since the latest {c.table} row by {c.meta.name}"
+        desc = (f"how many days before the observation time a row of {c.table} last referenced this {parent_table} "
+                f"row through {c.table}.{c.meta.name}")
+        out.append({"column_idx": first_idx + len(out), "table": None, "task": None, "name": name,
+                    "stype": SemanticType.NUMERICAL.label, "text": column_text(name, parent_table, desc), "stats": {},
+                    "count_of": {"parent_table": parent_table, "child_table": c.table, "column": c.meta.name,
+                                 "column_idx": c.column_idx, "latest": True}})
     return out
 
 

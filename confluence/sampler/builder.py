@@ -71,7 +71,8 @@ class BatchBuilder:
         self.seed = seed  # the sampling seed: the walk's random numbers derive from it
         self._pool = pool
         self._segs = data.child_segments(config.width_per_fk)  # built here, once, not in the worker threads
-        self._counts = data.child_counts(config.child_counts != "none", tuple(config.child_count_windows))
+        self._counts = data.child_counts(config.child_counts != "none", tuple(config.child_count_windows),
+                                         config.child_latest)
         # the count and mean cells read each (row, foreign key)'s time-sorted children (and so do the recency ranks
         # of rows reached as children: `linearize.recency_rank`); without any, nothing reads them: no copy is made
         self._means = data.child_means(config.child_means != "none")

@@ -88,6 +88,8 @@ class SamplerConfig:
     # and, with child counts on, how many did within each of these windows (days, from the store's
     # `COUNT_WINDOWS_DAYS`) before the observation time, for the foreign keys of temporal tables; () = none
     child_count_windows: tuple[int, ...] = COUNT_WINDOWS_DAYS
+    # with child counts on, also the days since the latest referencing row, per foreign key of a temporal table
+    child_latest: bool = False
     # "anchor_and_parents": the anchor row and the rows it references also show, per foreign key of a temporal
     # table pointing at theirs and per numerical or boolean column of that table, the column's mean over the
     # latest `child_mean_rows` referencing rows before the observation time (a team's form, a courier's usual
@@ -157,6 +159,11 @@ class SamplerConfig:
         if w and self.child_counts == "none":
             raise ConfigError("child_count_windows", "needs child_counts = \"anchor\" or \"all\" (the windows are "
                                                      "more count cells)")
+        if not isinstance(self.child_latest, bool):
+            raise ConfigError("child_latest", f"must be true or false, got {self.child_latest!r}")
+        if self.child_latest and self.child_counts == "none":
+            raise ConfigError("child_latest", "needs child_counts = \"anchor\" or \"all\" (the days since the "
+                                              "latest child sit beside the count cells)")
         one_of("child_means", self.child_means, CHILD_MEANS)
         for name in ("child_mean_rows", "child_mean_cells"):
             v = getattr(self, name)

@@ -14,7 +14,7 @@ import numba
 import numpy as np
 
 from confluence.errors import StoreError
-from confluence.store.format import MEAN_VALUE_STYPES, NULL_TIME
+from confluence.store.format import MEAN_VALUE_STYPES, NULL_TIME, STATIC_TIME
 from confluence.stypes import D_TIME, US_PER_DAY, SemanticType
 from confluence.targets import kind
 
@@ -76,12 +76,17 @@ class ChildSegments:
     seg_col: np.ndarray  # i32[n_seg]: the foreign-key column of each segment (-1: a row's mixed children)
 
 
+# the "window" of a count column that shows the days since the parent's latest child instead of a count
+LATEST = -1
+
+
 @dataclass(frozen=True)
 class ChildCounts:
     """The child-count cells (`SamplerConfig.child_counts`): count k shows, on each row of its parent table, how
     many rows reference that row through foreign-key column `fk[k]` and existed at the observation time, as
     `(log1p(count) - mean[k]) / std[k]` in the numerical cell of column `col[k]`; a windowed count (`window[k]`
-    > 0) counts only those of the last `window[k]` µs. Table t's counts are `tab_ptr[t]..tab_ptr[t+1]`. `mean`
+    > 0) counts only those of the last `window[k]` µs, and one with `window[k]` < 0 shows instead
+    `(log1p(days since the latest of them) - mean[k]) / std[k]` (NULL without one). Table t's counts are `tab_ptr[t]..tab_ptr[t+1]`. `mean`
     and `std` are those of log1p(final count) over the parent table's rows, from the whole graph, and for a
     windowed count those of log1p(the windowed count at each referencing row's own time): fixed per database,
     like a column's z-score."""
@@ -89,7 +94,8 @@ class ChildCounts:
     tab_ptr: np.ndarray  # i64[T+1]
     col: np.ndarray  # i32[K]: the derived count column (its embedding names the cell)
     fk: np.ndarray  # i32[K]: the child table's foreign-key column that is counted
-    window: np.ndarray  # i64[K]: µs; count only rows of the last `window` before the observation time (0: all)
+    window: np.ndarray  # i64[K]: µs; count only rows of the last `window` before the observation time (0: all;
+    # < 0: the days since the latest)
     mean: np.ndarray  # f32[K]
     std: np.ndarray  # f32[K]
 
@@ -176,6 +182,26 @@ def windowed_counts(seg_off: np.ndarray, c_time: np.ndarray, segs: np.ndarray, w
     return out[:m]
 
 
+@numba.njit(cache=True, nogil=True)
+def latest_gaps(seg_off: np.ndarray, c_time: np.ndarray, segs: np.ndarray) -> np.ndarray:
+    """For every child edge of the time-sorted segments `segs` that follows an earlier one with a time: the days
+    since that earlier one (what the "days since the latest child" cell shows at the child's own time). The
+    distribution its z-score is fitted on, as the windowed counts' is fitted at their children's times."""
+    n = 0
+    for s in segs:
+        n += seg_off[s + 1] - seg_off[s]
+    out = np.empty(n, dtype=np.float64)
+    m = 0
+    for s in segs:
+        for e in range(seg_off[s] + 1, seg_off[s + 1]):
+            t, prev = c_time[e], c_time[e - 1]
+            if t == NULL_TIME or prev == STATIC_TIME:
+                continue
+            out[m] = (t - prev) / US_PER_DAY
+            m += 1
+    return out[:m]
+
+
 @dataclass
 class SamplerData:
     """One database in the form the sampler kernels read (see module docstring)."""
@@ -208,12 +234,15 @@ class SamplerData:
     max_parents: int
     text_embeddings: np.ndarray  # f16[Vt, D_t], memory-mapped
     tasks: list[TaskData]
-    # child-count columns of the store, (column, foreign-key column, parent table index, window in days or 0),
-    # parent-table order
+    # child-count columns of the store, (column, foreign-key column, parent table index, window in days, 0 for
+    # all time or LATEST for the days since the latest child), parent-table order
     count_columns: list[tuple[int, int, int, int]] = field(default_factory=list)
     # the count windows (days) that the store has for its temporal foreign keys; None: a store preprocessed
     # before windowed counts existed
     count_windows: tuple[int, ...] | None = ()
+    # whether the store has the "days since the latest child" columns (False: preprocessed before they existed, or
+    # no foreign key of a temporal table)
+    count_latest: bool = False
     has_foreign_keys: bool = False
     # children's-mean columns of the store, (column, foreign-key column, averaged column, parent table index, child
     # table index), parent-table order; `mean_candidates`: whether the store's tables call for any (a temporal table
@@ -226,7 +255,7 @@ class SamplerData:
     # the store's timestamp z-score (mean, std), so observation-time cells of new anchors encode alike from either
     timestamp_stats: tuple[float, float] | None = None
     _segments: dict[bool, ChildSegments] = field(default_factory=dict, repr=False)
-    _counts: dict[tuple[bool, tuple[int, ...]], ChildCounts] = field(default_factory=dict, repr=False)
+    _counts: dict[tuple[bool, tuple[int, ...], bool], ChildCounts] = field(default_factory=dict, repr=False)
 
     def child_segments(self, per_fk: bool) -> ChildSegments:
         """The child lists as the walk reads them: one segment per row (`per_fk` False, the store's arrays as they
@@ -246,15 +275,17 @@ class SamplerData:
             self._segments[per_fk] = seg
         return self._segments[per_fk]
 
-    def child_counts(self, enabled: bool, windows: tuple[int, ...] = ()) -> ChildCounts:
-        """The child-count cells' arrays (no counts at all when not `enabled`): the all-time counts and the
-        windowed ones of `windows` (days), each z-scored over the counts at its children's own times.
+    def child_counts(self, enabled: bool, windows: tuple[int, ...] = (), latest: bool = False) -> ChildCounts:
+        """The child-count cells' arrays (no counts at all when not `enabled`): the all-time counts, the
+        windowed ones of `windows` (days), each z-scored over the counts at its children's own times, and with
+        `latest` the days since the latest child (z-scored log1p, over the gaps between a parent's children).
         Built once per setting, on first use, from the per-foreign-key child segments. Raises StoreError for a
-        store preprocessed before count columns (or windows) existed."""
-        key = (bool(enabled), tuple(windows) if enabled else ())
+        store preprocessed before count columns (or windows, or the latest child's days) existed."""
+        key = (bool(enabled), tuple(windows) if enabled else (), bool(enabled and latest))
         if key not in self._counts:
             n_tab = len(self.table_names)
-            cols = [c for c in self.count_columns if c[3] == 0 or c[3] in key[1]] if enabled else []
+            cols = ([c for c in self.count_columns if c[3] == 0 or c[3] in key[1] or (key[2] and c[3] == LATEST)]
+                    if enabled else [])
             if enabled and not cols and self.has_foreign_keys:
                 raise StoreError(f"database {self.name!r}: the store has no child-count columns (it was "
                                  "preprocessed before they existed); run `confluence preprocess` again to use "
@@ -263,6 +294,10 @@ class SamplerData:
                 raise StoreError(f"database {self.name!r}: the store has no windowed child-count columns (it was "
                                  "preprocessed before they existed); run `confluence preprocess` again to use "
                                  "sampler.child_count_windows")
+            if key[2] and not self.count_latest and any(c[3] > 0 for c in self.count_columns):
+                raise StoreError(f"database {self.name!r}: the store has no \"days since the latest child\" columns "
+                                 "(it was preprocessed before they existed); run `confluence preprocess` again to use "
+                                 "sampler.child_latest")
             per_tab = np.bincount(np.array([t for _, _, t, _ in cols], dtype=np.int64), minlength=n_tab)
             mean = np.zeros(len(cols), np.float32)
             std = np.ones(len(cols), np.float32)
@@ -271,8 +306,10 @@ class SamplerData:
                 seg = self.child_segments(True)
                 seg_row = np.repeat(np.arange(self.num_rows), np.diff(seg.seg_ptr))
                 seg_len = np.diff(seg.seg_off)
-                for k, (_, fk, t, _) in enumerate(cols):
-                    if window[k]:
+                for k, (_, fk, t, w) in enumerate(cols):
+                    if w == LATEST:
+                        v = np.log1p(latest_gaps(seg.seg_off, seg.c_time, np.flatnonzero(seg.seg_col == fk)))
+                    elif window[k]:
                         v = windowed_counts(seg.seg_off, seg.c_time, np.flatnonzero(seg.seg_col == fk), window[k])
                         v = np.log1p(v.astype(np.float64))
                     else:
@@ -330,6 +367,7 @@ class SamplerData:
         mean_columns: list[tuple[int, int, int, int, int]] = []
         windows: set[int] = set()
         old_counts = False  # an all-time count column without its "windows": preprocessed before windows existed
+        has_latest = False  # a "days since the latest child" column: preprocessed since they exist
         table_of = {int(c.column_idx): c.table for c in store.columns}
 
         def child_column(c: Any, what: str, idx: Any, table: str | None) -> int:
@@ -360,13 +398,15 @@ class SamplerData:
                     raise StoreError(f"column {c.column_idx} ({c.name!r}): counts rows of a table "
                                      f"{count_of.get('parent_table')!r} that the store does not have")
                 column_names[c.column_idx] = f"{count_of['parent_table']}.{c.name}"
-                w = int(count_of.get("window_days", 0))
+                w = LATEST if count_of.get("latest") else int(count_of.get("window_days", 0))
                 count_columns.append((int(c.column_idx), child_column(c, "foreign key", count_of.get("column_idx"), None),
                                       table_index[count_of["parent_table"]], w))
-                if w:
+                if w > 0:
                     windows.add(w)
-                elif "windows" not in count_of:
+                elif w == 0 and "windows" not in count_of:
                     old_counts = True
+                elif w == LATEST:
+                    has_latest = True
             else:
                 column_names[c.column_idx] = f"{c.table}.{c.name}" if c.table else f"{c.task}.{c.name}"
         count_columns.sort(key=lambda x: (x[2], x[0]))
@@ -456,6 +496,7 @@ class SamplerData:
             tasks=tasks,
             count_columns=count_columns,
             count_windows=None if old_counts else tuple(sorted(windows)),
+            count_latest=has_latest,
             has_foreign_keys=any(getattr(c, "foreign_key", None) for c in store.columns),
             mean_columns=mean_columns,
             mean_candidates=mean_candidates,

@@ -2,8 +2,8 @@
 
 Order: the target cell first (so it always fits in S), then the observation-time cell of a task that has one,
 then the anchor row's other cells (excluded columns hidden), then every other row in visit order, each row's
-cells in column order followed by its child-count cells (`SamplerConfig.child_counts`, the all-time counts then the
-windowed ones of `child_count_windows`) and, on the anchor row and the rows it references, its children's-mean cells
+cells in column order followed by its child-count cells (`SamplerConfig.child_counts`, the all-time counts, the
+windowed ones of `child_count_windows`, then with `child_latest` the days since the latest child) and, on the anchor row and the rows it references, its children's-mean cells
 (`SamplerConfig.child_means`). Every cell of a row
 carries the row's age at the observation time (`row_age`, days) and, for a row reached as a child, its recency
 rank among its parent's children through that foreign key (`child_rank`: 0 = the latest at the observation time), and
@@ -225,12 +225,16 @@ def linearize_chunk(lo: int, hi: int, seq_len: int, sequences: tuple, visits: tu
                     continue
                 w = cnt_window[k]
                 cnt = 0
+                latest = STATIC_TIME  # the latest referencing row's time at the observation time (w < 0)
                 for sg in range(seg_ptr[r], seg_ptr[r + 1]):
                     if seg_col[sg] == cnt_fk[k]:
                         seg_times = c_time[seg_off[sg] : seg_off[sg + 1]]
-                        cnt += np.searchsorted(seg_times, obs_times[b], side="right")
+                        n_before = np.searchsorted(seg_times, obs_times[b], side="right")
+                        cnt += n_before
                         if w > 0 and obs_times[b] != NO_CUTOFF:  # only those of (obs - w, obs]
                             cnt -= np.searchsorted(seg_times, obs_times[b] - w, side="right")
+                        if n_before > 0 and seg_times[n_before - 1] > latest:
+                            latest = seg_times[n_before - 1]
                 semantic_types[b, pos] = _NUM
                 column_ids[b, pos] = cnt_col[k]
                 seq_row_ids[b, pos] = i
@@ -239,6 +243,12 @@ def linearize_chunk(lo: int, hi: int, seq_len: int, sequences: tuple, visits: tu
                 arrival[b, pos] = arr
                 if w > 0 and obs_times[b] == NO_CUTOFF:
                     is_null[b, pos] = True  # no observation time: no window to count in
+                elif w < 0:  # the days since the latest: an age, so unknown where row ages are (`ages_on`)
+                    if not ages_on or obs_times[b] == NO_CUTOFF or latest == STATIC_TIME or latest == NULL_TIME:
+                        is_null[b, pos] = True
+                    else:
+                        days = np.float64(obs_times[b] - latest) / US_PER_DAY
+                        numeric_values[b, pos] = (np.log1p(days) - cnt_mean[k]) / cnt_std[k]
                 else:
                     numeric_values[b, pos] = (np.log1p(np.float64(cnt)) - cnt_mean[k]) / cnt_std[k]
                 pos += 1

@@ -54,13 +54,19 @@ class CellDecoder:
                 self.categories.setdefault(int(t.cat_block_start) + i, str(name))
         self.ts_mean, self.ts_std = store.timestamp_stats
         self.counts: dict[int, tuple[float, float]] = {}
+        self.latest: set[int] = set()  # the count columns that show the days since the latest child
         if data.count_columns:
-            cc = data.child_counts(True, data.count_windows or ())
+            cc = data.child_counts(True, data.count_windows or (), data.count_latest)
             self.counts = {int(c): (float(m), float(sd)) for c, m, sd in zip(cc.col, cc.mean, cc.std, strict=True)}
+            self.latest = {int(c) for c, w in zip(cc.col, cc.window, strict=True) if w < 0}
 
     def number(self, col: int, z: float, plain: bool = False) -> str:
         """A numerical cell as the data holds it (a count as a whole number), its z-score beside (not if
         `plain`)."""
+        if col in self.latest:
+            m, sd = self.counts[col]
+            days = f"{float(np.expm1(z * sd + m)):.1f} days"
+            return days if plain else f"{days} (since the latest; z={z:.3g})"
         if col in self.counts:
             m, sd = self.counts[col]
             n = round(float(np.expm1(z * sd + m)))
