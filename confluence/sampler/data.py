@@ -86,10 +86,11 @@ class ChildCounts:
     many rows reference that row through foreign-key column `fk[k]` and existed at the observation time, as
     `(log1p(count) - mean[k]) / std[k]` in the numerical cell of column `col[k]`; a windowed count (`window[k]`
     > 0) counts only those of the last `window[k]` µs, and one with `window[k]` < 0 shows instead
-    `(log1p(days since the latest of them) - mean[k]) / std[k]` (NULL without one). Table t's counts are `tab_ptr[t]..tab_ptr[t+1]`. `mean`
-    and `std` are those of log1p(final count) over the parent table's rows, from the whole graph, and for a
-    windowed count those of log1p(the windowed count at each referencing row's own time): fixed per database,
-    like a column's z-score."""
+    `(log1p(days since the latest of them) - mean[k]) / std[k]` (NULL without one). Table t's counts are
+    `tab_ptr[t]..tab_ptr[t+1]`. `mean` and `std` are those of log1p(final count) over the parent table's rows, from
+    the whole graph, for a windowed count those of log1p(the windowed count at each referencing row's own time), and
+    for the latest child's days those of log1p(the gap between a parent's consecutive children): fixed per
+    database, like a column's z-score."""
 
     tab_ptr: np.ndarray  # i64[T+1]
     col: np.ndarray  # i32[K]: the derived count column (its embedding names the cell)

@@ -3,8 +3,8 @@
 Order: the target cell first (so it always fits in S), then the observation-time cell of a task that has one,
 then the anchor row's other cells (excluded columns hidden), then every other row in visit order, each row's
 cells in column order followed by its child-count cells (`SamplerConfig.child_counts`, the all-time counts, the
-windowed ones of `child_count_windows`, then with `child_latest` the days since the latest child) and, on the anchor row and the rows it references, its children's-mean cells
-(`SamplerConfig.child_means`). Every cell of a row
+windowed ones of `child_count_windows`, then with `child_latest` the days since the latest child) and, on the
+anchor row and the rows it references, its children's-mean cells (`SamplerConfig.child_means`). Every cell of a row
 carries the row's age at the observation time (`row_age`, days) and, for a row reached as a child, its recency
 rank among its parent's children through that foreign key (`child_rank`: 0 = the latest at the observation time), and
 every row but the anchor the foreign key it was reached through (`arrival`, `batch.arrival_code`). The last row may
