@@ -161,15 +161,21 @@ def fk_segments(indptr: np.ndarray, column: np.ndarray) -> tuple[np.ndarray, np.
 
 
 @numba.njit(cache=True, nogil=True)
+def _edges_in(seg_off: np.ndarray, segs: np.ndarray) -> int:
+    """How many child edges the segments `segs` hold."""
+    n = 0
+    for s in segs:
+        n += seg_off[s + 1] - seg_off[s]
+    return n
+
+
+@numba.njit(cache=True, nogil=True)
 def windowed_counts(seg_off: np.ndarray, c_time: np.ndarray, segs: np.ndarray, window: int) -> np.ndarray:
     """For every child edge of the time-sorted segments `segs` (rows with a NULL time left out): how many edges of
     its segment have a time in (its time - window, its time] (the count at the child's own time, itself included:
     never 0). The distribution a windowed count column's z-score is fitted on (docs/design/decisions.md, "Windowed count
     scaling")."""
-    n = 0
-    for s in segs:
-        n += seg_off[s + 1] - seg_off[s]
-    out = np.empty(n, dtype=np.int64)
+    out = np.empty(_edges_in(seg_off, segs), dtype=np.int64)
     m = 0
     for s in segs:
         a, b = seg_off[s], seg_off[s + 1]
@@ -188,10 +194,7 @@ def latest_gaps(seg_off: np.ndarray, c_time: np.ndarray, segs: np.ndarray) -> np
     """For every child edge of the time-sorted segments `segs` that follows an earlier one with a time: the days
     since that earlier one (what the "days since the latest child" cell shows at the child's own time). The
     distribution its z-score is fitted on, as the windowed counts' is fitted at their children's times."""
-    n = 0
-    for s in segs:
-        n += seg_off[s + 1] - seg_off[s]
-    out = np.empty(n, dtype=np.float64)
+    out = np.empty(_edges_in(seg_off, segs), dtype=np.float64)
     m = 0
     for s in segs:
         for e in range(seg_off[s] + 1, seg_off[s + 1]):
