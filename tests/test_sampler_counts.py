@@ -318,3 +318,9 @@ def test_days_since_the_latest_child_are_validated_and_need_a_store_that_has_the
     Sampler([store], CFG).build("rating", np.array([0]))
     with pytest.raises(StoreError, match="latest.*preprocess"):
         Sampler([store], dataclasses.replace(CFG, child_latest=True))
+    # one made before windowed counts too: asked to preprocess again even without windows, never silently without
+    store.columns = [dataclasses.replace(c, count_of={k: v for k, v in c.count_of.items() if k != "windows"})
+                     if getattr(c, "count_of", None) else c
+                     for c in store.columns if not (getattr(c, "count_of", None) or {}).get("window_days")]
+    with pytest.raises(StoreError, match="latest.*preprocess"):
+        Sampler([store], dataclasses.replace(CFG, child_count_windows=(), child_latest=True))

@@ -298,7 +298,8 @@ class SamplerData:
                 raise StoreError(f"database {self.name!r}: the store has no windowed child-count columns (it was "
                                  "preprocessed before they existed); run `confluence preprocess` again to use "
                                  "sampler.child_count_windows")
-            if key[2] and not self.count_latest and any(c[3] > 0 for c in self.count_columns):
+            # a store with temporal foreign keys (windowed columns), or one made before windows: made before these
+            if key[2] and not self.count_latest and (self.count_windows is None or any(c[3] > 0 for c in self.count_columns)):
                 raise StoreError(f"database {self.name!r}: the store has no \"days since the latest child\" columns "
                                  "(it was preprocessed before they existed); run `confluence preprocess` again to use "
                                  "sampler.child_latest")
