@@ -182,6 +182,52 @@ def test_the_guard_is_waived_where_lightgbm_is_no_better_than_trivial():
     assert both.guard in (None, "failed") and both.weight == 0.0  # ... so the guard holds
 
 
+def test_the_floor_ships_the_trivial_baseline_where_nothing_beats_it():
+    """A boolean where the model and LightGBM both carry no signal (euip's `lfn`: 0.508 and 0.490 AUROC on
+    validation, 0.458 and 0.378 on test): neither is shown better than the majority, so the floor ships it and says
+    why; without the floor the old choice stands. Where LightGBM is validation's best but no better than the
+    majority, the floor ships the majority too; where the model is clearly better, the floor passes."""
+    rng = np.random.default_rng(5)
+    y = rng.random(600) < 0.3
+    model, gbdt = rng.random(600), rng.random(600)  # noise, both
+    trivial = M.trivial_predictions(BOOL, y[:200], 600)
+    fit = fit_blend(BOOL, y, model, gbdt, trivial=trivial)
+    assert fit.ship == "trivial" and fit.trivial_name == "majority" and fit.scores["trivial"] == 0.5
+    assert fit.trivial_ci[0] <= 0 < fit.trivial_ci[1] and "the trivial baseline is shipped" in fit.note
+    assert fit.summary()["trivial_name"] == "majority" and fit.summary()["trivial_ci"] == list(fit.trivial_ci)
+    old = fit_blend(BOOL, y, model, gbdt, trivial=trivial, floor=False)
+    assert old.ship != "trivial" and old.trivial_name is None and "trivial" not in old.scores
+    assert fit_blend(BOOL, y, model, gbdt, trivial=trivial, guard=False).ship != "trivial"  # no guard, no floor
+    lgbm_best = fit_blend(BOOL, y, np.full(600, 0.3), gbdt, trivial=trivial)  # the model says nothing at all
+    assert lgbm_best.best_weight == 0.0 and lgbm_best.ship == "trivial"
+    good = np.clip(0.3 + 0.5 * y + rng.normal(0, 0.2, 600), 0, 1)
+    clear = fit_blend(BOOL, y, good, gbdt, trivial=trivial)
+    assert clear.ship == "model" and clear.trivial_ci[0] > 0.3 and clear.note is None
+
+
+def test_the_floor_compares_a_when_next_task_with_the_median_wait():
+    """A timestamp task with observation times: the baselines are the constants and each row's time plus the median
+    wait (`median_offset`), the best of them by MAE; a model and LightGBM that only know the calendar's middle are
+    not shown better than it, and the shipped baseline is the median wait."""
+    from confluence.evaluation.trivial import MEDIAN_OFFSET, TrivialFit
+
+    rng = np.random.default_rng(0)
+    obs = (np.sort(rng.integers(0, 3000, 500)) * US_PER_DAY).astype(np.int64)
+    wait = rng.gamma(4.0, 5.0, 500) * US_PER_DAY
+    truth = obs + wait
+    fitted = TrivialFit(stype=TS, constants={"mean": np.asarray(float(truth.mean()))}, offset=20.0 * US_PER_DAY)
+    base = fitted.predictions(500, obs)
+    assert set(base) == {"mean", MEDIAN_OFFSET} and np.array_equal(base[MEDIAN_OFFSET], obs + 20.0 * US_PER_DAY)
+    noisy = lambda: obs + (20.0 + rng.normal(0, 15, 500)) * US_PER_DAY  # noqa: E731
+    fit = fit_blend(TS, truth, noisy(), noisy(), trivial=base)
+    assert fit.ship == "trivial" and fit.trivial_name == MEDIAN_OFFSET and fit.metric == "mae_days"
+    no_cutoff = obs.copy()
+    no_cutoff[3] = np.iinfo(np.int64).max  # a row that sees the whole database: no wait to add to
+    assert set(fitted.predictions(500, no_cutoff)) == {"mean"}
+    cat = TrivialFit(stype=CAT, constants={"majority": np.array([0.7, 0.2, 0.1])}).predictions(4)
+    assert cat["majority"].shape == (4, 3) and np.allclose(cat["majority"][3], [0.7, 0.2, 0.1])
+
+
 def test_the_guarded_blend_is_lightgbm_exactly_on_the_test_rows():
     """Guarded to w = 0, the blend a user receives is LightGBM's predictions bit for bit, numbers not rounded or
     clipped by the train targets' range, so on any test rows its paired interval against LightGBM is exactly 0."""
@@ -253,7 +299,13 @@ def test_evaluate_with_a_blend(shop):  # noqa: F811
         b, v = r["blend"], r["validation"]
         assert b["weight"] in GRID and b["n_val"] > 0 and v["weight"] == b["weight"] and v["metric"] == metric
         assert v["weight_source"] == "validation" and v["best_weight"] in GRID
-        assert r["ship"] == ("model" if b["weight"] == 1 else "LightGBM" if b["weight"] == 0 else "blend")
+        by_weight = "model" if b["weight"] == 1 else "LightGBM" if b["weight"] == 0 else "blend"
+        # the floor: what the weight says is shipped where validation shows it better than the best trivial
+        # baseline, else that baseline; either way the shipped predictions are scored on the evaluated rows
+        assert v["trivial_name"] in r and (r["ship"] == "trivial") == (v["trivial_ci"][0] <= 0)
+        assert r["ship"] in (by_weight, "trivial") and r["shipped"]["ship"] == r["ship"] == v["ship"]
+        shipped = r[v["trivial_name"]] if r["ship"] == "trivial" else b  # a constant scores as its baseline
+        assert r["shipped"][metric] == pytest.approx(shipped[metric], rel=1e-9)
         # the ship choice is the best validation score (ties to the model, then LightGBM) unless the guard found
         # its gain over LightGBM inside the noise: then LightGBM, and the note says so
         sign = 1 if metric == "accuracy" else -1
@@ -262,7 +314,7 @@ def test_evaluate_with_a_blend(shop):  # noqa: F811
         if v.get("guard") == "failed":
             assert r["ship"] == "LightGBM" and v["val_ci"][0] <= 0 and "LightGBM alone" in v["note"]
         else:
-            assert sign * v[r["ship"]] == best and v["weight"] == v["best_weight"]
+            assert sign * v[by_weight] == best and v["weight"] == v["best_weight"]
             # passed, or waived where LightGBM was not shown better than the trivial baseline on validation
             assert v.get("guard") in (("passed", "waived") if v["best_weight"] > 0 else (None,))
             if v.get("guard") == "waived":
@@ -293,10 +345,25 @@ def test_predict_with_a_blend(shop):  # noqa: F811
     for col in ("gbdt_prediction", "gbdt_p_true", "blend_prediction", "blend_p_true", "blend_weight"):
         assert col in t.column_names
     s = blend_summary(t)
-    assert s["ship"] in ("model", "LightGBM", "blend") and s["weight"] in GRID
+    assert s["ship"] in ("model", "LightGBM", "blend", "trivial") and s["weight"] in GRID
     w = s["weight"]
     np.testing.assert_allclose(t.column("blend_p_true").to_numpy(),
                                w * t.column("p_true").to_numpy() + (1 - w) * t.column("gbdt_p_true").to_numpy())
+    # the trivial baseline the floor compared with (the majority: the train seeds' rate), beside them
+    from confluence.inference.predictor import Predictor
+    from confluence.store import Store
+    from confluence.targets import decode_targets
+
+    st = Store.open(store)
+    predictor = Predictor(model, st)
+    try:
+        train = decode_targets(st, "buys_next_30d", predictor.seed_ids("train", "buys_next_30d"))
+    finally:
+        predictor.close()
+    rate = float(train.values[~train.is_null].astype(bool).mean())
+    assert s["trivial_name"] == "majority" and s["trivial"] == 0.5
+    np.testing.assert_allclose(t.column("trivial_p_true").to_numpy(), rate)
+    assert t.column("trivial_prediction").to_pylist() == [rate > 0.5] * t.num_rows
     # ad-hoc anchors with observation times: LightGBM's features are built for them too
     pacsv.write_csv(pa.table({"customer_id": [1, 2, 3],
                               "observation_time": pa.array([dt.datetime(2020, 6, 1)] * 3, pa.timestamp("us"))}),
@@ -323,7 +390,7 @@ def test_the_service_blends_as_predict_does(shop, caplog):  # noqa: F811
     try:
         assert sum("blend " in m and "ship" in m for m in caplog.messages) == 3  # a line per task
         info = next(t for t in service.tasks if t["name"] == "buys_next_30d")
-        assert info["blend"]["ship"] in ("model", "LightGBM", "blend")
+        assert info["blend"]["ship"] in ("model", "LightGBM", "blend", "trivial")
         job = service.job("buys_next_30d", [1, 2, 3], ["2020-06-01T00:00:00"] * 3, None)
         got = json_rows(job.finish(service.predictor.anchor_outputs(job.task, job.rows, job.obs, context="all")))
     finally:
@@ -417,3 +484,51 @@ def test_console_and_report_show_the_guard():
     table = metrics_table_html(res)
     assert "<b>LightGBM</b>" in table and "at w = 0.05" in table and "LightGBM alone is shipped" in table
     assert "gain over LightGBM +0.5 [+0.25, +0.8], guard passed" in table
+
+
+def _floored_results() -> dict:
+    """`BLENDED` made a boolean whose blend lost to LightGBM on test while the floor shipped the majority, which
+    did not: a real fit in `validation` (model and LightGBM both noise)."""
+    import copy
+
+    rng = np.random.default_rng(5)
+    y = rng.random(600) < 0.3
+    fit = fit_blend(BOOL, y, rng.random(600), rng.random(600), trivial=M.trivial_predictions(BOOL, y[:200], 600))
+    r = copy.deepcopy(BLENDED["flights.dep_delay"])
+    r["info"]["stype"] = "boolean"
+    r["model"], r["baseline"], r["gbdt"] = {"auroc": 0.46, "n": 900.0}, {"auroc": 0.5, "name": "majority"}, \
+        {"auroc": 0.38}
+    r["model_vs_gbdt"] = {"diff": 0.08, "ci_low": 0.03, "ci_high": 0.13, "n_boot": 1000.0, "a_not_worse": 1.0}
+    r["blend"] = {"auroc": 0.37, "n": 900.0, "weight": fit.weight, "n_val": 600}
+    r["blend_vs_gbdt"] = {"diff": -0.01, "ci_low": -0.02, "ci_high": -0.003, "n_boot": 1000.0, "a_not_worse": 0.0}
+    r["shipped"] = {"auroc": 0.5, "n": 900.0, "ship": "trivial"}
+    r["shipped_vs_gbdt"] = {"diff": 0.12, "ci_low": 0.08, "ci_high": 0.16, "n_boot": 1000.0, "a_not_worse": 1.0}
+    r["validation"], r["ship"] = fit.summary(), fit.ship
+    return {"lfn": r}
+
+
+def test_console_report_and_tally_show_the_trivial_baseline_shipped():
+    import contextlib
+    import io
+
+    from confluence.bench.quality import tally
+    from confluence.cli.eval_cmds import print_results
+    from confluence.evaluation.report import metrics_table_html
+
+    res = _floored_results()
+    assert res["lfn"]["ship"] == "trivial"
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        print_results(res, "db — split test")
+    text = buf.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= 80, text
+    flat = " ".join(text.split())
+    assert "ship: trivial baseline (majority) (w = " in flat and ", trivial (majority) 0.5" in flat
+    assert "the trivial baseline is shipped" in flat
+    assert "blend worse than GBDT, shipped (trivial) better than GBDT" in flat
+    assert "gain vs GBDT, shipped (trivial): +0.12 [+0.08, +0.16]" in flat
+    table = metrics_table_html(res)
+    assert "<b>the trivial baseline (majority)</b>" in table and "<th>shipped</th>" not in table
+    assert tally("db", "check", res).blend_not_worse == 1  # what --blend ships, not the blend it did not ship
+    res["lfn"]["ship"] = "blend"
+    assert tally("db", "check", res).blend_not_worse == 0

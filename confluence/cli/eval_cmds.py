@@ -56,7 +56,7 @@ def results_lines(results: dict, title: str) -> list[str]:
                   + (f", trivial = {trivial_name}" if trivial_name else "") + ")"
                   + (" [yellow]not trained on[/]" if unseen else "")]
         if words:
-            lines.append(f"    verdict: {words}")
+            lines += textwrap.wrap(f"verdict: {words}", 76, initial_indent="    ", subsequent_indent="      ")
         metrics = [m for m in (r.get("model") or r["baseline"]) if m not in ("n", "name")]
         metrics.sort(key=lambda m: m != head_metric)
         metrics = [m for m in metrics if m not in ("weight", "n_val")]
@@ -74,9 +74,10 @@ def results_lines(results: dict, title: str) -> list[str]:
                 line += gain_text(r.get("model_vs_gbdt"), higher)
             lines.append(line)
         if blended:
-            for who in ("model", "blend"):
+            for who in ("model", "blend") + (("shipped",) if r.get("ship") == "trivial" else ()):
                 if f"{who}_vs_gbdt" in r:
-                    lines.append(f"    gain vs GBDT, {who}:{gain_text(r[f'{who}_vs_gbdt'], higher)}")
+                    label = "shipped (trivial)" if who == "shipped" else who
+                    lines.append(f"    gain vs GBDT, {label}:{gain_text(r[f'{who}_vs_gbdt'], higher)}")
             if "ship" in r:
                 lines += textwrap.wrap(ship_text(r), 76, initial_indent="    ", subsequent_indent="      ")
     return lines
@@ -103,7 +104,8 @@ def ship_text(r: dict) -> str:
     def num(x) -> str:
         return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4g}"
 
-    text = (f"ship: {r['ship']} (w = {num(v.get('weight'))} model share; validation {v.get('metric', '?')} on "
+    ship = r["ship"] if r["ship"] != "trivial" else f"trivial baseline ({v.get('trivial_name', '?')})"
+    text = (f"ship: {ship} (w = {num(v.get('weight'))} model share; validation {v.get('metric', '?')} on "
             f"{v.get('n_val', 0):,} rows: model {num(v.get('model'))}, LightGBM {num(v.get('LightGBM'))}, blend "
             f"{num(v.get('blend'))}{choice_words(v, num)})")
     return text + (f"; {v['note']}" if v.get("note") else "")
@@ -191,7 +193,8 @@ def evaluate_cmd(
     blend: str = typer.Option(None, "--blend", metavar="gbdt", help="Also blend the model with LightGBM (implies "
                               "--gbdt): per task a weight chosen on the validation split, the blend scored beside "
                               "both, and which to ship (LightGBM unless a paired interval on validation shows "
-                              "departing from it helps, or LightGBM is not shown better than the trivial baseline)."),
+                              "departing from it helps, or LightGBM is not shown better than the trivial baseline; "
+                              "the trivial baseline where nothing is shown better than it)."),
     clip_numbers: bool = typer.Option(True, "--clip-numbers/--no-clip-numbers",
                                       help="Score numbers as predict reports them (train range, rounded when whole); "
                                            "--no-clip-numbers: the plain de-normalized number."),
@@ -376,10 +379,12 @@ def predict_cmd(
     threads: int = typer.Option(None, "--threads", min=1, help="Sampler threads building the input sequences "
                                 "(default: 1 on a CPU, the CPUs less 2 on a GPU)."),
     blend: str = typer.Option(None, "--blend", metavar="gbdt", help="Also LightGBM's and the blend's columns "
-                              "(gbdt_prediction, blend_prediction, ...): LightGBM fitted on the train seeds, the "
+                              "(gbdt_prediction, blend_prediction, ...) and the trivial baseline's (trivial_prediction, "
+                              "...): LightGBM fitted on the train seeds, the "
                               "blend weight chosen on at most --max-seeds (0: 5,000) validation seeds (0, "
                               "LightGBM alone, unless a paired interval there shows another weight helps or LightGBM "
-                              "no better than the trivial baseline)."),
+                              "no better than the trivial baseline); the trivial baseline ships where nothing is "
+                              "shown better than it there."),
     certify: bool = typer.Option(False, "--certify", help="Also prove these predictions saw nothing from the "
                                  "future, on up to --certify-seeds anchors (as evaluate --certify); the certificate "
                                  "goes into the table's metadata (confluence.certificate) and a leak exits 1 naming it."),

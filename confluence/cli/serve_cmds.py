@@ -98,8 +98,9 @@ def serve_cmd(
     blend: str = typer.Option(None, "--blend", metavar="gbdt", help="At start-up, fit LightGBM and a blend "
                               "weight per task (chosen on the validation split, 0 unless a paired interval there "
                               "shows another weight helps or LightGBM no better than the trivial baseline; a log "
-                              "line per task); answers "
-                              "gain LightGBM's and the blend's columns, as predict --blend gbdt."),
+                              "line per task; the trivial baseline ships where nothing is shown better than it); "
+                              "answers gain LightGBM's, the blend's and the trivial baseline's columns, as predict "
+                              "--blend gbdt."),
     log_level: str = typer.Option("info", "--log-level", help="critical | error | warning | info | debug"),
 ) -> None:
     """Serve predictions over HTTP: POST /predict, GET /health, /tasks, /model, /openapi.json (and with --docs, the

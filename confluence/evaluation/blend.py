@@ -31,6 +31,14 @@ What to ship (`BlendFit.ship`) follows from the shipped weight, so from validati
 rows: "blend" when 0 < w < 1 (it beat both on validation, and LightGBM beyond the noise), else "model" (w = 1)
 or "LightGBM" (w = 0).
 
+The floor. Given the trivial baselines (`trivial=`), the choice above must itself be shown better than the best of
+them on validation (the same paired interval, wholly above zero: `trivial_gain`, `trivial_ci`); else `ship` is
+"trivial" (`trivial_name` says which baseline: a constant, or a "when next" task's observation time plus the median
+wait), and `note` says why. Where neither the model nor LightGBM is known to beat a constant, a constant is what to
+use: on a held-out database a boolean whose model and LightGBM were both below chance on test (0.458 and 0.378
+AUROC) had been at 0.508 and 0.490 on validation, inside the noise of the majority's 0.5
+(docs/design/decisions.md). `fit_blend(..., floor=False)` skips it (the behaviour before it).
+
 Without labelled validation rows (or a headline metric undefined on them, such as AUROC with one class), the
 weight is `DEFAULT_WEIGHT` (0.5, the equal average: not chosen on data, and the fit says so in `note`), and
 `ship` is "blend", the choice that is never the worse of the two by much when neither is known to be better; there
@@ -56,7 +64,7 @@ GUARD_N_BOOT = 1000  # the guard's paired bootstrap: resamples of the validation
 GUARD_SEED = 0  # ... drawn with a fixed seed ...
 GUARD_LEVEL = 0.95  # ... for a 95 % interval
 GUARD_STATES = ("passed", "failed", "waived", "off")  # `BlendFit.guard`; None where there was nothing to guard
-SHIP_CHOICES = ("model", "LightGBM", "blend")
+SHIP_CHOICES = ("model", "LightGBM", "blend", "trivial")
 BLEND_CHOICES = ("gbdt",)  # what `--blend` accepts: the one partner the model is blended with
 
 
@@ -81,7 +89,11 @@ class BlendFit:
     `val_gain` and `val_ci` (the blend at `best_weight` minus LightGBM on validation, with its paired 95 %
     interval, oriented so that positive = better than LightGBM; None when `best_weight` is 0 or there is no fit
     on data), `guard` (one of `GUARD_STATES`: "failed" when it set the weight to 0, "waived" when LightGBM was not
-    shown better than the trivial baselines; None when there was nothing to guard)."""
+    shown better than the trivial baselines; None when there was nothing to guard).
+
+    The floor (module docstring): `trivial_name` (the best trivial baseline on validation; its score is
+    `scores["trivial"]`), `trivial_gain` and `trivial_ci` (the guarded choice minus it, positive = better; None
+    without baselines)."""
 
     weight: float
     n_val: int
@@ -94,10 +106,14 @@ class BlendFit:
     val_gain: float | None = None
     val_ci: tuple[float, float] | None = None
     guard: str | None = None
+    trivial_name: str | None = None
+    trivial_gain: float | None = None
+    trivial_ci: tuple[float, float] | None = None
 
     def summary(self) -> dict[str, Any]:
-        """As JSON for a task's results (`"validation"`): the metric, the three validation scores, the weight
-        shipped, the best one and the guard's gain and interval (where there was one), and where it came from."""
+        """As JSON for a task's results (`"validation"`): the metric, the validation scores, the weight shipped,
+        the best one, the guard's and the floor's gains and intervals (where there were), where the weight came
+        from and what to ship."""
         out: dict[str, Any] = {"metric": self.metric, **self.scores, "weight": self.weight}
         if self.best_weight is not None:
             out["best_weight"] = self.best_weight
@@ -105,7 +121,11 @@ class BlendFit:
             out["val_gain"], out["val_ci"] = self.val_gain, list(self.val_ci)
         if self.guard is not None:
             out["guard"] = self.guard
-        out |= {"n_val": self.n_val, "weight_source": self.source}
+        if self.trivial_name is not None:
+            out["trivial_name"] = self.trivial_name
+        if self.trivial_gain is not None and self.trivial_ci is not None:
+            out["trivial_gain"], out["trivial_ci"] = self.trivial_gain, list(self.trivial_ci)
+        out |= {"n_val": self.n_val, "weight_source": self.source, "ship": self.ship}
         if self.note:
             out["note"] = self.note
         return out
@@ -120,9 +140,7 @@ def guard_words(summary: Mapping[str, Any]) -> str:
     if guard is None or not ci or len(ci) != 2:
         return ""
 
-    def num(x: Any) -> str:
-        return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:+.3g}"
-
+    num = fmt_signed
     outcome = {"passed": "guard passed", "failed": "guard failed: LightGBM shipped", "off": "guard off",
                "waived": "guard waived: LightGBM not shown better than trivial"}
     return (f"gain over LightGBM {num(summary.get('val_gain'))} [{num(ci[0])}, {num(ci[1])}], "
@@ -130,13 +148,26 @@ def guard_words(summary: Mapping[str, Any]) -> str:
 
 
 def choice_words(summary: Mapping[str, Any], fmt: Any) -> str:
-    """What follows a ship line's validation scores (`BlendFit.summary()`), for the console and the report: " at w
-    = B" when the best weight on validation is not the one shipped, then "; " and the guard (`guard_words`) unless
-    it failed (the note says so then). `fmt` writes a number."""
+    """What follows a ship line's validation scores of the model, LightGBM and the blend (`BlendFit.summary()`),
+    for the console and the report: " at w = B" when the best weight on validation is not the one shipped, the
+    best trivial baseline's score (", trivial (NAME) S"), then "; " and the guard (`guard_words`) unless it failed
+    (the note says so then), and the floor's gain over that baseline unless it shipped the baseline (the note
+    says so then). `fmt` writes a number."""
     best = summary.get("best_weight")
     at = f" at w = {fmt(best)}" if best is not None and best != summary.get("weight") else ""
-    guard = guard_words(summary) if summary.get("guard") != "failed" else ""
-    return at + (f"; {guard}" if guard else "")
+    if summary.get("trivial_name") is not None:
+        at += f", trivial ({summary['trivial_name']}) {fmt(summary.get('trivial'))}"
+    words = [guard_words(summary)] if summary.get("guard") != "failed" else []
+    ci = summary.get("trivial_ci")
+    if ci and len(ci) == 2 and summary.get("ship") != "trivial":
+        words.append(f"gain over trivial {fmt_signed(summary.get('trivial_gain'))} [{fmt_signed(ci[0])}, "
+                     f"{fmt_signed(ci[1])}]")
+    return at + "".join(f"; {w}" for w in words if w)
+
+
+def fmt_signed(x: Any) -> str:
+    """A gain as the ship lines write it: signed, three significant digits; "–" for None or NaN."""
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:+.3g}"
 
 
 def blend_predictions(stype: SemanticType, model: np.ndarray, gbdt: np.ndarray, weight: float,
@@ -195,37 +226,39 @@ def validation_gain(stype: SemanticType, truth: np.ndarray, model: np.ndarray, g
     return gain, (lo, hi)
 
 
-def gbdt_over_trivial(stype: SemanticType, truth: np.ndarray, gbdt: np.ndarray,
-                      trivial: Mapping[str, np.ndarray]) -> tuple[str, float, tuple[float, float]] | None:
-    """LightGBM minus the best of the `trivial` baselines' predictions on these rows (the best by the headline
-    metric), with its paired bootstrap interval as `validation_gain` gives it: (the baseline's name, gain,
-    (lo, hi)), positive = LightGBM better; None without baselines or where the metric is undefined."""
+def over_trivial(stype: SemanticType, truth: np.ndarray, pred: np.ndarray,
+                 trivial: Mapping[str, np.ndarray]) -> tuple[str, float, float, tuple[float, float]] | None:
+    """`pred` minus the best of the `trivial` baselines' predictions on these rows (the best by the headline
+    metric), with its paired bootstrap interval as `validation_gain` gives it: (the baseline's name, its score,
+    gain, (lo, hi)), positive = `pred` better; None without baselines or where the metric or the interval is
+    undefined."""
     metric, higher = M.headline_metric(stype)
     best: tuple[str, float] | None = None
-    for name, pred in trivial.items():
-        v = M.metrics_for(stype, truth, pred).get(metric, math.nan)
+    for name, base in trivial.items():
+        v = M.metrics_for(stype, truth, base).get(metric, math.nan)
         v = v if higher else -v
         if not math.isnan(v) and (best is None or v > best[1]):
             best = (name, v)
     if best is None:
         return None
-    c = M.paired_bootstrap(stype, truth, gbdt, trivial[best[0]], n_boot=GUARD_N_BOOT, seed=GUARD_SEED,
+    c = M.paired_bootstrap(stype, truth, pred, trivial[best[0]], n_boot=GUARD_N_BOOT, seed=GUARD_SEED,
                            level=GUARD_LEVEL)
     oriented = M.oriented_gain(c, higher)
-    if oriented is None:
+    if oriented is None or not all(math.isfinite(x) for x in oriented):
         return None
     gain, lo, hi = oriented
-    return best[0], gain, (lo, hi)
+    return best[0], best[1] if higher else -best[1], gain, (lo, hi)
 
 
 def fit_blend(stype: SemanticType, truth: np.ndarray, model: np.ndarray, gbdt: np.ndarray,
               target_range: TargetRange | None = None, grid: tuple[float, ...] = GRID, *,
-              guard: bool = True, trivial: Mapping[str, np.ndarray] | None = None) -> BlendFit:
+              guard: bool = True, trivial: Mapping[str, np.ndarray] | None = None, floor: bool = True) -> BlendFit:
     """Choose the weight of one task on its labelled validation rows (`truth`, and both predictors' predictions on
     them), guard it and say what to ship (module docstring). `guard=False`: the best weight is shipped whatever
-    its interval against LightGBM (the interval is still reported). `trivial`: the trivial baselines' predictions
-    on the same rows, by name (`metrics.trivial_predictions`): where LightGBM is not shown better than them, the
-    guard is waived."""
+    its interval against LightGBM (the interval is still reported) and nothing is compared with the trivial
+    baselines. `trivial`: the trivial baselines' predictions on the same rows, by name (`trivial.TrivialFit`):
+    where LightGBM is not shown better than them, the guard is waived; with `floor`, what is not shown better
+    than them is not shipped: the best of them is."""
     stype = SemanticType(stype)
     metric, higher = M.headline_metric(stype)
     truth = np.asarray(truth)
@@ -243,23 +276,55 @@ def fit_blend(stype: SemanticType, truth: np.ndarray, model: np.ndarray, gbdt: n
            "blend": sign * at[best]}
     fit = BlendFit(weight=best, n_val=n, metric=metric, scores={k: float(v) for k, v in val.items()},
                    ship=ship_for(best), best_weight=best)
+    if not guard:
+        if best > 0.0:
+            gain, ci = validation_gain(stype, truth, model, gbdt, best, target_range)
+            fit = replace(fit, val_gain=gain, val_ci=ci, guard="off")
+        return fit
+    fit = _guarded(fit, stype, truth, model, gbdt, target_range, trivial)
+    return _floored(fit, stype, truth, model, gbdt, target_range, trivial) if floor and trivial else fit
+
+
+def _guarded(fit: BlendFit, stype: SemanticType, truth: np.ndarray, model: np.ndarray, gbdt: np.ndarray,
+             target_range: TargetRange | None, trivial: Mapping[str, np.ndarray] | None) -> BlendFit:
+    """The guard (module docstring): the best weight shipped only where validation shows it better than
+    LightGBM, or LightGBM is not shown better than the trivial baselines."""
+    best, n, metric = fit.weight, fit.n_val, fit.metric
     if best <= 0.0:
         return fit  # LightGBM alone already: nothing to guard
     gain, (lo, hi) = validation_gain(stype, truth, model, gbdt, best, target_range)
     fit = replace(fit, val_gain=gain, val_ci=(lo, hi))
-    if not guard:
-        return replace(fit, guard="off")
     if lo > 0.0:  # the whole interval says better than LightGBM (NaN: not shown)
         return replace(fit, guard="passed")
     who = "the model alone (w = 1)" if best >= 1.0 else f"the blend at w = {best:g}"
-    over = gbdt_over_trivial(stype, truth, gbdt, trivial) if trivial else None
-    if over is not None and not over[2][0] > 0.0:
-        name, g, (glo, ghi) = over
+    over = over_trivial(stype, truth, gbdt, trivial) if trivial else None
+    if over is not None and not over[3][0] > 0.0:
+        name, _, g, (glo, ghi) = over
         return replace(fit, guard="waived", note=(
             f"validation's best, {who}, is not shown better than LightGBM, but LightGBM is not shown better than the "
             f"trivial baseline ({name}) either: {g:+.3g} {metric} on {n:,} rows, 95% interval [{glo:+.3g}, "
-            f"{ghi:+.3g}] (positive = better); the guard is waived and the best weight shipped"))
+            f"{ghi:+.3g}] (positive = better); the guard is waived"))
     return replace(fit, weight=0.0, ship=ship_for(0.0), guard="failed", note=(
         f"validation's best, {who}, gained {gain:+.3g} {metric} over LightGBM on {n:,} rows, 95% interval "
         f"[{lo:+.3g}, {hi:+.3g}] (positive = better): not shown better than LightGBM, so LightGBM alone is "
         f"shipped (w = 0)"))
+
+
+def _floored(fit: BlendFit, stype: SemanticType, truth: np.ndarray, model: np.ndarray, gbdt: np.ndarray,
+             target_range: TargetRange | None, trivial: Mapping[str, np.ndarray]) -> BlendFit:
+    """The floor (module docstring): the guarded choice shipped only where validation shows it better than the
+    best trivial baseline; else that baseline, `ship` "trivial"."""
+    chosen = blend_predictions(stype, model, gbdt, fit.weight, target_range)
+    over = over_trivial(stype, truth, chosen, trivial)
+    if over is None:
+        return fit
+    name, score, gain, (lo, hi) = over
+    fit = replace(fit, scores={**fit.scores, "trivial": float(score)}, trivial_name=name, trivial_gain=gain,
+                  trivial_ci=(lo, hi))
+    if lo > 0.0:
+        return fit
+    what = {"model": "the model", "LightGBM": "LightGBM", "blend": f"the blend at w = {fit.weight:g}"}[fit.ship]
+    why = (f"{what} gained {gain:+.3g} {fit.metric} over the trivial baseline ({name}) on {fit.n_val:,} validation "
+           f"rows, 95% interval [{lo:+.3g}, {hi:+.3g}] (positive = better): not shown better than it, so the "
+           "trivial baseline is shipped")
+    return replace(fit, ship="trivial", note=f"{fit.note}; {why}" if fit.note else why)

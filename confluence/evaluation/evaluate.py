@@ -223,6 +223,7 @@ def _blend_entry(entry: dict[str, Any], predictor: Predictor, task: str, split: 
     seeds (the evaluated ones reused when the split is "val"), the weight chosen there, the blend's metrics on the
     evaluated rows and its paired bootstrap against LightGBM. Returns the blend's predictions on those rows."""
     from confluence.evaluation.blend import blend_predictions, fit_blend
+    from confluence.evaluation.trivial import fit_trivial, seed_obs
     from confluence.targets import train_target_range
 
     store = predictor.store
@@ -241,14 +242,20 @@ def _blend_entry(entry: dict[str, Any], predictor: Predictor, task: str, split: 
     pred_val = (model_point_predictions(predictor, task, out_val, keep_val, clip_numbers) if out_val is not None
                 else np.zeros((0,) + np.shape(gbdt_val)[1:]))
     rng = train_target_range(store, task, train_ids) if clip_numbers else None
-    train = decode_targets(store, task, train_ids)
-    trivial = M.trivial_predictions(stype, train.values[~train.is_null], int(keep_val.sum()),
-                                    num_classes=val.num_classes or None)
-    fit = fit_blend(stype, val.values[keep_val], pred_val, gbdt_val, target_range=rng, trivial=trivial)
+    trivial = fit_trivial(store, task, train_ids, num_classes=val.num_classes or None)
+    fit = fit_blend(stype, val.values[keep_val], pred_val, gbdt_val, target_range=rng,
+                    trivial=trivial.predictions(int(keep_val.sum()), seed_obs(store, task, val_ids[keep_val])))
     blended = blend_predictions(stype, pred, gbdt_pred, fit.weight, target_range=rng)
     entry["blend"] = {**M.metrics_for(stype, truth, blended, target_std=train_std), "weight": fit.weight,
                       "n_val": fit.n_val}
     entry["blend_vs_gbdt"] = M.paired_bootstrap(stype, truth, blended, gbdt_pred)
+    shipped = blended
+    if fit.ship == "trivial":  # the floor shipped a baseline: what a user of --blend receives is scored as well
+        ev = decode_targets(store, task, evaluated[0])
+        obs = seed_obs(store, task, evaluated[0][~ev.is_null])
+        shipped = trivial.predictions(len(truth), obs).get(fit.trivial_name, blended)
+    entry["shipped"] = {**M.metrics_for(stype, truth, shipped, target_std=train_std), "ship": fit.ship}
+    entry["shipped_vs_gbdt"] = M.paired_bootstrap(stype, truth, shipped, gbdt_pred)
     entry["validation"] = fit.summary()
     if split == "val":
         entry["validation"]["note"] = "; ".join(

@@ -465,6 +465,7 @@ class TaskBlend:
     fit: Any  # blend.BlendFit
     target_range: Any  # targets.TargetRange | None
     clip_numbers: bool = True
+    trivial: Any = None  # trivial.TrivialFit: the baselines the floor compared with, for new rows
 
     def gbdt_predictions(self, builder: Any, targets: tuple[np.ndarray, np.ndarray | None],
                          progress: Any = None) -> np.ndarray:
@@ -476,8 +477,10 @@ class TaskBlend:
             builder.build_anchors(self.task, ids, obs, progress, what)
         return self.gbdt.predict(features)
 
-    def columns(self, predictor: Predictor, head: HeadOutputs, gbdt_pred: np.ndarray) -> dict[str, pa.Array]:
-        """`blend_columns` for the rows `head` (the model's outputs) and `gbdt_pred` (LightGBM's) answer."""
+    def columns(self, predictor: Predictor, head: HeadOutputs, gbdt_pred: np.ndarray,
+                targets: tuple[np.ndarray, np.ndarray | None]) -> dict[str, pa.Array]:
+        """`blend_columns` for the rows `head` (the model's outputs) and `gbdt_pred` (LightGBM's) answer, with the
+        trivial baseline's (`trivial_columns`) where one was fitted. `targets`: as for `gbdt_predictions`."""
         from confluence.evaluation.blend import blend_predictions
         from confluence.evaluation.evaluate import model_point_predictions
 
@@ -486,7 +489,28 @@ class TaskBlend:
         model_pred = model_point_predictions(predictor, self.task, head, np.ones(len(head.null_logit), bool),
                                              self.clip_numbers)
         blended = blend_predictions(stype, model_pred, gbdt_pred, self.fit.weight, target_range=self.target_range)
-        return blend_columns(store, self.task, head, gbdt_pred, blended, self.fit.weight)
+        cols = blend_columns(store, self.task, head, gbdt_pred, blended, self.fit.weight)
+        return cols | self.trivial_columns(store, targets)
+
+    def trivial_columns(self, store: Any, targets: tuple[np.ndarray, np.ndarray | None]) -> dict[str, pa.Array]:
+        """The best trivial baseline on validation (`fit.trivial_name`) for `targets`, as LightGBM's columns are
+        written with `trivial_` for `gbdt_` (`trivial_prediction`, with `trivial_p_true` or `trivial_confidence`);
+        none where no baseline was compared (or it cannot answer these rows: a median wait without their
+        observation times)."""
+        from confluence.evaluation.trivial import seed_obs
+
+        name = getattr(self.fit, "trivial_name", None)
+        if self.trivial is None or name is None:
+            return {}
+        ids, obs = targets
+        preds = self.trivial.predictions(len(ids), seed_obs(store, self.task, ids) if obs is None else obs)
+        if name not in preds:
+            return {}
+        info = store.task(self.task)
+        n = len(ids)
+        cols = kind(info.target_stype).blend_columns(store, info, preds[name], preds[name], np.zeros(n),
+                                                     np.zeros(n, bool))
+        return {"trivial" + k[len("gbdt"):]: v for k, v in cols.items() if k.startswith("gbdt_")}
 
 
 def fit_task_blend(predictor: Predictor, task: str, builder: Any, *, max_val: int = 5000,
@@ -497,7 +521,7 @@ def fit_task_blend(predictor: Predictor, task: str, builder: Any, *, max_val: in
     from confluence.evaluation.blend import fit_blend
     from confluence.evaluation.evaluate import model_point_predictions
     from confluence.evaluation.gbdt import predict_seeds, train_gbdt
-    from confluence.evaluation.metrics import trivial_predictions
+    from confluence.evaluation.trivial import fit_trivial, seed_obs
     from confluence.targets import decode_targets, train_target_range
 
     store = predictor.store
@@ -517,11 +541,10 @@ def fit_task_blend(predictor: Predictor, task: str, builder: Any, *, max_val: in
     else:
         model_val = np.zeros((0,) + np.shape(gbdt_val)[1:])
     rng = train_target_range(store, task, train_ids) if clip_numbers else None
-    train = decode_targets(store, task, train_ids)
-    trivial = trivial_predictions(stype, train.values[~train.is_null], int(keep_val.sum()),
-                                  num_classes=val.num_classes or None)
-    fit = fit_blend(stype, val.values[keep_val], model_val, gbdt_val, target_range=rng, trivial=trivial)
-    return TaskBlend(task=task, gbdt=model, fit=fit, target_range=rng, clip_numbers=clip_numbers)
+    trivial = fit_trivial(store, task, train_ids, num_classes=val.num_classes or None)
+    fit = fit_blend(stype, val.values[keep_val], model_val, gbdt_val, target_range=rng,
+                    trivial=trivial.predictions(int(keep_val.sum()), seed_obs(store, task, val_ids[keep_val])))
+    return TaskBlend(task=task, gbdt=model, fit=fit, target_range=rng, clip_numbers=clip_numbers, trivial=trivial)
 
 
 def blend_for_rows(predictor: Predictor, task: str, targets: tuple[np.ndarray, np.ndarray | None],
@@ -534,7 +557,7 @@ def blend_for_rows(predictor: Predictor, task: str, targets: tuple[np.ndarray, n
 
     builder = FeatureBuilder(predictor.store, progress=progress)
     tb = fit_task_blend(predictor, task, builder, max_val=max_val, clip_numbers=clip_numbers, progress=progress)
-    return tb.columns(predictor, head, tb.gbdt_predictions(builder, targets, progress)), tb.fit
+    return tb.columns(predictor, head, tb.gbdt_predictions(builder, targets, progress), targets), tb.fit
 
 
 def blend_columns(store: Any, task: str, head: HeadOutputs, gbdt: np.ndarray, blended: np.ndarray,

@@ -31,14 +31,14 @@ if TYPE_CHECKING:
     from confluence.store import Store
 
 # entries of a task's results that are not a predictor's metrics (`--blend gbdt` adds "blend_vs_gbdt",
-# "validation" and "ship"; `--importance`, `--certify` and `--explain` the last three)
-_META_KEYS = ("info", "model_vs_gbdt", "rows", "blend_vs_gbdt", "validation", "ship", "importance", "certificate",
-              "explanations")
+# "validation", "ship", "shipped" and "shipped_vs_gbdt"; `--importance`, `--certify` and `--explain` the last three)
+_META_KEYS = ("info", "model_vs_gbdt", "rows", "blend_vs_gbdt", "validation", "ship", "shipped", "shipped_vs_gbdt",
+              "importance", "certificate", "explanations")
 _TRIVIAL = ("majority", "mean", "median", "median_offset")  # the constant predictors (baselines.run_baselines)
 _NOT_PREDICTORS = ("model", "baseline", *_META_KEYS)
 _MAX_CLASSES = 10  # confusion matrix: the most frequent true classes, the rest pooled as "other"
 _SCORER_LABELS = {"gbdt": "GBDT"}
-_SHIP_LABELS = {"model": "the model", "LightGBM": "LightGBM", "blend": "the blend"}
+_SHIP_LABELS = {"model": "the model", "LightGBM": "LightGBM", "blend": "the blend", "trivial": "the trivial baseline"}
 _METRIC_LABELS = {"auroc": "AUROC", "accuracy": "accuracy", "mae": "MAE", "mae_days": "MAE (days)"}
 
 
@@ -104,7 +104,8 @@ def _stype(task: str, r: Mapping[str, Any], stypes: Mapping[str, int] | None) ->
 
 def verdict(r: Mapping[str, Any], stype: SemanticType) -> list[tuple[str, str]]:
     """(text, css class) parts: does the model beat the best trivial baseline, and is it worse than the GBDT?
-    With a blend (`--blend gbdt`), is the blend worse than the GBDT?
+    With a blend (`--blend gbdt`), is the blend worse than the GBDT, and, where the floor shipped the trivial
+    baseline instead, is that?
 
     Against the GBDT the paired bootstrap interval decides where present: "better" when the whole interval favours
     the model, "not worse" when it reaches zero (`a_not_worse`), "worse" otherwise; without an interval the point
@@ -122,6 +123,9 @@ def verdict(r: Mapping[str, Any], stype: SemanticType) -> list[tuple[str, str]]:
     parts += _vs_gbdt(r.get("model_vs_gbdt"), higher, model, g, "")
     if "blend" in r:
         parts += _vs_gbdt(r.get("blend_vs_gbdt"), higher, _num((r.get("blend") or {}).get(metric)), g, "blend ")
+    if r.get("ship") == "trivial" and "shipped" in r:
+        parts += _vs_gbdt(r.get("shipped_vs_gbdt"), higher, _num(r["shipped"].get(metric)), g,
+                          "shipped (trivial) ")
     return parts
 
 
@@ -226,7 +230,8 @@ def _ship_cell(r: Mapping[str, Any]) -> str:
     detail = (f"w = {_fmt(v.get('weight'))} (model share); validation {html.escape(str(v.get('metric', '')))} on "
               f"{_fmt(v.get('n_val'))} rows: {scores}{html.escape(choice_words(v, _fmt))}")
     note = f'<div class="dim">{html.escape(str(v["note"]))}</div>' if v.get("note") else ""
-    return (f"<b>{html.escape(_SHIP_LABELS.get(ship, ship))}</b>"
+    label = _SHIP_LABELS.get(ship, ship) + (f" ({v['trivial_name']})" if ship == "trivial" else "")
+    return (f"<b>{html.escape(label)}</b>"
             f'<div class="dim">{detail}</div>{note}')
 
 
@@ -492,7 +497,8 @@ _BLEND_HELP = """ <b>blend</b>: w × model + (1 − w) × GBDT, one weight w (th
 chosen on the validation split, where LightGBM was not trained; its gain over the GBDT is shown as the model's.
 <b>ship</b>: what the validation split says to use: the blend when it beat both there, else the better of the
 model and LightGBM (decided on validation only, never on the rows scored here), and LightGBM unless a paired 95%
-interval on validation shows the departure from it better (the guard: a gain inside the noise is not shipped)."""
+interval on validation shows the departure from it better (the guard: a gain inside the noise is not shipped);
+and the trivial baseline where what would be shipped is not shown better than it on validation (the floor)."""
 
 
 def _task_section(task: str, r: Mapping[str, Any], stype: SemanticType | None, desc: str | None) -> str:

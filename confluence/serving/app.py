@@ -170,8 +170,11 @@ class TaskInfo(BaseModel):
                                          "(weight: the model's share served; the validation scores it was chosen "
                                          "on; best_weight, val_gain, val_ci, guard: the best weight on validation, "
                                          "its gain over LightGBM with a paired 95% interval, and whether that "
-                                         "showed it better, else LightGBM is served; ship: model, LightGBM or "
-                                         "blend); null without one.")
+                                         "showed it better, else LightGBM is served; trivial, trivial_name, "
+                                         "trivial_gain, trivial_ci: the best trivial baseline on validation and "
+                                         "the served choice's gain over it; ship: model, LightGBM, blend or "
+                                         "trivial, the baseline where nothing was shown better than it); null "
+                                         "without one.")
     target_table: str | None = Field(None, description="Link tasks: the table whose rows are ranked.")
     target_key_column: str | None = Field(None, description="Link tasks: the answer rows' field of target keys.")
     k: int | None = Field(None, description="Link tasks: target rows ranked per anchor by default.")

@@ -390,7 +390,7 @@ class PredictionService:
         def finish(head: HeadOutputs) -> pa.Table:
             table = prediction_table(self.store, task, cast_keys, obs, head, train_ids=train_ids, top_k=k)
             if blend is not None:
-                for name, col in blend.columns(self.predictor, head, gbdt_pred).items():
+                for name, col in blend.columns(self.predictor, head, gbdt_pred, (rows, obs)).items():
                     table = table.append_column(name, col)
             return table
 

@@ -84,22 +84,34 @@ def reference_times(obs: np.ndarray | None, n: int, fallback: float) -> np.ndarr
     return np.where(has_cutoff(obs), obs.astype(np.float64), fallback)
 
 
+def median_offset(store: Any, task: str, train_ids: np.ndarray, train: Any) -> float | None:
+    """The median of a timestamp task's train targets less their observation times (µs): the `median_offset`
+    baseline's wait. None when the task has no `observation_time_column` (a cell task's cut-off is its row's own
+    time, which may be the target itself: no baseline may read it) or a train row has no cut-off. `train`:
+    `decode_targets` of `train_ids`."""
+    info = store.task(task)
+    if info.observation_time != "observation_time_column":
+        return None
+    obs = np.asarray(store.task_arrays(task).obs_time, dtype=np.int64)[train_ids][~train.is_null]
+    if obs.size == 0 or (obs == NO_CUTOFF).any():
+        return None
+    return float(np.median(train.values[~train.is_null].astype(np.float64) - obs.astype(np.float64)))
+
+
 def offset_prediction(store: Any, task: str, train_ids: np.ndarray, eval_ids: np.ndarray, train: Any,
                       evaluated: Any) -> np.ndarray | None:
     """The `median_offset` baseline of a timestamp task with an observation-time column, on the non-null
     evaluated rows (epoch µs): each row's observation time plus the median offset of the train targets from theirs
-    ("the next match is about 30 days after today"), the constant a user tries first for a "when next" target.
-    None when the task has no `observation_time_column` (a cell task's cut-off is its row's own time, which may be
-    the target itself: no baseline may read it). Without it the trivial baseline of such a task is one
-    absolute date for every row, years off. `train` / `evaluated`: `decode_targets` of the two id sets."""
-    info = store.task(task)
-    if info.observation_time != "observation_time_column":
+    ("the next match is about 30 days after today", `median_offset`), the constant a user tries first for a "when
+    next" target. None where `median_offset` is, or an evaluated row has no cut-off. Without it the trivial
+    baseline of such a task is one absolute date for every row, years off. `train` / `evaluated`:
+    `decode_targets` of the two id sets."""
+    offset = median_offset(store, task, train_ids, train)
+    if offset is None:
         return None
-    obs = np.asarray(store.task_arrays(task).obs_time, dtype=np.int64)
-    obs_tr, obs_ev = obs[train_ids][~train.is_null], obs[eval_ids][~evaluated.is_null]
-    if obs_tr.size == 0 or (obs_tr == NO_CUTOFF).any() or (obs_ev == NO_CUTOFF).any():
+    obs_ev = np.asarray(store.task_arrays(task).obs_time, dtype=np.int64)[eval_ids][~evaluated.is_null]
+    if (obs_ev == NO_CUTOFF).any():
         return None
-    offset = float(np.median(train.values[~train.is_null].astype(np.float64) - obs_tr.astype(np.float64)))
     return obs_ev.astype(np.float64) + offset
 
 
