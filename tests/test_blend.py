@@ -448,6 +448,21 @@ def test_report_shows_the_blend_column_and_the_ship_choice():
     assert "w × model + (1 − w) × GBDT" in render_report(BLENDED)
 
 
+def _console_words(results: dict) -> str:
+    """`print_results`' text of `results` (every line checked to fit 80 columns) with its whitespace collapsed."""
+    import contextlib
+    import io
+
+    from confluence.cli.eval_cmds import print_results
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        print_results(results, "db — split test")
+    text = buf.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= 80, text
+    return " ".join(text.split())
+
+
 def _guarded_results() -> dict:
     """`BLENDED` with a real guarded fit in `validation` (euip-like: w = 0.05 inside the noise) and one that passed."""
     import copy
@@ -463,19 +478,10 @@ def _guarded_results() -> dict:
 
 
 def test_console_and_report_show_the_guard():
-    import contextlib
-    import io
-
-    from confluence.cli.eval_cmds import print_results
     from confluence.evaluation.report import metrics_table_html
 
     res = _guarded_results()
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        print_results(res, "db — split test")
-    text = buf.getvalue()
-    assert max(len(line) for line in text.splitlines()) <= 80, text
-    flat = " ".join(text.split())
+    flat = _console_words(res)
     assert "ship: LightGBM (w = 0 model share; validation auroc on 2,000 rows" in flat
     assert "blend 0.839 at w = 0.05)" in flat and "so LightGBM alone is shipped (w = 0)" in flat
     assert "interval [-0.000665, +0.00183]" in flat  # the interval that failed, once (in the note)
@@ -508,21 +514,12 @@ def _floored_results() -> dict:
 
 
 def test_console_report_and_tally_show_the_trivial_baseline_shipped():
-    import contextlib
-    import io
-
     from confluence.bench.quality import tally
-    from confluence.cli.eval_cmds import print_results
     from confluence.evaluation.report import metrics_table_html
 
     res = _floored_results()
     assert res["lfn"]["ship"] == "trivial"
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        print_results(res, "db — split test")
-    text = buf.getvalue()
-    assert max(len(line) for line in text.splitlines()) <= 80, text
-    flat = " ".join(text.split())
+    flat = _console_words(res)
     assert "ship: trivial baseline (majority) (w = " in flat and ", trivial (majority) 0.5" in flat
     assert "the trivial baseline is shipped" in flat
     assert "blend worse than GBDT, shipped (trivial) better than GBDT" in flat
