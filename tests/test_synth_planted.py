@@ -211,8 +211,26 @@ def test_bench_learnability_end_to_end(tmp_path):
     assert "| customers.tier |" in result.output
     assert all(r["reached"] == reached(r) for r in report["tasks"])
     assert f"of {len(report['tasks'])}" in result.output and "runs" not in report
+    assert report["steps"] == 2 and report["trained_steps"] == 2
     again = CliRunner().invoke(app, args)  # a finished benchmark is never overwritten
     assert again.exit_code != 0 and "not empty" in again.output
+
+
+def test_bench_learnability_at_the_recipes_own_run_length(tmp_path):
+    """`--steps` takes what `train` takes without `--max-steps` ("auto" or a duration: the recipe's run length and
+    early stopping), and the report says how many steps the run trained; a bad length is refused by name before
+    anything is written."""
+    out = tmp_path / "bench"
+    args = ["bench", "learnability", "--out", str(out), "--steps", "4s", "--customers", "60", "--max-seeds", "50",
+            "--no-gbdt", "--set", "sampler.batch_size=4", "--set", "sampler.seq_len=64"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "learnability.json").read_text())
+    assert report["steps"] == "4s" and report["trained_steps"] >= 1
+    for bad in ("0", "soon"):
+        refused = CliRunner().invoke(app, [*args[:3], str(tmp_path / bad), "--steps", bad])
+        assert refused.exit_code != 0 and "--steps" in refused.output, refused.output
+        assert not (tmp_path / bad).exists()
 
 
 def test_bench_learnability_over_training_seeds(tmp_path):

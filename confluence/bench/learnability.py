@@ -139,7 +139,7 @@ _HEADLINE_BY_LABEL = {stype.label: value for stype, value in M.HEADLINE.items()}
 
 
 def run_learnability(out: str | Path, *, spec: PlantedSpec = PlantedSpec(), config: str = "small",
-                     sets: dict[str, Any] | None = None, steps: int = 3000, max_seeds: int = 2000,
+                     sets: dict[str, Any] | None = None, steps: int | str = 3000, max_seeds: int = 2000,
                      gbdt: bool = True, split: str = "val", text_encoder: str | None = None,
                      progress: bool = True, dangling_keys: str = "drop",
                      train_seeds: Sequence[int] | None = None) -> dict[str, Any]:
@@ -147,7 +147,8 @@ def run_learnability(out: str | Path, *, spec: PlantedSpec = PlantedSpec(), conf
     one scored: "val" to choose settings, "test" once for the figure that is reported. `dangling_keys`: how the
     planted database's unmatched foreign keys are preprocessed (`preprocess`). `train_seeds`: train once per seed
     (runs run-seed<N>/, the report's `runs` and `across_runs`; its `tasks` and `results` are the first seed's);
-    None: once with the recipe's seed (run/)."""
+    None: once with the recipe's seed (run/). `steps`: a step count, or "auto" / a duration (the recipe's own run
+    length, as `train` without `--max-steps`); each run's `steps` and `best_step` say what it trained."""
     from confluence.errors import ConfigError
     from confluence.evaluation.evaluate import write_json
     from confluence.preprocess.pipeline import check_dangling_keys, preprocess
@@ -172,16 +173,18 @@ def run_learnability(out: str | Path, *, spec: PlantedSpec = PlantedSpec(), conf
     for i, (seed, cfg) in enumerate(zip(seeds, cfgs, strict=True)):
         run_dir = out / ("run" if seed is None else f"run-seed{seed}")
         t0 = time.perf_counter()
-        train(cfg, open_stream([store], cfg), run_dir, progress=progress)
+        trained = train(cfg, open_stream([store], cfg), run_dir, progress=progress)
         train_s = time.perf_counter() - t0
         t0 = time.perf_counter()  # LightGBM does not depend on the training seed: fitted with the first run only
         results = score_run(run_dir, store, db, split=split, max_seeds=max_seeds, gbdt=gbdt and i == 0)
-        runs.append({"seed": cfg.seed, "run": run_dir.name, "train_s": train_s,
+        runs.append({"seed": cfg.seed, "run": run_dir.name, "steps": trained.step, "best_step": trained.best_step,
+                     "train_s": train_s,
                      "evaluate_s": time.perf_counter() - t0, "tasks": summarize(results), "results": results})
     timings["train_s"] = sum(r["train_s"] for r in runs)
     timings["evaluate_s"] = sum(r["evaluate_s"] for r in runs)
     report = {"spec": asdict(spec), "config": config, "sets": sets or {}, "steps": steps, "split": split,
               "dangling_keys": dangling_keys, "max_seeds": max_seeds, "timings": timings,
+              "trained_steps": runs[0]["steps"], "best_step": runs[0]["best_step"],
               "tasks": runs[0]["tasks"], "results": runs[0]["results"]}
     if train_seeds is not None:
         report["runs"] = runs

@@ -342,11 +342,25 @@ def bench_attention_cmd(
     _write_json(json_path, as_numpy_report(report))
 
 
+def _run_length(steps: str) -> int | str:
+    """A bench's `--steps`: a positive step count, or "auto" / a duration (the recipe's own run length, validation
+    and early stopping); a ConfluenceError naming the option otherwise."""
+    from confluence.training.budget import check_run_length
+
+    length: int | str = int(steps) if steps.strip().isdigit() else steps.strip()
+    check_run_length(length, "--steps")
+    if length == 0:
+        raise ConfluenceError("--steps: must be at least 1")
+    return length
+
+
 def bench_learnability_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="Working directory (db/, store/, run/, learnability.json); "
                                                       "must not hold an earlier run."),
     config: str = typer.Option("small", "--config", help="Training recipe (small, demo, base, ...) or a file."),
-    steps: int = typer.Option(3000, "--steps", min=1, help="Training steps (the budget)."),
+    steps: str = typer.Option("3000", "--steps", help="Training steps (the budget), or \"auto\" / a duration: the "
+                                                      "recipe's own run length, validation and early stopping, as "
+                                                      "`train` without --max-steps."),
     set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a training setting."),
     seed: int = typer.Option(0, "--seed", help="Seed of the planted database."),
     customers: int = typer.Option(1500, "--customers", min=10, help="Customers of the planted database."),
@@ -376,7 +390,8 @@ def bench_learnability_cmd(
     try:
         report = run_learnability(out, spec=PlantedSpec(seed=seed, customers=customers, noise=noise,
                                                         couriers=couriers, visits=visits), config=config,
-                                  sets=parse_sets(set_), steps=steps, max_seeds=max_seeds, gbdt=gbdt, split=split,
+                                  sets=parse_sets(set_), steps=_run_length(steps), max_seeds=max_seeds, gbdt=gbdt,
+                                  split=split,
                                   dangling_keys=dangling_keys, train_seeds=train_seed or None)
     except ConfluenceError as exc:
         fail(exc)
@@ -531,13 +546,7 @@ def bench_quality_cmd(
     from confluence.bench.quality import HEADER, run_quality
 
     try:
-        from confluence.training.budget import check_run_length
-
-        length: int | str = int(steps) if steps.strip().isdigit() else steps.strip()
-        check_run_length(length, "--steps")
-        if length == 0:
-            raise ConfluenceError("--steps: must be at least 1")
-        tallies = run_quality(suite, names=name or None, steps=length, config=config, label=label,
+        tallies = run_quality(suite, names=name or None, steps=_run_length(steps), config=config, label=label,
                               max_seeds=max_seeds, log=typer.echo, force=force)
     except ConfluenceError as exc:
         fail(exc)
