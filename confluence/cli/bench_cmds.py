@@ -358,9 +358,8 @@ def bench_learnability_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="Working directory (db/, store/, run/, learnability.json); "
                                                       "must not hold an earlier run."),
     config: str = typer.Option("small", "--config", help="Training recipe (small, demo, base, ...) or a file."),
-    steps: str = typer.Option("3000", "--steps", help="Training steps (the budget), or \"auto\" / a duration: the "
-                                                      "recipe's own run length, validation and early stopping, as "
-                                                      "`train` without --max-steps."),
+    steps: str = typer.Option("3000", "--steps", help="Training steps, or \"auto\" / a duration: the recipe's own "
+                                                      "run length, as train without --max-steps."),
     set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a training setting."),
     seed: int = typer.Option(0, "--seed", help="Seed of the planted database."),
     customers: int = typer.Option(1500, "--customers", min=10, help="Customers of the planted database."),
