@@ -215,7 +215,7 @@ def test_the_floor_compares_a_when_next_task_with_the_median_wait():
     obs = (np.sort(rng.integers(0, 3000, 500)) * US_PER_DAY).astype(np.int64)
     wait = rng.gamma(4.0, 5.0, 500) * US_PER_DAY
     truth = obs + wait
-    fitted = TrivialFit(stype=TS, constants={"mean": np.asarray(float(truth.mean()))}, offset=20.0 * US_PER_DAY)
+    fitted = TrivialFit(constants={"mean": np.asarray(float(truth.mean()))}, offset=20.0 * US_PER_DAY)
     base = fitted.predictions(500, obs)
     assert set(base) == {"mean", MEDIAN_OFFSET} and np.array_equal(base[MEDIAN_OFFSET], obs + 20.0 * US_PER_DAY)
     noisy = lambda: obs + (20.0 + rng.normal(0, 15, 500)) * US_PER_DAY  # noqa: E731
@@ -224,7 +224,7 @@ def test_the_floor_compares_a_when_next_task_with_the_median_wait():
     no_cutoff = obs.copy()
     no_cutoff[3] = np.iinfo(np.int64).max  # a row that sees the whole database: no wait to add to
     assert set(fitted.predictions(500, no_cutoff)) == {"mean"}
-    cat = TrivialFit(stype=CAT, constants={"majority": np.array([0.7, 0.2, 0.1])}).predictions(4)
+    cat = TrivialFit(constants={"majority": np.array([0.7, 0.2, 0.1])}).predictions(4)
     assert cat["majority"].shape == (4, 3) and np.allclose(cat["majority"][3], [0.7, 0.2, 0.1])
 
 

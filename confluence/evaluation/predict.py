@@ -499,7 +499,7 @@ class TaskBlend:
         observation times)."""
         from confluence.evaluation.trivial import seed_obs
 
-        name = getattr(self.fit, "trivial_name", None)
+        name = self.fit.trivial_name
         if self.trivial is None or name is None:
             return {}
         ids, obs = targets

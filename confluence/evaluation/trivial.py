@@ -28,7 +28,6 @@ class TrivialFit:
     targets less their observation times; None where the task has no observation-time column, or a row without a
     cut-off)."""
 
-    stype: SemanticType
     constants: dict[str, np.ndarray] = field(default_factory=dict)
     offset: float | None = None
 
@@ -54,7 +53,7 @@ def fit_trivial(store: object, task: str, train_ids: np.ndarray, num_classes: in
     constants = {name: np.asarray(pred[0]) for name, pred in
                  kind(stype).trivial_predictions(values, 1, num_classes).items()}
     offset = median_offset(store, task, train_ids, train) if stype == SemanticType.TIMESTAMP else None
-    return TrivialFit(stype=stype, constants=constants, offset=offset)
+    return TrivialFit(constants=constants, offset=offset)
 
 
 def seed_obs(store: object, task: str, ids: np.ndarray) -> np.ndarray:
