@@ -74,13 +74,14 @@ def test_a_trained_link_head_ranks_and_is_evaluated_beside_the_baselines(store, 
     ranker = LinkRanker(loaded, store, TASK)
     try:
         coef = ranker.calibrate(200)
-        # intercept; in-context logit, in context; catalogue logit; place, in list x (catalogue + 4 baselines)
-        assert coef.shape == (14,) and np.isfinite(coef).all()
+        # intercept; in-context logit, in context; catalogue logit; place, in list x (catalogue + 4 baselines);
+        # the pair counts (the anchor's links and their recency, the row's links overall and recent)
+        assert coef.shape == (18,) and np.isfinite(coef).all()
         sel = ranker.selection  # the way of ranking chosen on held-out calibration folds, and why
         groups = ranker.feature_groups()
         assert sel["choice"] in groups and set(sel["calibration_map"]) == set(groups)
         assert sel["calibration_map"][sel["choice"]] == max(sel["calibration_map"].values())
-        unused = np.setdiff1d(np.arange(13), groups[sel["choice"]])
+        unused = np.setdiff1d(np.arange(17), groups[sel["choice"]])
         assert (coef[1:][unused] == 0).all()
         ids = link_split_ids(store, TASK, "val")[:20]
         ranked = ranker.rank(ids)
@@ -95,6 +96,26 @@ def test_a_trained_link_head_ranks_and_is_evaluated_beside_the_baselines(store, 
     res = evaluate_links(loaded, store, split="val", max_seeds=60)[TASK]
     assert 0.0 <= res["model"]["map"] <= 1.0 and res["model"]["n"] == res["baseline"]["n"]
     assert {"diff", "ci_low", "ci_high", "a_not_worse"} <= set(res["model_vs_baseline"])
+
+
+def test_the_pair_counts_are_a_setting_the_ranker_reads_from_the_run(store, run):
+    from dataclasses import replace
+
+    loaded = load_model(run)
+    assert loaded.config.link.pair_counts  # the default
+    off = replace(loaded, config=replace(loaded.config, link=replace(loaded.config.link, pair_counts=False)))
+    widths = {}
+    for name, lm in (("on", loaded), ("off", off)):
+        ranker = LinkRanker(lm, store, TASK)
+        try:
+            widths[name] = len(ranker.feature_groups()["model"])
+            arr = store.link_arrays(TASK)
+            ids = link_split_ids(store, TASK, "val")[:3]
+            found = ranker._candidates(np.asarray(arr.anchor_row)[ids], np.asarray(arr.obs_time)[ids])
+            assert all(x.shape[1] == widths[name] for _, x in found)
+        finally:
+            ranker.close()
+    assert widths == {"on": 17, "off": 13}
 
 
 def test_a_checkpoint_without_a_link_head_is_refused_by_name(store, tmp_path):

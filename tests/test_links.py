@@ -238,6 +238,14 @@ def test_baselines_are_leak_free(store):
         after = baseline_rankings(Shuffled(), "customer_books", ids)
         for name in before:
             assert (before[name] == after[name]).all(), (name, t)
+        # the ranker's pair counts of every book read the same known links
+        every = [np.arange(books.row_offset, books.row_offset + books.num_rows)] * len(ids)
+        counts = [L.pair_counts_at(a.anchor_row, a.obs_time, a.offsets, a.targets, info.horizon_us,
+                                   (books.row_offset, books.row_offset + books.num_rows),
+                                   np.asarray(arr.anchor_row)[ids], np.asarray(arr.obs_time)[ids], every)
+                  for a in (arr, shuffled)]
+        assert all((x == y).all() for x, y in zip(*counts, strict=True)), t
+        assert any(x[:, 0].any() for x in counts[0])  # some anchor's own link was counted
         assert any((before[n] >= 0).any() for n in before)  # something known was ranked
 
 
@@ -265,6 +273,19 @@ def test_co_linked_ranks_what_other_anchors_linked_to_along_with_the_anchors_own
     # at t=1 nothing is known yet (a seed's links are known from its time + horizon on, here t=1 itself)
     assert L.co_linked_at(anchor, obs, offsets, targets, 1, (10, 20), np.array([0]), np.array([1]), 2).tolist() \
         == [[-1, -1]]
+
+
+def test_pair_counts_say_how_much_and_how_lately_from_known_links_only():
+    # horizon 2; a0's seeds at t=0 -> {10, 11}, t=4 -> {11}, t=9 -> {12}; a1's at t=3 -> {11, 13}
+    anchor, obs = np.array([0, 0, 0, 1]), np.array([0, 4, 9, 3])
+    offsets, targets = np.array([0, 2, 3, 4, 6]), np.array([10, 11, 11, 12, 11, 13])
+    rows = [np.array([10, 11, 12, 13]), np.array([11])]
+    got = L.pair_counts_at(anchor, obs, offsets, targets, 2, (10, 14), np.array([0, 1]), np.array([7, 5]), rows)
+    # a0 at T=7 knows seeds up to t=5: 10 once (t=0), 11 twice (latest t=4), not 12 (t=9); every anchor: 10 once,
+    # 11 three times, 13 once; the last horizon before t=5 is (3, 5]: only the t=4 link to 11
+    assert got[0].tolist() == [[1, 2 / 7, 1, 0], [2, 2 / 3, 3, 1], [0, 0, 0, 0], [0, 0, 1, 0]]
+    # a1 at T=5 knows up to t=3: its own 11 (t=3, recency 2 / 2), and 11 twice overall; (1, 3]: a1's link
+    assert got[1].tolist() == [[1, 1.0, 2, 1]]
 
 
 def test_run_link_baselines_scores_every_baseline(store):

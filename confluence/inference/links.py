@@ -8,7 +8,8 @@ context; every row of the target table, scored by the head against the row's own
 baselines' lists (the anchor's own earlier targets, the most linked rows, the most linked of the last horizon, the
 rows other anchors linked to along with the anchor's own targets).
 A logistic regression fitted on the latest train seeds, which the head never trained on (`calibrate`), turns each
-candidate's scores and places into one chance of a link; the k likeliest are the answer. Where mixing the model's
+candidate's scores, places and pair counts (how often and how lately the anchor linked to it, how often every anchor
+did: `link.pair_counts`) into one chance of a link; the k likeliest are the answer. Where mixing the model's
 scores in does not rank better on those seeds (cross-validated), the best baseline's list stands alone.
 """
 
@@ -60,6 +61,7 @@ class LinkRanker:
         self.arr = store.link_arrays(task)
         self.catalogue_on = bool(loaded.config.link.catalogue)
         self.shortlist = int(loaded.config.link.shortlist)
+        self.pair_counts = bool(loaded.config.link.pair_counts)
         self.source = LinkSource(store, task, loaded.config)
         tables = DbTables.for_model(store, fitted_max_k(loaded.config.loss.max_k, [store]), loaded.config.model)
         self.col_tab, self.cat_tab = jnp.asarray(tables.column_embeddings), jnp.asarray(tables.categorical_embeddings)
@@ -179,15 +181,32 @@ class LinkRanker:
         ctx, queries = self.contexts(anchors, times)
         fallback = self.lists(anchors, times)
         short = self.shortlists(queries, times)
-        return [self.features(*ctx[i], fallback[i], queries[i], int(times[i]), short[i]) for i in range(len(anchors))]
+        found = [self.features(*ctx[i], fallback[i], queries[i], int(times[i]), short[i]) for i in range(len(anchors))]
+        return self.with_pair_counts(found, anchors, times) if self.pair_counts else found
+
+    def with_pair_counts(self, found: list[tuple[np.ndarray, np.ndarray]], anchors: np.ndarray, times: np.ndarray
+                         ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """`features`' candidates with four more columns: log(1 + the anchor's known links to the row), how lately
+        it linked to it (`targets.link.pair_counts_at`), log(1 + the row's known links), log(1 + those of the last
+        horizon): how much and how lately, where the lists give only a place."""
+        a = self.arr
+        counts = L.pair_counts_at(np.asarray(a.anchor_row), np.asarray(a.obs_time), np.asarray(a.offsets),
+                                  np.asarray(a.targets), self.info.horizon_us, self.source.catalog, anchors, times,
+                                  [cand for cand, _ in found])
+        out = []
+        for (cand, x), c in zip(found, counts, strict=True):
+            extra = np.stack([np.log1p(c[:, 0]), c[:, 1], np.log1p(c[:, 2]), np.log1p(c[:, 3])], axis=1)
+            out.append((cand, np.concatenate([x, extra], axis=1)))
+        return out
 
     # -- calibration and ranking ------------------------------------------------------------------------------
     def feature_groups(self) -> dict[str, list[int]]:
-        """The columns of `features` that each way of ranking reads: "model" all of them; each baseline list
-        (`LIST_NAMES`) its own place and membership."""
+        """The columns of the candidates' features that each way of ranking reads: "model" all of them (with the
+        pair counts, `with_pair_counts`, last); each baseline list (`LIST_NAMES`) its own place and membership."""
         first = 3 if self.catalogue_on else 2
         lists = (["catalogue"] if self.catalogue_on else []) + list(LIST_NAMES)
-        out = {"model": list(range(first + 2 * len(lists)))}
+        width = first + 2 * len(lists) + (len(L.PAIR_COUNTS) if self.pair_counts else 0)
+        out = {"model": list(range(width))}
         for j, name in enumerate(lists):
             if name != "catalogue":
                 out[name] = [first + 2 * j, first + 2 * j + 1]

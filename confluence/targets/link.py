@@ -237,3 +237,56 @@ def co_linked_at(anchor_row: np.ndarray, obs_time: np.ndarray, offsets: np.ndarr
             extra = [r for r in fill[i] if r >= 0 and r not in set(got.tolist())][:k - len(got)]
             out[i, len(got):len(got) + len(extra)] = extra
     return out
+
+
+PAIR_COUNTS = ("anchor_links", "anchor_recency", "row_links", "row_recent_links")
+
+
+def pair_counts_at(anchor_row: np.ndarray, obs_time: np.ndarray, offsets: np.ndarray, targets: np.ndarray,
+                   horizon_us: int, catalog: tuple[int, int], anchors: np.ndarray, times: np.ndarray,
+                   rows: list[np.ndarray]) -> list[np.ndarray]:
+    """Per question (anchor row, observation time) and its candidate target rows `rows[i]` (global), [m_i, 4]
+    counts from links known at its time (seed time <= T - horizon), in `PAIR_COUNTS` order: the anchor's links to
+    the row; how recent its latest one is (horizon / (T - that seed's time), in (0, 1]; 0 when none); the row's
+    links from every anchor; and those of the last horizon before the newest known (recent popularity's window).
+    What the lists' places leave out: how much, and how lately."""
+    first, end = catalog
+    anchor_row, obs_time = np.asarray(anchor_row), np.asarray(obs_time)
+    offsets, targets = np.asarray(offsets), np.asarray(targets)
+    anchors, times = np.asarray(anchors, dtype=np.int64), np.asarray(times, dtype=np.int64)
+    seed_of_link = np.repeat(np.arange(len(obs_time)), np.diff(offsets))
+    link_time = obs_time[seed_of_link]
+    order = np.argsort(link_time, kind="stable")
+    link_time, link_row = link_time[order], targets[: len(seed_of_link)][order] - first
+    total = np.zeros(end - first, dtype=np.float64)
+    recent = np.zeros(end - first, dtype=np.float64)
+    added = removed = 0
+    out: list[np.ndarray] = [np.zeros((0, len(PAIR_COUNTS)))] * len(anchors)
+    t_eval = times - horizon_us
+    for t in np.unique(t_eval):
+        upto = int(np.searchsorted(link_time, t, side="right"))
+        np.add.at(total, link_row[added:upto], 1.0)
+        np.add.at(recent, link_row[added:upto], 1.0)
+        added = upto
+        since = int(np.searchsorted(link_time, t - horizon_us, side="right"))
+        np.add.at(recent, link_row[removed:since], -1.0)
+        removed = max(removed, since)
+        for i in np.flatnonzero(t_eval == t):
+            cand = np.asarray(rows[i], dtype=np.int64)
+            x = np.zeros((len(cand), len(PAIR_COUNTS)))
+            x[:, 2], x[:, 3] = total[cand - first], recent[cand - first]
+            a = anchors[i]
+            lo, hi = np.searchsorted(anchor_row, a, side="left"), np.searchsorted(anchor_row, a, side="right")
+            hi = lo + int(np.searchsorted(obs_time[lo:hi], t, side="right"))
+            if hi > lo:
+                own = targets[offsets[lo]:offsets[hi]]
+                own_t = np.repeat(obs_time[lo:hi], np.diff(offsets[lo:hi + 1]))
+                uniq, inv, cnt = np.unique(own, return_inverse=True, return_counts=True)
+                last = np.full(len(uniq), np.iinfo(np.int64).min)
+                np.maximum.at(last, inv, own_t)
+                pos = np.minimum(np.searchsorted(uniq, cand), len(uniq) - 1)
+                hit = uniq[pos] == cand
+                x[hit, 0] = cnt[pos[hit]]
+                x[hit, 1] = horizon_us / np.maximum(times[i] - last[pos[hit]], horizon_us)
+            out[i] = x
+    return out
