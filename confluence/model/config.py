@@ -66,10 +66,9 @@ class ModelConfig:
     kernel_heads: int = KERNEL_HEADS
     kernel_warps: int = KERNEL_WARPS  # (see kernel_heads)
     remat: bool = False  # recompute each block's activations in the backward pass (less memory, ~1/3 more FLOPs)
-    # True: the blocks run as one `lax.scan` over their stacked parameters, so XLA compiles one block instead of
-    # n_layers (the `base` step compiles 24 % faster on the CPU) but runs them without fusion across blocks (the
-    # `small` step 30 % slower on the CPU); False unrolls them as a Python loop. Same model, same parameters and
-    # checkpoints either way (docs/design/decisions.md, "Training speed": blocks scanned)
+    # True: the blocks run as one `lax.scan` (XLA compiles one block: `base` compiles 24 % faster on the CPU, but
+    # `small` steps 30 % slower without fusion across blocks); False: a Python loop. Same model and checkpoints
+    # either way (docs/design/decisions.md, "Training speed")
     scan_layers: bool = False
     # > 0: add this multiple of a fixed per-category identity code to each category's text embedding (model.inputs.
     # identity_codes); 0 is seed 002's text embedding alone (docs/design/decisions.md says why 1.0 ships).

@@ -76,8 +76,8 @@ class LinkConfig:
     # the catalogue's best this many rows per seed join the ranker's candidates (beside the context's rows and the
     # baselines' lists)
     shortlist: int = 100
-    # the ranker also reads, per candidate, how often and how lately the anchor linked to it and how often every
-    # anchor did, overall and in the last horizon (`targets.link.pair_counts_at`); false: the lists' places only
+    # the ranker also reads how often and how lately the anchor, and how often every anchor, linked to each
+    # candidate (`targets.link.pair_counts_at`); false: the lists' places only
     pair_counts: bool = True
 
     def __post_init__(self) -> None:
