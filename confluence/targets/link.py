@@ -148,27 +148,30 @@ def past_targets_at(anchor_row: np.ndarray, obs_time: np.ndarray, offsets: np.nd
     """`past_targets` of any anchor rows `anchors` at observation times `times` (an anchor with no seed of the
     task gets only `fill`)."""
     anchor_row, obs_time = np.asarray(anchor_row), np.asarray(obs_time)
+    offsets, targets = np.asarray(offsets), np.asarray(targets)
     out = np.full((len(anchors), k), -1, dtype=np.int64)
     for i, (a, t) in enumerate(zip(np.asarray(anchors), np.asarray(times), strict=True)):
-        cutoff = t - horizon_us
-        lo, hi = np.searchsorted(anchor_row, a, side="left"), np.searchsorted(anchor_row, a, side="right")
-        hi = lo + int(np.searchsorted(obs_time[lo:hi], cutoff, side="right"))
-        rows = [np.asarray(targets[offsets[j]:offsets[j + 1]]) for j in range(lo, hi)]
-        if rows:
-            times_all = np.concatenate([np.full(len(r), obs_time[j]) for j, r in zip(range(lo, hi), rows, strict=True)])
-            rows_all = np.concatenate(rows)
-            uniq, inv, cnt = np.unique(rows_all, return_inverse=True, return_counts=True)
-            last = np.full(len(uniq), np.iinfo(np.int64).min)
-            np.maximum.at(last, inv, times_all)
-            ranked = uniq[np.lexsort((uniq, -last, -cnt))][:k]
-        else:
-            ranked = np.zeros(0, np.int64)
+        uniq, cnt, last = _anchor_history(anchor_row, obs_time, offsets, targets, a, t - horizon_us)
+        ranked = uniq[np.lexsort((uniq, -last, -cnt))][:k]
         out[i, :len(ranked)] = ranked
         if fill is not None and len(ranked) < k:
             extra = [r for r in fill[i] if r >= 0 and r not in set(ranked.tolist())]
             take = extra[:k - len(ranked)]
             out[i, len(ranked):len(ranked) + len(take)] = take
     return out
+
+
+def _anchor_history(anchor_row: np.ndarray, obs_time: np.ndarray, offsets: np.ndarray, targets: np.ndarray,
+                    anchor: int, cutoff: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The target rows `anchor` linked to in seeds observed at or before `cutoff` (seeds sorted by anchor, then
+    time): (rows ascending, links to each, the latest such seed's time)."""
+    lo, hi = np.searchsorted(anchor_row, anchor, side="left"), np.searchsorted(anchor_row, anchor, side="right")
+    hi = lo + int(np.searchsorted(obs_time[lo:hi], cutoff, side="right"))
+    own = targets[offsets[lo]:offsets[hi]]
+    uniq, inv, cnt = np.unique(own, return_inverse=True, return_counts=True)
+    last = np.full(len(uniq), np.iinfo(np.int64).min)
+    np.maximum.at(last, inv, np.repeat(obs_time[lo:hi], np.diff(offsets[lo:hi + 1])))
+    return uniq.astype(np.int64), cnt, last
 
 
 def top_k(queries: np.ndarray, keys: np.ndarray, k: int, *, block: int = 64) -> tuple[np.ndarray, np.ndarray]:
@@ -275,15 +278,8 @@ def pair_counts_at(anchor_row: np.ndarray, obs_time: np.ndarray, offsets: np.nda
             cand = np.asarray(rows[i], dtype=np.int64)
             x = np.zeros((len(cand), len(PAIR_COUNTS)))
             x[:, 2], x[:, 3] = total[cand - first], recent[cand - first]
-            a = anchors[i]
-            lo, hi = np.searchsorted(anchor_row, a, side="left"), np.searchsorted(anchor_row, a, side="right")
-            hi = lo + int(np.searchsorted(obs_time[lo:hi], t, side="right"))
-            if hi > lo:
-                own = targets[offsets[lo]:offsets[hi]]
-                own_t = np.repeat(obs_time[lo:hi], np.diff(offsets[lo:hi + 1]))
-                uniq, inv, cnt = np.unique(own, return_inverse=True, return_counts=True)
-                last = np.full(len(uniq), np.iinfo(np.int64).min)
-                np.maximum.at(last, inv, own_t)
+            uniq, cnt, last = _anchor_history(anchor_row, obs_time, offsets, targets, anchors[i], t)
+            if len(uniq):
                 pos = np.minimum(np.searchsorted(uniq, cand), len(uniq) - 1)
                 hit = uniq[pos] == cand
                 x[hit, 0] = cnt[pos[hit]]
