@@ -14,6 +14,7 @@ t + horizon on, so a seed observed at T sees only links whose seed time is at mo
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -112,25 +113,35 @@ def popularity(anchor_row: np.ndarray, obs_time: np.ndarray, offsets: np.ndarray
 def popularity_at(obs_time: np.ndarray, offsets: np.ndarray, targets: np.ndarray, horizon_us: int,
                   catalog: tuple[int, int], times: np.ndarray, k: int, window_us: int | None = None) -> np.ndarray:
     """`popularity` at any observation times `times` (not only the task's seeds'): [len(times), k]."""
+    t_eval = np.asarray(times, dtype=np.int64) - horizon_us
+    out = np.full((len(t_eval), k), -1, dtype=np.int64)
+    for t, total, recent in _known_counts(obs_time, offsets, targets, catalog, t_eval, window_us or 0):
+        out[t_eval == t] = _top(total if window_us is None else recent, k, catalog[0])
+    return out
+
+
+def _known_counts(obs_time: np.ndarray, offsets: np.ndarray, targets: np.ndarray, catalog: tuple[int, int],
+                  cutoffs: np.ndarray, window_us: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """Per distinct cutoff, ascending: (cutoff, [catalogue rows] links to each row by seeds observed at or before
+    it, and those by seeds observed after cutoff - `window_us`). The arrays are updated in place from one cutoff
+    to the next (one pass over the links, sorted by seed time)."""
     first, end = catalog
     seed_of_link = np.repeat(np.arange(len(obs_time)), np.diff(offsets))
     link_time = np.asarray(obs_time)[seed_of_link]
     order = np.argsort(link_time, kind="stable")
-    link_time, link_row = link_time[order], np.asarray(targets)[order] - first
-    t_eval = np.asarray(times, dtype=np.int64) - horizon_us
-    out = np.full((len(t_eval), k), -1, dtype=np.int64)
-    counts = np.zeros(end - first, dtype=np.float64)
+    link_time, link_row = link_time[order], np.asarray(targets)[: len(seed_of_link)][order] - first
+    total = np.zeros(end - first, dtype=np.float64)
+    recent = np.zeros(end - first, dtype=np.float64)
     added = removed = 0
-    for t in np.unique(t_eval):
+    for t in np.unique(cutoffs):
         upto = int(np.searchsorted(link_time, t, side="right"))
-        np.add.at(counts, link_row[added:upto], 1.0)
+        np.add.at(total, link_row[added:upto], 1.0)
+        np.add.at(recent, link_row[added:upto], 1.0)
         added = upto
-        if window_us is not None:
-            since = int(np.searchsorted(link_time, t - window_us, side="right"))
-            np.add.at(counts, link_row[removed:since], -1.0)
-            removed = max(removed, since)
-        out[t_eval == t] = _top(counts, k, first)
-    return out
+        since = int(np.searchsorted(link_time, t - window_us, side="right"))
+        np.add.at(recent, link_row[removed:since], -1.0)
+        removed = max(removed, since)
+        yield t, total, recent
 
 
 def past_targets(anchor_row: np.ndarray, obs_time: np.ndarray, offsets: np.ndarray, targets: np.ndarray,
@@ -253,27 +264,13 @@ def pair_counts_at(anchor_row: np.ndarray, obs_time: np.ndarray, offsets: np.nda
     the row; how recent its latest one is (horizon / (T - that seed's time), in (0, 1]; 0 when none); the row's
     links from every anchor; and those of the last horizon before the newest known (recent popularity's window).
     What the lists' places leave out: how much, and how lately."""
-    first, end = catalog
+    first = catalog[0]
     anchor_row, obs_time = np.asarray(anchor_row), np.asarray(obs_time)
     offsets, targets = np.asarray(offsets), np.asarray(targets)
     anchors, times = np.asarray(anchors, dtype=np.int64), np.asarray(times, dtype=np.int64)
-    seed_of_link = np.repeat(np.arange(len(obs_time)), np.diff(offsets))
-    link_time = obs_time[seed_of_link]
-    order = np.argsort(link_time, kind="stable")
-    link_time, link_row = link_time[order], targets[: len(seed_of_link)][order] - first
-    total = np.zeros(end - first, dtype=np.float64)
-    recent = np.zeros(end - first, dtype=np.float64)
-    added = removed = 0
     out: list[np.ndarray] = [np.zeros((0, len(PAIR_COUNTS)))] * len(anchors)
     t_eval = times - horizon_us
-    for t in np.unique(t_eval):
-        upto = int(np.searchsorted(link_time, t, side="right"))
-        np.add.at(total, link_row[added:upto], 1.0)
-        np.add.at(recent, link_row[added:upto], 1.0)
-        added = upto
-        since = int(np.searchsorted(link_time, t - horizon_us, side="right"))
-        np.add.at(recent, link_row[removed:since], -1.0)
-        removed = max(removed, since)
+    for t, total, recent in _known_counts(obs_time, offsets, targets, catalog, t_eval, horizon_us):
         for i in np.flatnonzero(t_eval == t):
             cand = np.asarray(rows[i], dtype=np.int64)
             x = np.zeros((len(cand), len(PAIR_COUNTS)))
