@@ -1,10 +1,12 @@
-"""One trained link run ranked twice on the same seeds: the ranker's pair counts off and on (`link.pair_counts`).
+"""One trained link run ranked twice on the same seeds, with two values of the ranker's `link` settings.
 
-    python scripts/ab_link_ranker.py RUN STORE TASK SPLIT OUT.json [--gbdt]
+    python scripts/ab_link_ranker.py RUN STORE TASK SPLIT OUT.json [--gbdt] [--off NAME=VALUE ...] [--on NAME=VALUE ...]
 
-Each arm calibrates its own ranker (`LinkRanker.calibrate`) and ranks every seed of SPLIT; `--gbdt` also fits
-LightGBM's ranker once (beside the "on" arm). Prints and writes both arms' MAP@k, what calibration chose, the paired
-interval of each against the best baseline (and LightGBM), and "on" minus "off" paired over the seeds.
+"off" is the run with its `link` settings replaced by the `--off` values (default: `pair_counts=false`), "on" the
+run with the `--on` values (default: as saved; VALUE is JSON: `false`, `1`). Each arm calibrates its own ranker
+(`LinkRanker.calibrate`) and ranks every seed of SPLIT; `--gbdt` also fits LightGBM's ranker once (beside the "on"
+arm). Prints and writes both arms' MAP@k, what calibration chose, the paired interval of each against the best
+baseline (and LightGBM), and "on" minus "off" paired over the seeds.
 """
 
 from __future__ import annotations
@@ -21,16 +23,29 @@ from confluence.store import Store
 from confluence.targets import link as L
 
 
+def _arm(loaded, settings: dict):
+    return replace(loaded, config=replace(loaded.config, link=replace(loaded.config.link, **settings)))
+
+
 def main(argv: list[str]) -> None:
-    args = [a for a in argv if not a.startswith("--")]
+    args, sets, gbdt = [], {"--off": {}, "--on": {}}, False
+    it = iter(argv)
+    for a in it:
+        if a in sets:
+            name, _, value = next(it).partition("=")
+            sets[a][name] = json.loads(value)
+        elif a == "--gbdt":
+            gbdt = True
+        else:
+            args.append(a)
     if len(args) != 5:
         raise SystemExit(__doc__)
     run, db, task, split, out = args
-    gbdt = "--gbdt" in argv
     store = Store.open(db)
-    on = load_model(run)
-    off = replace(on, config=replace(on.config, link=replace(on.config.link, pair_counts=False)))
-    res: dict = {}
+    saved = load_model(run)
+    off = _arm(saved, sets["--off"] or {"pair_counts": False})
+    on = _arm(saved, sets["--on"])
+    res: dict = {"off_settings": sets["--off"] or {"pair_counts": False}, "on_settings": sets["--on"]}
     preds: dict = {}
     ids = np.zeros(0, np.int64)
     for name, loaded in (("off", off), ("on", on)):
