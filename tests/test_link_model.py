@@ -75,13 +75,13 @@ def test_a_trained_link_head_ranks_and_is_evaluated_beside_the_baselines(store, 
     try:
         coef = ranker.calibrate(200)
         # intercept; in-context logit, in context; catalogue logit; place, in list x (catalogue + 4 baselines);
-        # the pair counts (the anchor's links and their recency, the row's links overall and recent)
-        assert coef.shape == (18,) and np.isfinite(coef).all()
+        # the pair counts (the anchor's links and their recency, the row's links overall, recent and forecast)
+        assert coef.shape == (19,) and np.isfinite(coef).all()
         sel = ranker.selection  # the way of ranking chosen on held-out calibration folds, and why
         groups = ranker.feature_groups()
         assert sel["choice"] in groups and set(sel["calibration_map"]) == set(groups)
         assert sel["calibration_map"][sel["choice"]] == max(sel["calibration_map"].values())
-        unused = np.setdiff1d(np.arange(17), groups[sel["choice"]])
+        unused = np.setdiff1d(np.arange(18), groups[sel["choice"]])
         assert (coef[1:][unused] == 0).all()
         ids = link_split_ids(store, TASK, "val")[:20]
         ranked = ranker.rank(ids)
@@ -102,10 +102,11 @@ def test_the_pair_counts_are_a_setting_the_ranker_reads_from_the_run(store, run)
     from dataclasses import replace
 
     loaded = load_model(run)
-    assert loaded.config.link.pair_counts  # the default
+    assert loaded.config.link.pair_counts and loaded.config.link.forecast_windows == 4  # the defaults
     off = replace(loaded, config=replace(loaded.config, link=replace(loaded.config.link, pair_counts=False)))
+    plain = replace(loaded, config=replace(loaded.config, link=replace(loaded.config.link, forecast_windows=0)))
     widths = {}
-    for name, lm in (("on", loaded), ("off", off)):
+    for name, lm in (("on", loaded), ("off", off), ("no forecast", plain)):
         ranker = LinkRanker(lm, store, TASK)
         try:
             widths[name] = len(ranker.feature_groups()["model"])
@@ -115,7 +116,7 @@ def test_the_pair_counts_are_a_setting_the_ranker_reads_from_the_run(store, run)
             assert all(x.shape[1] == widths[name] for _, x in found)
         finally:
             ranker.close()
-    assert widths == {"on": 17, "off": 13}
+    assert widths == {"on": 18, "off": 13, "no forecast": 17}
 
 
 def test_a_checkpoint_without_a_link_head_is_refused_by_name(store, tmp_path):

@@ -238,11 +238,12 @@ def test_baselines_are_leak_free(store):
         after = baseline_rankings(Shuffled(), "customer_books", ids)
         for name in before:
             assert (before[name] == after[name]).all(), (name, t)
-        # the ranker's pair counts of every book read the same known links
+        # the ranker's pair counts of every book, its forecast too, read the same known links
         every = [np.arange(books.row_offset, books.row_offset + books.num_rows)] * len(ids)
         counts = [L.pair_counts_at(a.anchor_row, a.obs_time, a.offsets, a.targets, info.horizon_us,
                                    (books.row_offset, books.row_offset + books.num_rows),
-                                   np.asarray(arr.anchor_row)[ids], np.asarray(arr.obs_time)[ids], every)
+                                   np.asarray(arr.anchor_row)[ids], np.asarray(arr.obs_time)[ids], every,
+                                   forecast_windows=2)
                   for a in (arr, shuffled)]
         assert all((x == y).all() for x, y in zip(*counts, strict=True)), t
         assert any(x[:, 0].any() for x in counts[0])  # some anchor's own link was counted
@@ -286,6 +287,13 @@ def test_pair_counts_say_how_much_and_how_lately_from_known_links_only():
     assert got[0].tolist() == [[1, 2 / 7, 1, 0], [2, 2 / 3, 3, 1], [0, 0, 0, 0], [0, 0, 1, 0]]
     # a1 at T=5 knows up to t=3: its own 11 (t=3, recency 2 / 2), and 11 twice overall; (1, 3]: a1's link
     assert got[1].tolist() == [[1, 1.0, 2, 1]]
+    # with a forecast: one column more (here too little history to learn from: the last horizon's count), the rest
+    # unchanged
+    more = L.pair_counts_at(anchor, obs, offsets, targets, 2, (10, 14), np.array([0, 1]), np.array([7, 5]), rows,
+                            forecast_windows=2)
+    assert [x[:, :4].tolist() for x in more] == [x.tolist() for x in got]
+    assert [x[:, 4].tolist() for x in more] == [[0, 1, 0, 0], [1]]
+    assert L.pair_count_names(2)[4:] == ("row_forecast",)
 
 
 def test_run_link_baselines_scores_every_baseline(store):

@@ -62,6 +62,8 @@ class LinkRanker:
         self.catalogue_on = bool(loaded.config.link.catalogue)
         self.shortlist = int(loaded.config.link.shortlist)
         self.pair_counts = bool(loaded.config.link.pair_counts)
+        self.forecast_windows = int(loaded.config.link.forecast_windows)
+        self._forecasts: dict[int, np.ndarray] = {}  # cutoff -> every target row's forecast links
         self.source = LinkSource(store, task, loaded.config)
         tables = DbTables.for_model(store, fitted_max_k(loaded.config.loss.max_k, [store]), loaded.config.model)
         self.col_tab, self.cat_tab = jnp.asarray(tables.column_embeddings), jnp.asarray(tables.categorical_embeddings)
@@ -186,16 +188,21 @@ class LinkRanker:
 
     def with_pair_counts(self, found: list[tuple[np.ndarray, np.ndarray]], anchors: np.ndarray, times: np.ndarray
                          ) -> list[tuple[np.ndarray, np.ndarray]]:
-        """`features`' candidates with four more columns: log(1 + the anchor's known links to the row), how lately
-        it linked to it (`targets.link.pair_counts_at`), log(1 + the row's known links), log(1 + those of the last
-        horizon): how much and how lately, where the lists give only a place."""
+        """`features`' candidates with more columns: log(1 + the anchor's known links to the row), how lately it
+        linked to it (`targets.link.pair_counts_at`), log(1 + the row's known links), log(1 + those of the last
+        horizon) and, with `link.forecast_windows`, log(1 + those expected in the coming one): how much and how
+        lately, where the lists give only a place."""
         a = self.arr
+        if len(self._forecasts) > KEPT_TIMES:
+            self._forecasts.clear()
         counts = L.pair_counts_at(np.asarray(a.anchor_row), np.asarray(a.obs_time), np.asarray(a.offsets),
                                   np.asarray(a.targets), self.info.horizon_us, self.source.catalog, anchors, times,
-                                  [cand for cand, _ in found])
+                                  [cand for cand, _ in found], forecast_windows=self.forecast_windows,
+                                  forecasts=self._forecasts)
         out = []
         for (cand, x), c in zip(found, counts, strict=True):
-            extra = np.stack([np.log1p(c[:, 0]), c[:, 1], np.log1p(c[:, 2]), np.log1p(c[:, 3])], axis=1)
+            extra = np.log1p(c)
+            extra[:, 1] = c[:, 1]  # the recency is already in (0, 1]
             out.append((cand, np.concatenate([x, extra], axis=1)))
         return out
 
@@ -205,7 +212,7 @@ class LinkRanker:
         pair counts, `with_pair_counts`, last); each baseline list (`LIST_NAMES`) its own place and membership."""
         first = 3 if self.catalogue_on else 2
         lists = (["catalogue"] if self.catalogue_on else []) + list(LIST_NAMES)
-        width = first + 2 * len(lists) + (len(L.PAIR_COUNTS) if self.pair_counts else 0)
+        width = first + 2 * len(lists) + (len(L.pair_count_names(self.forecast_windows)) if self.pair_counts else 0)
         out = {"model": list(range(width))}
         for j, name in enumerate(lists):
             if name != "catalogue":

@@ -126,10 +126,7 @@ def _known_counts(obs_time: np.ndarray, offsets: np.ndarray, targets: np.ndarray
     it, and those by seeds observed after cutoff - `window_us`). The arrays are updated in place from one cutoff
     to the next (one pass over the links, sorted by seed time)."""
     first, end = catalog
-    seed_of_link = np.repeat(np.arange(len(obs_time)), np.diff(offsets))
-    link_time = np.asarray(obs_time)[seed_of_link]
-    order = np.argsort(link_time, kind="stable")
-    link_time, link_row = link_time[order], np.asarray(targets)[: len(seed_of_link)][order] - first
+    link_time, link_row = _sorted_links(obs_time, offsets, targets, first)
     total = np.zeros(end - first, dtype=np.float64)
     recent = np.zeros(end - first, dtype=np.float64)
     added = removed = 0
@@ -142,6 +139,15 @@ def _known_counts(obs_time: np.ndarray, offsets: np.ndarray, targets: np.ndarray
         np.add.at(recent, link_row[removed:since], -1.0)
         removed = max(removed, since)
         yield t, total, recent
+
+
+def _sorted_links(obs_time: np.ndarray, offsets: np.ndarray, targets: np.ndarray, first: int
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Every link's seed time, ascending, and its target row less `first` (the catalogue's first row)."""
+    seed_of_link = np.repeat(np.arange(len(obs_time)), np.diff(offsets))
+    link_time = np.asarray(obs_time)[seed_of_link]
+    order = np.argsort(link_time, kind="stable")
+    return link_time[order], np.asarray(targets)[: len(seed_of_link)][order] - first
 
 
 def past_targets(anchor_row: np.ndarray, obs_time: np.ndarray, offsets: np.ndarray, targets: np.ndarray,
@@ -256,25 +262,47 @@ def co_linked_at(anchor_row: np.ndarray, obs_time: np.ndarray, offsets: np.ndarr
 PAIR_COUNTS = ("anchor_links", "anchor_recency", "row_links", "row_recent_links")
 
 
+def pair_count_names(forecast_windows: int = 0) -> tuple[str, ...]:
+    """`pair_counts_at`'s columns: `PAIR_COUNTS`, then "row_forecast" with a forecast."""
+    return PAIR_COUNTS + (("row_forecast",) if forecast_windows else ())
+
+
 def pair_counts_at(anchor_row: np.ndarray, obs_time: np.ndarray, offsets: np.ndarray, targets: np.ndarray,
                    horizon_us: int, catalog: tuple[int, int], anchors: np.ndarray, times: np.ndarray,
-                   rows: list[np.ndarray]) -> list[np.ndarray]:
-    """Per question (anchor row, observation time) and its candidate target rows `rows[i]` (global), [m_i, 4]
-    counts from links known at its time (seed time <= T - horizon), in `PAIR_COUNTS` order: the anchor's links to
-    the row; how recent its latest one is (horizon / (T - that seed's time), in (0, 1]; 0 when none); the row's
-    links from every anchor; and those of the last horizon before the newest known (recent popularity's window).
-    What the lists' places leave out: how much, and how lately."""
-    first = catalog[0]
+                   rows: list[np.ndarray], forecast_windows: int = 0,
+                   forecasts: dict[int, np.ndarray] | None = None) -> list[np.ndarray]:
+    """Per question (anchor row, observation time) and its candidate target rows `rows[i]` (global), counts from
+    links known at its time (seed time <= T - horizon), in `pair_count_names` order: the anchor's links to the row;
+    how recent its latest one is (horizon / (T - that seed's time), in (0, 1]; 0 when none); the row's links from
+    every anchor; those of the last horizon before the newest known (recent popularity's window); with
+    `forecast_windows` > 0, the row's links expected in the coming horizon from its links in that many horizons
+    before (`link_forecast.forecast_popularity`: rising or falling; `forecasts`, when given, keeps each cutoff's
+    forecast for the next call). What the lists' places leave out: how much, and how lately."""
+    from confluence.targets.link_forecast import HISTORY, forecast_popularity, horizon_buckets
+
+    first, end = catalog
     anchor_row, obs_time = np.asarray(anchor_row), np.asarray(obs_time)
     offsets, targets = np.asarray(offsets), np.asarray(targets)
     anchors, times = np.asarray(anchors, dtype=np.int64), np.asarray(times, dtype=np.int64)
-    out: list[np.ndarray] = [np.zeros((0, len(PAIR_COUNTS)))] * len(anchors)
+    width = len(pair_count_names(forecast_windows))
+    out: list[np.ndarray] = [np.zeros((0, width))] * len(anchors)
     t_eval = times - horizon_us
+    if forecast_windows:
+        link_time, link_row = _sorted_links(obs_time, offsets, targets, first)
     for t, total, recent in _known_counts(obs_time, offsets, targets, catalog, t_eval, horizon_us):
+        if forecast_windows:
+            forecast = None if forecasts is None else forecasts.get(int(t))
+            if forecast is None:
+                buckets = horizon_buckets(link_time, link_row, t, horizon_us, HISTORY + forecast_windows, end - first)
+                forecast = forecast_popularity(buckets, forecast_windows)
+                if forecasts is not None:
+                    forecasts[int(t)] = forecast
         for i in np.flatnonzero(t_eval == t):
             cand = np.asarray(rows[i], dtype=np.int64)
-            x = np.zeros((len(cand), len(PAIR_COUNTS)))
+            x = np.zeros((len(cand), width))
             x[:, 2], x[:, 3] = total[cand - first], recent[cand - first]
+            if forecast_windows:
+                x[:, 4] = forecast[cand - first]
             uniq, cnt, last = _anchor_history(anchor_row, obs_time, offsets, targets, anchors[i], t)
             if len(uniq):
                 pos = np.minimum(np.searchsorted(uniq, cand), len(uniq) - 1)

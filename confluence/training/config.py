@@ -79,8 +79,13 @@ class LinkConfig:
     # the ranker also reads how often and how lately the anchor, and how often every anchor, linked to each
     # candidate (`targets.link.pair_counts_at`); false: the lists' places only
     pair_counts: bool = True
+    # with the pair counts, each candidate's links forecast for the coming horizon from its links in this many
+    # horizons before (`targets.link_forecast`); 0: none
+    forecast_windows: int = 4
 
     def __post_init__(self) -> None:
+        if self.forecast_windows < 0:
+            raise ConfigError("forecast_windows", f"must be >= 0, got {self.forecast_windows}")
         for name in ("negatives", "positives", "item_cells", "shortlist"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
