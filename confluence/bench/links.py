@@ -1,6 +1,6 @@
 """`confluence bench links`: what ranking a link task's whole target table costs (docs/design/link-cost.md).
 
-Three measurements, one table:
+Four measurements, one table:
 
 - **top-k latency per anchor** of the catalogue's exact top-k (`confluence.targets.link.top_k`, what
   `LinkRanker.shortlists` runs) for catalogue sizes N and key widths D: random float32 keys [N, D] and queries, the
@@ -9,6 +9,9 @@ Three measurements, one table:
   of `link.item_cells` cells at one observation time (`LinkSource.item_batch`, then the model's `catalogue_keys`, as
   `LinkRanker.catalogue_keys` does), split into building the contexts and the model; the time to key a catalogue of
   N rows is extrapolated from it;
+- **the popularity forecast** of every target row at one observation time (`targets.link_forecast`, what the
+  ranker's pair counts fit once per observation time with `link.forecast_windows`): synthetic links, on average
+  half a link per row and horizon, counted into horizons and the regression fitted and read, for catalogue sizes N;
 - **training steps/s** of `train_links` (catalogue side on and off: short runs, the first steps, which compile,
   left out) beside a cell-task training step of the same store and settings (the training stream and fused step of
   `confluence train`; a store without cell tasks: synthetic batches of the same shapes, as `bench train` times
@@ -67,6 +70,33 @@ def topk_latency(sizes: Sequence[int], widths: Sequence[int], *, anchors: int = 
             if log:
                 log(f"top-k N={n:,} D={d}: {row['ms_per_anchor']:.3f} ms/anchor ({len(times)} calls)")
             del keys
+    return out
+
+
+def forecast_cost(sizes: Sequence[int], windows: int = 4, *, seed: int = 0,
+                  log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Per catalogue size N: seconds to count synthetic links into horizons (`horizon_buckets`) and to fit and read
+    the forecast (`forecast_popularity`) of all N rows, once (it runs once per observation time)."""
+    from confluence.targets.link_forecast import HISTORY, forecast_popularity, horizon_buckets
+
+    rng = np.random.default_rng(seed)
+    out = []
+    n_buckets = HISTORY + windows
+    for n in sizes:
+        rate = rng.lognormal(-1.5, 1.0, n)  # rows' links per horizon: mean about 0.4, a long tail
+        per = rng.poisson(np.broadcast_to(rate, (n_buckets, n)))
+        bucket = np.repeat(np.arange(n_buckets), per.sum(axis=1))
+        row = np.concatenate([np.repeat(np.arange(n), per[b]) for b in range(n_buckets)])
+        time_us = np.sort(-bucket)  # bucket j: seed time -j, in (-(j + 1), -j] for horizon 1 and cutoff 0
+        order = np.argsort(-bucket, kind="stable")
+        t0 = time.perf_counter()
+        buckets = horizon_buckets(time_us, row[order], 0, 1, n_buckets, n)
+        t1 = time.perf_counter()
+        forecast_popularity(buckets, windows)
+        t2 = time.perf_counter()
+        out.append({"n": n, "windows": windows, "history": HISTORY, "links": int(len(row)), "count_s": t1 - t0, "fit_s": t2 - t1})
+        if log:
+            log(f"forecast N={n:,}: {t1 - t0:.2f} s counting, {t2 - t1:.2f} s fitting and reading")
     return out
 
 
@@ -229,6 +259,7 @@ def bench_links(store: Store | str | Path, task: str, cfg: RunConfig, *, sizes: 
     keys = key_throughput(store, task, cfg, rows=key_rows, checkpoint=checkpoint, log=log)
     keys["seconds_to_key"] = {str(n): n / keys["rows_per_s"] for n in sorted({*sizes, keys["target_rows"]})}
     out["keys"] = keys
+    out["forecast"] = forecast_cost(sizes, cfg.link.forecast_windows or 4, log=log)
     out["train"] = []
     if train:
         lcfg = link_model_config(store, cfg)
@@ -258,6 +289,10 @@ def table_rows(res: dict[str, Any]) -> list[tuple[str, str, float, str]]:
     for n, s in kk["seconds_to_key"].items():
         mark = " (this task's target table)" if int(n) == kk["target_rows"] else " (extrapolated)"
         rows.append(("time to key the catalogue", f"N={int(n):,}{mark}", s, "s"))
+    for r in res.get("forecast", []):
+        where = f"N={r['n']:,}, one observation time, {r['links']:,} links in {r['windows']} + {r['history']} horizons"
+        rows += [("popularity forecast", where, r["count_s"] + r["fit_s"], "s"),
+                 ("  counting the links", "the same", r["count_s"], "s")]
     for r in res["train"]:
         side = f", {r['item_batch']} target rows x {r['item_cells']} cells" if r["item_batch"] else ""
         rows += [(r["what"], f"B={r['batch_size']} S={r['seq_len']}{side}; mean of {r['steps']} steps, "
