@@ -10,8 +10,8 @@ Four measurements, one table:
   `LinkRanker.catalogue_keys` does), split into building the contexts and the model; the time to key a catalogue of
   N rows is extrapolated from it;
 - **the popularity forecast** of every target row at one observation time (`targets.link_forecast`, what the
-  ranker's pair counts fit once per observation time with `link.forecast_windows`): synthetic links, on average
-  half a link per row and horizon, counted into horizons and the regression fitted and read, for catalogue sizes N;
+  ranker's pair counts fit once per observation time with `link.forecast_windows`): synthetic links, about 0.37
+  a row and horizon, counted into horizons and the regression fitted and read, for catalogue sizes N;
 - **training steps/s** of `train_links` (catalogue side on and off: short runs, the first steps, which compile,
   left out) beside a cell-task training step of the same store and settings (the training stream and fused step of
   `confluence train`; a store without cell tasks: synthetic batches of the same shapes, as `bench train` times
@@ -94,7 +94,8 @@ def forecast_cost(sizes: Sequence[int], windows: int = 4, *, seed: int = 0,
         t1 = time.perf_counter()
         forecast_popularity(buckets, windows)
         t2 = time.perf_counter()
-        out.append({"n": n, "windows": windows, "history": HISTORY, "links": int(len(row)), "count_s": t1 - t0, "fit_s": t2 - t1})
+        out.append({"n": n, "windows": windows, "history": HISTORY, "links": int(len(row)), "count_s": t1 - t0,
+                    "fit_s": t2 - t1})
         if log:
             log(f"forecast N={n:,}: {t1 - t0:.2f} s counting, {t2 - t1:.2f} s fitting and reading")
     return out
@@ -290,7 +291,8 @@ def table_rows(res: dict[str, Any]) -> list[tuple[str, str, float, str]]:
         mark = " (this task's target table)" if int(n) == kk["target_rows"] else " (extrapolated)"
         rows.append(("time to key the catalogue", f"N={int(n):,}{mark}", s, "s"))
     for r in res.get("forecast", []):
-        where = f"N={r['n']:,}, one observation time, {r['links']:,} links in {r['windows']} + {r['history']} horizons"
+        where = (f"N={r['n']:,}, one observation time, {r['links']:,} links in {r['windows']} + {r['history']} "
+                 "horizons")
         rows += [("popularity forecast", where, r["count_s"] + r["fit_s"], "s"),
                  ("  counting the links", "the same", r["count_s"], "s")]
     for r in res["train"]:

@@ -42,7 +42,7 @@ def forecast_popularity(buckets: np.ndarray, windows: int) -> np.ndarray:
     have = min(windows, n)
     query[:, :have] = logs[:have].T
     fallback = buckets[0] if n else np.zeros(rows)
-    targets = [i for i in range(min(HISTORY, n - windows))]
+    targets = list(range(min(HISTORY, n - windows)))
     if not targets:
         return fallback
     seen = np.flatnonzero(buckets.any(axis=0))
