@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from confluence.errors import ConfigError
+from confluence.stypes import US_PER_DAY
 from confluence.targets.link_forecast import HISTORY, forecast_popularity, horizon_buckets
 from confluence.training.config import LinkConfig
 
@@ -72,7 +73,7 @@ def test_the_forecast_reads_no_link_unknown_at_the_observation_time(seed):
     from confluence.targets import link as L
 
     rng = np.random.default_rng(seed)
-    horizon, weeks, anchors, rows = 7, 30, 40, 60
+    horizon, weeks, anchors, rows = 7 * US_PER_DAY, 30, 40, 60
     anchor_row = np.repeat(np.arange(anchors), weeks)  # sorted by anchor, then time
     obs_time = np.tile(np.arange(weeks) * horizon, anchors)
     per_seed = rng.integers(0, 4, len(anchor_row))
@@ -93,3 +94,25 @@ def test_the_forecast_reads_no_link_unknown_at_the_observation_time(seed):
     for a, b in zip(*got, strict=True):
         assert a.tobytes() == b.tobytes()
     assert not np.array_equal(got[0][0][:, 4], got[0][0][:, 3])  # the forecast was fitted, not the fallback
+
+
+def test_the_forecast_is_fitted_once_per_day_of_cutoffs():
+    """Questions at many times of one day share one fit at the day's start (a request of many observation times
+    stays cheap); a later day gets its own."""
+    from confluence.targets import link as L
+
+    rng = np.random.default_rng(3)
+    horizon, weeks, rows = 7 * US_PER_DAY, 30, 40
+    anchor_row = np.repeat(np.arange(30), weeks)
+    obs_time = np.tile(np.arange(weeks) * horizon, 30)
+    per_seed = rng.integers(1, 4, len(anchor_row))
+    offsets = np.concatenate([[0], np.cumsum(per_seed)])
+    targets = rng.integers(0, rows, int(per_seed.sum()))
+    day = 25 * horizon
+    times = day + np.array([0, 3600, 7200, 40_000]) * 1_000_000  # one day, four times of it
+    times = np.append(times, day + 2 * US_PER_DAY)
+    kept: dict[int, np.ndarray] = {}
+    got = L.pair_counts_at(anchor_row, obs_time, offsets, targets, horizon, (0, rows), np.zeros(5, np.int64), times,
+                           [np.arange(rows)] * 5, forecast_windows=4, forecasts=kept)
+    assert sorted(kept) == [day - horizon, day - horizon + 2 * US_PER_DAY]
+    assert all(np.array_equal(got[0][:, 4], x[:, 4]) for x in got[1:4])

@@ -287,12 +287,13 @@ def test_pair_counts_say_how_much_and_how_lately_from_known_links_only():
     assert got[0].tolist() == [[1, 2 / 7, 1, 0], [2, 2 / 3, 3, 1], [0, 0, 0, 0], [0, 0, 1, 0]]
     # a1 at T=5 knows up to t=3: its own 11 (t=3, recency 2 / 2), and 11 twice overall; (1, 3]: a1's link
     assert got[1].tolist() == [[1, 1.0, 2, 1]]
-    # with a forecast: one column more (here too little history to learn from: the last horizon's count), the rest
-    # unchanged
+    # with a forecast: one column more, the rest unchanged; it is fitted at the start of the cutoff's day (here 0,
+    # these times being microseconds) and with too little history to learn from it is the count of the horizon
+    # before that, (-2, 0]: a0's t=0 links to 10 and 11
     more = L.pair_counts_at(anchor, obs, offsets, targets, 2, (10, 14), np.array([0, 1]), np.array([7, 5]), rows,
                             forecast_windows=2)
     assert [x[:, :4].tolist() for x in more] == [x.tolist() for x in got]
-    assert [x[:, 4].tolist() for x in more] == [[0, 1, 0, 0], [1]]
+    assert [x[:, 4].tolist() for x in more] == [[1, 1, 0, 0], [1]]
     assert L.pair_count_names(2)[4:] == ("row_forecast",)
 
 

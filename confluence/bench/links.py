@@ -10,8 +10,8 @@ Four measurements, one table:
   `LinkRanker.catalogue_keys` does), split into building the contexts and the model; the time to key a catalogue of
   N rows is extrapolated from it;
 - **the popularity forecast** of every target row at one observation time (`targets.link_forecast`, what the
-  ranker's pair counts fit once per observation time with `link.forecast_windows`): synthetic links, about 0.37
-  a row and horizon, counted into horizons and the regression fitted and read, for catalogue sizes N;
+  ranker's pair counts fit once per day of observation times with `link.forecast_windows`): synthetic links,
+  about 0.37 a row and horizon, counted into horizons and the regression fitted and read, for catalogue sizes N;
 - **training steps/s** of `train_links` (catalogue side on and off: short runs, the first steps, which compile,
   left out) beside a cell-task training step of the same store and settings (the training stream and fused step of
   `confluence train`; a store without cell tasks: synthetic batches of the same shapes, as `bench train` times
@@ -76,7 +76,7 @@ def topk_latency(sizes: Sequence[int], widths: Sequence[int], *, anchors: int = 
 def forecast_cost(sizes: Sequence[int], windows: int = 4, *, seed: int = 0,
                   log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Per catalogue size N: seconds to count synthetic links into horizons (`horizon_buckets`) and to fit and read
-    the forecast (`forecast_popularity`) of all N rows, once (it runs once per observation time)."""
+    the forecast (`forecast_popularity`) of all N rows, once (it runs once per day of observation times)."""
     from confluence.targets.link_forecast import HISTORY, forecast_popularity, horizon_buckets
 
     rng = np.random.default_rng(seed)

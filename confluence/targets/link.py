@@ -18,6 +18,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from confluence.stypes import US_PER_DAY
+
 METRICS = ("map", "precision", "recall", "ndcg")
 
 
@@ -276,8 +278,9 @@ def pair_counts_at(anchor_row: np.ndarray, obs_time: np.ndarray, offsets: np.nda
     how recent its latest one is (horizon / (T - that seed's time), in (0, 1]; 0 when none); the row's links from
     every anchor; those of the last horizon before the newest known (recent popularity's window); with
     `forecast_windows` > 0, the row's links expected in the coming horizon from its links in that many horizons
-    before (`link_forecast.forecast_popularity`: rising or falling; `forecasts`, when given, keeps each cutoff's
-    forecast for the next call). What the lists' places leave out: how much, and how lately."""
+    before (`link_forecast.forecast_popularity`: rising or falling), fitted at the start of the cutoff's UTC day
+    (nothing after it; `forecasts`, when given, keeps each day's forecast for the next call). What the lists'
+    places leave out: how much, and how lately."""
     from confluence.targets.link_forecast import HISTORY, forecast_popularity, horizon_buckets
 
     first, end = catalog
@@ -291,12 +294,14 @@ def pair_counts_at(anchor_row: np.ndarray, obs_time: np.ndarray, offsets: np.nda
         link_time, link_row = _sorted_links(obs_time, offsets, targets, first)
     for t, total, recent in _known_counts(obs_time, offsets, targets, catalog, t_eval, horizon_us):
         if forecast_windows:
-            forecast = None if forecasts is None else forecasts.get(int(t))
+            day = int(t) - int(t) % US_PER_DAY  # one fit per day of cutoffs (a request of many times stays cheap)
+            forecast = None if forecasts is None else forecasts.get(day)
             if forecast is None:
-                buckets = horizon_buckets(link_time, link_row, t, horizon_us, HISTORY + forecast_windows, end - first)
+                buckets = horizon_buckets(link_time, link_row, day, horizon_us, HISTORY + forecast_windows,
+                                          end - first)
                 forecast = forecast_popularity(buckets, forecast_windows)
                 if forecasts is not None:
-                    forecasts[int(t)] = forecast
+                    forecasts[day] = forecast
         for i in np.flatnonzero(t_eval == t):
             cand = np.asarray(rows[i], dtype=np.int64)
             x = np.zeros((len(cand), width))
