@@ -123,12 +123,14 @@ def popularity_at(obs_time: np.ndarray, offsets: np.ndarray, targets: np.ndarray
 
 
 def _known_counts(obs_time: np.ndarray, offsets: np.ndarray, targets: np.ndarray, catalog: tuple[int, int],
-                  cutoffs: np.ndarray, window_us: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+                  cutoffs: np.ndarray, window_us: int, links: tuple[np.ndarray, np.ndarray] | None = None
+                  ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """Per distinct cutoff, ascending: (cutoff, [catalogue rows] links to each row by seeds observed at or before
     it, and those by seeds observed after cutoff - `window_us`). The arrays are updated in place from one cutoff
-    to the next (one pass over the links, sorted by seed time)."""
+    to the next (one pass over the links, sorted by seed time; `links`: `_sorted_links`' answer when the caller
+    has it already)."""
     first, end = catalog
-    link_time, link_row = _sorted_links(obs_time, offsets, targets, first)
+    link_time, link_row = links if links is not None else _sorted_links(obs_time, offsets, targets, first)
     total = np.zeros(end - first, dtype=np.float64)
     recent = np.zeros(end - first, dtype=np.float64)
     added = removed = 0
@@ -290,9 +292,9 @@ def pair_counts_at(anchor_row: np.ndarray, obs_time: np.ndarray, offsets: np.nda
     width = len(pair_count_names(forecast_windows))
     out: list[np.ndarray] = [np.zeros((0, width))] * len(anchors)
     t_eval = times - horizon_us
-    if forecast_windows:
-        link_time, link_row = _sorted_links(obs_time, offsets, targets, first)
-    for t, total, recent in _known_counts(obs_time, offsets, targets, catalog, t_eval, horizon_us):
+    link_time, link_row = _sorted_links(obs_time, offsets, targets, first)
+    for t, total, recent in _known_counts(obs_time, offsets, targets, catalog, t_eval, horizon_us,
+                                          (link_time, link_row)):
         if forecast_windows:
             day = int(t) - int(t) % US_PER_DAY  # one fit per day of cutoffs (a request of many times stays cheap)
             forecast = None if forecasts is None else forecasts.get(day)
