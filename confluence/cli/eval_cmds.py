@@ -298,7 +298,8 @@ def _link_evaluation(checkpoint: Path, db: Path, tasks: list[str] | None, splits
     from confluence.store import Store
     from confluence.toolkit.checkpoint import read_checkpoint
 
-    if not read_checkpoint(Path(checkpoint)).meta.get("link_task") or not Store.open(db).link_tasks:
+    meta = read_checkpoint(Path(checkpoint)).meta
+    if not (meta.get("link_task") or meta.get("link_tasks")) or not Store.open(db).link_tasks:
         return None  # no link head, or no link task here: the cell tasks are scored
     loaded = load_model(checkpoint)
     return loaded, evaluate_link_splits(loaded, db, splits=splits, tasks=tasks or None, max_seeds=max_seeds or None,

@@ -83,14 +83,17 @@ def random_cmd(
     tables: int | None = typer.Option(None, "--tables", help="Number of tables (default: drawn in 2..15)."),
     topology: str | None = typer.Option(None, "--topology", help="star, chain, snowflake or random (default: drawn)."),
     rows: float = typer.Option(1.0, "--rows", help="Scale of every table's row count (1.0: about 30-3,000 rows)."),
+    link_signal: float = typer.Option(0.7, "--link-signal", help="Probability that a temporal table's key to a "
+                                                                 "second parent is drawn with link signals (repeat, "
+                                                                 "affinity); 0: popularity alone."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing output (with --count: every one)."),
 ) -> None:
     """Write random relational databases for pretraining: random schemas, values from a random causal model that
-    flows along foreign keys and through time, cell-masking and derived tasks."""
+    flows along foreign keys and through time, cell-masking, derived and link tasks."""
     from confluence.synth.random_db import RandomSpec, write_random
 
     try:
-        spec = RandomSpec(seed=seed, tables=tables, topology=topology, rows=rows)
+        spec = RandomSpec(seed=seed, tables=tables, topology=topology, rows=rows, link_signal=link_signal)
         if count is not None and count < 1:
             raise ConfluenceError(f"--count must be at least 1, got {count}")
         if count is None:
@@ -110,7 +113,7 @@ def random_cmd(
     typer.echo(f"  {drawn['topology']}, {len(drawn['tables'])} tables, {len(drawn['foreign_keys'])} foreign keys, "
                f"{sum(t['rows'] for t in drawn['tables'].values())} rows; tasks: "
                f"{sum(v == 'cell' for v in tasks.values())} cell masking, {sum(v == 'derived' for v in tasks.values())} "
-               "derived")
+               f"derived, {sum(v == 'link' for v in tasks.values())} link")
     typer.echo(f"next: confluence preprocess {path / 'raw'} -m {path / 'random.metadata.json'} -o STORE")
 
 

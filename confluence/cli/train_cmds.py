@@ -130,6 +130,52 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
             fail(str(exc))
         typer.echo(f"trained the link head on {task} for {steps} steps; checkpoint {path}")
 
+    @app.command("pretrain-links")
+    def pretrain_links_cmd(
+        out: Path = typer.Option(..., "--out", help="Run directory (its checkpoint and config.json)."),
+        corpus: Path | None = typer.Option(None, "--corpus", help="Corpus directory (`confluence corpus build`): "
+                                                                  "every link task of its train members."),
+        db: list[Path] = typer.Option([], "--db", metavar="STORE", help="A processed store; repeat for several "
+                                                                        "(instead of --corpus)."),
+        config: str = typer.Option("small", "--config", help="Recipe or .toml / .json file (its sampler, optimizer "
+                                                             "and, without --init-from, model)."),
+        steps: int = typer.Option(1000, "--steps", min=1, help="Training steps."),
+        init_from: Path | None = typer.Option(None, "--init-from", help="Start from a checkpoint (e.g. "
+                                                                       "pretrained:small); its model settings."),
+        set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a setting."),
+        force: bool = typer.Option(False, "--force", help="Replace a run already in --out."),
+        no_progress: bool = typer.Option(False, "--no-progress", help="No progress lines."),
+    ) -> None:
+        """Pretrain the link head on every link task of many databases (a database drawn per step, then one of its
+        link tasks); fine-tune the result with `train-links --init-from` (docs/guide/README.md, "Link tasks")."""
+        import time
+
+        from confluence.toolkit.compile_cache import use_compile_cache
+        from confluence.training.links import pretrain_links
+
+        t0, losses = time.monotonic(), []
+
+        def said(step: int, loss: float) -> None:
+            losses.append(loss)
+            if not no_progress and (step % 50 == 0 or step == steps):
+                window = losses[-50:]
+                typer.echo(f"step {step}/{steps}: link loss {sum(window) / len(window):.4f} "
+                           f"({time.monotonic() - t0:.0f} s)")
+
+        try:
+            if (corpus is None) == (not db):
+                raise ConfluenceError("pretrain-links: give --corpus or --db (one of them)")
+            if corpus is not None:
+                from confluence.corpus import open_corpus
+
+                db = list(open_corpus(corpus).train_stores)
+            use_compile_cache()
+            path = pretrain_links(db, out, run_config(config, set_), steps=steps, init_from=init_from, force=force,
+                                  on_step=said)
+        except ConfluenceError as exc:
+            fail(str(exc))
+        typer.echo(f"pretrained the link head on {len(db)} database(s) for {steps} steps; checkpoint {path}")
+
     @app.command("pretrain")
     def pretrain_cmd(
         corpus: Path = typer.Option(..., "--corpus", help="Corpus directory (`confluence corpus build`): trains on "

@@ -126,6 +126,11 @@ class RandomSpec:
     null_rate: float = 0.1  # a column's NULL share is drawn in [0, null_rate] (half of the columns have none)
     dangling: float = 0.02  # a foreign key's dangling share is drawn in [0, dangling]
     latent_dim: int | None = None  # size of the rows' latent vectors; None: drawn in 3..6
+    # probability that a temporal table's later foreign key to another parent than its first is drawn with link
+    # signals (an anchor re-taking its own past targets, and taking targets whose latents match its own), so that
+    # its link task ("which rows of that parent will this row of the first link to next?") has more to learn than
+    # popularity; 0: every key drawn by popularity alone (the draws before link tasks, byte for byte)
+    link_signal: float = 0.7
 
     def __post_init__(self) -> None:
         if not isinstance(self.seed, int) or self.seed < 0:
@@ -143,8 +148,9 @@ class RandomSpec:
         positive(self, "rows")
         if not math.isfinite(self.rows) or self.rows > 100:
             raise ConfigError("rows", f"must be at most 100 (a scale of the row counts), got {self.rows!r}")
-        non_negative(self, "self_reference", "temporal", "null_rate", "dangling")
-        for name, top in (("self_reference", 1.0), ("temporal", 1.0), ("null_rate", 0.9), ("dangling", 0.5)):
+        non_negative(self, "self_reference", "temporal", "null_rate", "dangling", "link_signal")
+        for name, top in (("self_reference", 1.0), ("temporal", 1.0), ("null_rate", 0.9), ("dangling", 0.5),
+                          ("link_signal", 1.0)):
             if not getattr(self, name) <= top:
                 raise ConfigError(name, f"must be in [0, {top}], got {getattr(self, name)!r}")
         if self.latent_dim is not None and (not isinstance(self.latent_dim, int) or not 1 <= self.latent_dim <= 64):
@@ -309,6 +315,35 @@ def _pick(rng: np.random.Generator, weights: np.ndarray, prefix: np.ndarray | No
     if prefix is None:
         return np.minimum(idx, len(weights) - 1)
     return np.where(prefix > 0, np.minimum(idx, prefix - 1), -1)
+
+
+def _linked_pick(rng: np.random.Generator, rows: np.ndarray, anchors: np.ndarray, za: np.ndarray, zt: np.ndarray,
+                 weights: np.ndarray, prefix: np.ndarray | None) -> tuple[np.ndarray, dict[str, float]]:
+    """A later foreign key's parent rows drawn with link signals, given the popularity draws `rows` and each child
+    row's anchor (its first key's parent row, -1: none): in time order, a child row re-takes one of its anchor's
+    earlier targets (share `repeat`), else takes a target by affinity (weight x exp(beta <za M, zt>), among the
+    targets that exist by then), else keeps its popularity draw. Rows without a parent stay -1."""
+    repeat, affinity, beta = rng.uniform(0.2, 0.6), rng.uniform(0.3, 0.9), rng.uniform(1.0, 3.0)
+    d = za.shape[1]
+    m = rng.standard_normal((d, d)) / math.sqrt(d)
+    u = rng.random(len(rows))
+    out = rows.copy()
+    ok = (rows >= 0) & (anchors >= 0)
+    by_affinity = np.flatnonzero(ok & (u >= repeat) & (u < repeat + (1.0 - repeat) * affinity))
+    logw = np.log(weights)
+    for lo in range(0, len(by_affinity), 256):
+        idx = by_affinity[lo:lo + 256]
+        logits = beta * ((za[anchors[idx]] @ m) @ zt.T) + logw
+        if prefix is not None:
+            logits = np.where(np.arange(len(weights))[None, :] < prefix[idx, None], logits, -np.inf)
+        out[idx] = np.argmax(logits + rng.gumbel(size=logits.shape), axis=1)
+    past: dict[int, list[int]] = {}
+    for i in np.flatnonzero(ok):  # rows are in time order: an anchor's past targets are those of earlier rows
+        seen = past.setdefault(int(anchors[i]), [])
+        if u[i] < repeat and seen:
+            out[i] = seen[int(rng.integers(len(seen)))]
+        seen.append(int(out[i]))
+    return out, {"repeat": round(repeat, 3), "affinity": round(affinity, 3), "beta": round(beta, 3)}
 
 
 def _keys(t: _Table, rng: np.random.Generator) -> None:
@@ -534,6 +569,16 @@ def _draw_table(t: _Table, tables: list[_Table], latent_dim: int, span: int, spe
         prefix = np.searchsorted(parent.days, t.days, side="left") if (t.days is not None and parent.days is not None) \
             else None
         rows = _pick(rng, w, prefix, n)
+        first = t.fks[0]
+        if (pos > 0 and t.days is not None and first.parent != fk.parent and not first.self_ref
+                and spec.link_signal > 0):
+            # its own generator: the main one draws as before, so every other value keeps its draw
+            lrng = np.random.default_rng([spec.seed, 4, t.index, pos])
+            if lrng.random() < spec.link_signal:
+                anchor = tables[first.parent]
+                assert anchor.z is not None and parent.z is not None
+                rows, drawn[f"link_signal_{fk.column}"] = _linked_pick(
+                    lrng, rows, t.parent_row[first.column], anchor.z, parent.z, w, prefix)
         null = rows < 0
         if pos > 0 and rng.random() < 0.5:
             null |= rng.random(n) < rng.uniform(0, max(spec.null_rate, 1e-9))
@@ -793,6 +838,77 @@ def _next_time_task(tables: list[_Table], seed: int) -> dict[str, Any]:
         con.close()
 
 
+LINK_K = 10  # a link task's ranked list
+LINK_OBS = 16  # a link task's observation times, at most
+LINK_MIN_SEEDS = (50, 5)  # (anchor, time) seeds a link task needs at least: train, and validation and test each
+
+
+def _link_query(child: _Table, first: _FK, fk: _FK, tables: list[_Table], window: int, obs: list[int]) -> str:
+    """Per observation time, each anchor (the first key's parent) and the rows of `fk`'s parent its child rows
+    link to in the `window` days after it; both rows exist by the observation time (a target row that does not
+    yet exist cannot be ranked)."""
+    anchor, target = tables[first.parent], tables[fk.parent]
+    o = "WITH obs AS (SELECT unnest([" + ", ".join(_ts(u) for u in obs) + "]) AS obs_time) "
+    tc = _q(child.time_col or "")
+    alive = "".join(f" AND {a}.{_q(t.time_col)} <= o.obs_time" for a, t in (("p", anchor), ("q", target))
+                    if t.time_col)
+    return (o + f"SELECT p.{_q(anchor.pk)} AS {_q(anchor.pk)}, o.obs_time, q.{_q(target.pk)} AS {_q(target.pk)} "
+            f"FROM obs o JOIN {_q(child.name)} x ON x.{tc} > o.obs_time AND x.{tc} <= o.obs_time + INTERVAL {window} DAY "
+            f"JOIN {_q(anchor.name)} p ON p.{_q(anchor.pk)} = x.{_q(first.column)} "
+            f"JOIN {_q(target.name)} q ON q.{_q(target.pk)} = x.{_q(fk.column)}" + alive)
+
+
+def _link_tasks(tables: list[_Table], seed: int) -> dict[str, Any]:
+    """Up to two link tasks ("which rows of the target table will this anchor link to in the next `window` days?")
+    on temporal tables with a second foreign key to another parent than their first (anchor: the first key's
+    parent, target: the other's), drawn from a generator of their own so that the tables and the other tasks
+    keep their bytes. The window is the longest of WINDOWS that fits eight times into the child's last three
+    quarters; a task observes every window up to LINK_OBS times, validates and tests on the last two, and is
+    kept when its splits have LINK_MIN_SEEDS (anchor, time) seeds."""
+    pairs = [(c, c.fks[0], fk) for c in tables if c.temporal and c.fks and not c.fks[0].self_ref
+             for fk in c.fks[1:] if not fk.self_ref and fk.parent != c.fks[0].parent]
+    if not pairs:
+        return {}
+    rng = np.random.default_rng([seed, 5])
+    con = duckdb.connect()
+    try:
+        con.execute("SET threads = 1")
+        for t in tables:
+            con.register(t.name, pa.table(t.arrays))
+        out: dict[str, Any] = {}
+        for pi in (int(i) for i in rng.permutation(len(pairs))):
+            child, first, fk = pairs[pi]
+            anchor, target = tables[first.parent], tables[fk.parent]
+            assert child.days is not None
+            lo = int(np.quantile(child.days, 0.25))
+            window = max([w for w in WINDOWS if 8 * w <= int(child.days[-1]) - lo] or [WINDOWS[0]])
+            days = np.arange(lo, int(child.days[-1]) - window + 1, window)[-LINK_OBS:]
+            if len(days) < 4:
+                continue
+            obs = [START_US + int(d) * US_PER_DAY for d in days]
+            query = _link_query(child, first, fk, tables, window, obs)
+            seeds = con.sql(f"SELECT obs_time, count(DISTINCT {_q(anchor.pk)}) AS n FROM ({query}) GROUP BY obs_time"
+                            ).fetchall()
+            per_time = {t: n for t, n in seeds}
+            val, test = (START + dt.timedelta(days=int(d)) for d in days[-2:])
+            n_val, n_test = per_time.get(val, 0), per_time.get(test, 0)
+            if sum(n for t, n in per_time.items() if t < val) < LINK_MIN_SEEDS[0] or min(n_val, n_test) < LINK_MIN_SEEDS[1]:
+                continue
+            name = f"{anchor.stem}_{target.name}_via_{child.name}" + (f"_{fk.column}" if sum(
+                1 for f in child.fks if f.parent == fk.parent) > 1 else "")
+            out[name] = {"query": query, "anchor_table": anchor.name, "anchor_key": anchor.pk,
+                         "observation_time_column": "obs_time", "target_table": target.name,
+                         "target_key": target.pk, "horizon": f"{window} days", "k": LINK_K,
+                         "split": {"val_time": f"{val:%Y-%m-%d}", "test_time": f"{test:%Y-%m-%d}"},
+                         "description": f"the {target.name} rows a {anchor.stem}'s {child.name} rows link to "
+                                        f"(through {fk.column}) in the {window} days after the observation time"}
+            if len(out) == 2:
+                break
+        return out
+    finally:
+        con.close()
+
+
 # -- the database --------------------------------------------------------------------------------------------------
 def generate_random(spec: RandomSpec = RandomSpec()) -> RandomDatabase:
     """Draw a random database (module docstring) from `spec`; deterministic in `spec`."""
@@ -806,6 +922,7 @@ def generate_random(spec: RandomSpec = RandomSpec()) -> RandomDatabase:
                                 **info}
     tasks = _cell_tasks(tables, rng) | _derived_tasks(tables, rng)
     tasks |= {k: v for k, v in _next_time_task(tables, spec.seed).items() if k not in tasks}
+    link_tasks = {k: v for k, v in _link_tasks(tables, spec.seed).items() if k not in tasks}
     meta_tables: dict[str, Any] = {}
     for t in tables:
         columns: dict[str, Any] = {t.pk: {"stype": "identifier"}}
@@ -825,13 +942,14 @@ def generate_random(spec: RandomSpec = RandomSpec()) -> RandomDatabase:
     metadata = {"name": f"random{spec.seed}",
                 "description": f"random database (confluence synth random, seed {spec.seed}, {topology}, "
                                f"{len(tables)} tables)",
-                "tables": meta_tables, "tasks": tasks}
+                "tables": meta_tables, "tasks": tasks} | ({"link_tasks": link_tasks} if link_tasks else {})
     drawn = {"spec": asdict(spec), "topology": topology, "latent_dim": latent_dim, "days": span,
              "tables": drawn_tables,
              "foreign_keys": [{"table": t.name, "column": fk.column, "parent": tables[fk.parent].name,
                                "self_reference": fk.self_ref, "fanout": fk.fanout, "fanout_param": round(fk.param, 4),
                                "nulls": fk.nulls, "dangling": fk.dangling} for t in tables for fk in t.fks],
-             "tasks": {name: ("derived" if "observation_time_column" in task else "cell") for name, task in tasks.items()}}
+             "tasks": {name: ("derived" if "observation_time_column" in task else "cell") for name, task in tasks.items()}
+             | {name: "link" for name in link_tasks}}
     return RandomDatabase(out_tables, metadata, drawn)
 
 

@@ -8,14 +8,15 @@ default) the batch's seeds share an observation time, and some target rows (part
 drawn uniformly) are read from their own contexts at that time and scored against every seed of the batch
 (`model.loss.catalogue_loss`, a sampled softmax): what lets rows the anchor never touched rank. The optimizer, its schedule and the checkpoints are
 the cell tasks' (`toolkit.optim`, `toolkit.checkpoint`); a run can start from a cell-task checkpoint or a
-pretrained model (`init_from`), whose parameters all load and the link head starts fresh.
+pretrained model (`init_from`), whose parameters all load and the link head starts fresh, or from a run of
+`pretrain_links` (every link task of a corpus's databases, a database drawn per step), head included.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,8 @@ import numpy as np
 import optax
 
 from confluence import outputs
-from confluence.model.inputs import DbTables, batch_to_inputs, fitted_max_k
+from confluence.errors import ConfluenceError
+from confluence.model.inputs import DbTables, batch_to_inputs, fitted_max_k, pad_alike
 from confluence.model.loss import catalogue_loss, link_loss
 from confluence.model.transformer import RelationalTransformer
 from confluence.sampler.links import LinkBatch, LinkSource, catalogue_sample, catalogue_time
@@ -81,27 +83,51 @@ def train_links(store: Store | str | Path, task: str, out_dir: str | Path, cfg: 
     """Train the link head of `cfg`'s model (turned on here) on `task` for `steps` steps into the run directory
     `out_dir` (refused when it holds anything but a run; a run is replaced only with `force`); the checkpoint's
     path. `init_from`: a checkpoint (or `pretrained:NAME`) whose parameters start the trunk, with its model
-    settings."""
+    settings; one trained with a link head (`pretrain_links`) starts the head too."""
     store = store if isinstance(store, Store) else Store.open(store)
     store.link_task(task)  # a named error before anything is written
-    out_dir = Path(out_dir)
-    lock = outputs.OutputLock(out_dir, "trained")
-    with outputs.writing(out_dir, "the training run"):
+    return _locked(out_dir, force, lambda out: _train_links([(store, task)], out, cfg, steps, init_from, on_step))
+
+
+def pretrain_links(stores: Sequence[Store | str | Path], out_dir: str | Path, cfg: RunConfig, *, steps: int,
+                   init_from: str | Path | None = None, force: bool = False,
+                   on_step: Callable[[int, float], None] | None = None) -> Path:
+    """Train the link head (and the trunk) on every link task of `stores`, a corpus's databases, for `steps` steps:
+    each step draws a database (uniformly, so that big ones do not crowd out small ones), then one of its link
+    tasks, and takes one batch of it as `train_links` does. Fine-tuning starts from the result with the head
+    (`train_links(init_from=...)`). Databases without link tasks are skipped; none at all is a named error."""
+    opened = [s if isinstance(s, Store) else Store.open(s) for s in stores]
+    pairs = [(s, t.name) for s in opened for t in s.link_tasks]
+    if not pairs:
+        raise ConfluenceError(f"pretraining links: none of the {len(opened)} database(s) has a link task "
+                              "(random databases draw them: `confluence synth random`)")
+    return _locked(out_dir, force, lambda out: _train_links(pairs, out, cfg, steps, init_from, on_step))
+
+
+def _locked(out_dir: str | Path, force: bool, work: Callable[[Path], Path]) -> Path:
+    out = Path(out_dir)
+    lock = outputs.OutputLock(out, "trained")
+    with outputs.writing(out, "the training run"):
         lock.acquire()
     try:
-        prepare_run_dir(out_dir, resume=False, force=force)
-        return _train_links(store, task, out_dir, cfg, steps, init_from, on_step)
+        prepare_run_dir(out, resume=False, force=force)
+        return work(out)
     finally:
         lock.release()
 
 
-def _train_links(store: Store, task: str, out_dir: Path, cfg: RunConfig, steps: int, init_from: str | Path | None,
-                 on_step: Callable[[int, float], None] | None) -> Path:
+def _train_links(pairs: list[tuple[Store, str]], out_dir: Path, cfg: RunConfig, steps: int,
+                 init_from: str | Path | None, on_step: Callable[[int, float], None] | None) -> Path:
+    stores = list({id(s): s for s, _ in pairs}.values())
+    d_t = {int(s.d_t) for s in stores}
+    if len(d_t) > 1:
+        raise ConfluenceError(f"pretraining links: the databases were encoded with texts of different widths {sorted(d_t)}"
+                              " (preprocess them with one text encoder)")
     if init_from is not None:
         saved = RunConfig.from_dict(read_checkpoint(Path(init_from)).meta.get("config", {}))
         cfg = replace(cfg, model=saved.model)
-    cfg = replace(cfg, model=replace(cfg.model, link_head=True, d_t=int(store.d_t)))
-    cfg = replace(cfg, loss=replace(cfg.loss, max_k=fitted_max_k(cfg.loss.max_k, [store])))
+    cfg = replace(cfg, model=replace(cfg.model, link_head=True, d_t=d_t.pop()))
+    cfg = replace(cfg, loss=replace(cfg.loss, max_k=fitted_max_k(cfg.loss.max_k, stores)))
     model = RelationalTransformer(cfg.model, key=jax.random.key(cfg.seed))
     params, static = eqx.partition(model, is_param)
     if init_from is not None:
@@ -118,22 +144,36 @@ def _train_links(store: Store, task: str, out_dir: Path, cfg: RunConfig, steps: 
         return optax.apply_updates(params, updates), opt_state, loss
 
     (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-    tables = DbTables.for_model(store, cfg.loss.max_k, cfg.model)
-    col_tab, cat_tab = jnp.asarray(tables.column_embeddings), jnp.asarray(tables.categorical_embeddings)
-    source = LinkSource(store, task, cfg)
+    # one padded shape of the column and category tables for every database: the step compiles once for them
+    padded = pad_alike([DbTables.for_model(s, cfg.loss.max_k, cfg.model) for s in stores]) if len(stores) > 1 else \
+        [DbTables.for_model(stores[0], cfg.loss.max_k, cfg.model)]
+    tables = {id(s): (jnp.asarray(t.column_embeddings), jnp.asarray(t.categorical_embeddings))
+              for s, t in zip(stores, padded, strict=True)}
+    by_db = [[i for i, (s, _) in enumerate(pairs) if s is db] for db in stores]
+    sources: dict[int, LinkSource] = {}
+    streams: dict[int, Iterator[tuple[int, np.ndarray]]] = {}
     try:
-        batches = source.train_batches(cfg.seed)
         rng = np.random.default_rng((cfg.seed, 1))  # the catalogue rows each step draws
+        pick = np.random.default_rng((cfg.seed, 2))  # the database, then the task, of each step (several pairs)
         t0 = time.perf_counter()
         for step in range(steps):
-            epoch, ids = next(batches)
+            tasks = by_db[int(pick.integers(len(by_db)))] if len(pairs) > 1 else [0]
+            i = tasks[int(pick.integers(len(tasks)))] if len(tasks) > 1 else tasks[0]
+            if i not in sources:  # opened when first drawn: a corpus's samplers are not all held from the start
+                sources[i] = LinkSource(pairs[i][0], pairs[i][1], cfg)
+                streams[i] = sources[i].train_batches(cfg.seed)
+            source = sources[i]
+            epoch, ids = next(streams[i])
             inputs = link_inputs(source.batch(ids, epoch))
             items = catalogue_inputs(source, ids, rng, epoch) if cfg.link.catalogue else None
-            params, opt_state, loss = step_fn(params, opt_state, inputs, items, col_tab, cat_tab)
+            params, opt_state, loss = step_fn(params, opt_state, inputs, items, *tables[id(source.store)])
             if on_step is not None:
                 on_step(step + 1, float(loss))
-        meta = {"config": cfg.to_dict(), "link_task": task, "databases": [store.name],
-                "trained_tasks": [f"{store.name}/{task}"], "seconds": time.perf_counter() - t0}
+        names = [f"{s.name}/{t}" for s, t in pairs]
+        meta = {"config": cfg.to_dict(), "link_task": pairs[0][1] if len(pairs) == 1 else names,
+                "link_tasks": names, "databases": [s.name for s in stores], "trained_tasks": names,
+                "seconds": time.perf_counter() - t0}
         return save_checkpoint(out_dir, steps, params, opt_state, meta, keep=1)
     finally:
-        source.close()
+        for source in sources.values():
+            source.close()
