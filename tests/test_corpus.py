@@ -168,9 +168,26 @@ def test_a_failed_member_is_named_and_the_others_kept(tmp_path):
     with pytest.raises(CorpusError) as err:
         _build(out, 3)
     assert "1 of 2 member(s) failed" in str(err.value) and "db_00001 (seed 1)" in str(err.value)
-    assert "another spec (seed 99" in str(err.value)
+    assert "another spec (" in str(err.value) and "seed 99 there, 1 here" in str(err.value)
     assert [m.name for m in open_corpus(out, require_complete=False).incomplete] == ["db_00001"]
     assert (out / "stores" / "db_00002" / "metadata.json").is_file()
+
+
+def test_a_member_of_an_earlier_generator_is_refused_naming_what_changed(tmp_path):
+    """A raw member written before link signals existed (its spec.json lacks `link_signal`): the error names it."""
+    import dataclasses
+
+    from confluence.synth.random_db import RandomSpec
+
+    out = tmp_path / "old"
+    out.mkdir()
+    _build(out, 1)
+    old = dataclasses.asdict(RandomSpec(seed=1, rows=ROWS))
+    del old["link_signal"]
+    (out / "raw" / "db_00001" / "raw").mkdir(parents=True)
+    (out / "raw" / "db_00001" / "spec.json").write_text(json.dumps({"spec": old}))
+    with pytest.raises(CorpusError, match="link_signal 'unset' there, 0.7 here"):
+        _build(out, 2)
 
 
 @pytest.mark.parametrize("kw,message", [

@@ -238,9 +238,12 @@ def _random_raw(m: Member, rows: float) -> tuple[Path, Path]:
             have = json.loads((m.raw / SPEC_FILE).read_text(encoding="utf-8"))["spec"]
         except (OSError, ValueError, KeyError) as exc:
             raise CorpusError(f"{m.raw}: not a random database written by the corpus ({exc}); remove it") from None
-        if have != dataclasses.asdict(spec):
-            raise CorpusError(f"{m.raw}: holds a random database of another spec (seed {have.get('seed')}, rows "
-                              f"{have.get('rows')}); remove it")
+        want = dataclasses.asdict(spec)
+        if have != want:
+            diffs = ", ".join(f"{k} {have.get(k, 'unset')!r} there, {want.get(k, 'unset')!r} here"
+                              for k in sorted(set(have) | set(want)) if have.get(k, "unset") != want.get(k, "unset"))
+            raise CorpusError(f"{m.raw}: holds a random database of another spec ({diffs}; written by an earlier "
+                              "generator?); remove it")
     return m.raw / "raw", m.raw / METADATA_FILE
 
 
