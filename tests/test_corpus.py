@@ -225,8 +225,10 @@ def test_cli_build_show_and_errors(tmp_path, monkeypatch):
     lines = {line.split()[0]: line.split() for line in show.output.splitlines() if line.startswith("db_")}
     store = Store.open(out / "stores" / "db_00001")
     assert lines["db_00001"] == ["db_00001", "heldout", str(len(store.tables)), str(store.num_rows),
-                                 str(len(store.tasks))]
+                                 str(len(store.tasks)), str(len(store.link_tasks))]
+    links = sum(len(Store.open(out / "stores" / m).link_tasks) for m in ("db_00000", "db_00001"))
     assert lines["db_00000"][1] == "train" and "2 of 2 member(s) built" in show.output
+    assert f"; {links} link task(s) in" in show.output
     for bad, message in ((["--databases", "0"], "databases must be an integer"),
                          (["--rows", "0.1"], "rows: 0.05 recorded, 0.1 asked")):
         res = CliRunner().invoke(app, [*args, *bad])

@@ -67,7 +67,7 @@ def _split_database(arg: str) -> tuple[str, str]:
 
 
 def show_cmd(corpus_dir: Path = typer.Argument(..., help="A corpus directory (what `corpus build` wrote).")) -> None:
-    """Print a corpus's spec and one line per member: role, tables, rows, tasks (- while not built)."""
+    """Print a corpus's spec and one line per member: role, tables, rows, tasks, link tasks (- while not built)."""
     from confluence.corpus import open_corpus
     from confluence.corpus.build import describe
 
@@ -82,12 +82,14 @@ def show_cmd(corpus_dir: Path = typer.Argument(..., help="A corpus directory (wh
     typer.echo(f"corpus {corpus_dir}: {s.databases} random database(s) (seed {s.seed}, rows {s.rows:g}, heldout "
                f"{s.heldout:g}){tpch}")
     typer.echo(f"text encoder: {s.encoder.get('fingerprint')}")
-    typer.echo(f"{'member':16s} {'role':8s} {'tables':>6s} {'rows':>10s} {'tasks':>5s}")
+    typer.echo(f"{'member':16s} {'role':8s} {'tables':>6s} {'rows':>10s} {'tasks':>5s} {'links':>5s}")
     for r in rows:
-        cells = ["-" if r[k] is None else str(r[k]) for k in ("tables", "rows", "tasks")]
-        typer.echo(f"{r['member']:16s} {r['role']:8s} {cells[0]:>6s} {cells[1]:>10s} {cells[2]:>5s}")
+        cells = ["-" if r[k] is None else str(r[k]) for k in ("tables", "rows", "tasks", "link_tasks")]
+        typer.echo(f"{r['member']:16s} {r['role']:8s} {cells[0]:>6s} {cells[1]:>10s} {cells[2]:>5s} {cells[3]:>5s}")
     missing = len(corpus.incomplete)
-    typer.echo(f"{len(rows) - missing} of {len(rows)} member(s) built"
+    links = sum(r["link_tasks"] or 0 for r in rows)
+    typer.echo(f"{len(rows) - missing} of {len(rows)} member(s) built; {links} link task(s) in "
+               f"{sum(1 for r in rows if r['link_tasks'])} of them (`confluence pretrain-links`)"
                + (f"; finish with: confluence corpus build --out {corpus_dir} ..." if missing else ""))
 
 

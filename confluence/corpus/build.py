@@ -265,14 +265,16 @@ def _tpch_raw(m: Member) -> tuple[Path, Path]:
 
 def describe(corpus: Corpus) -> list[dict[str, Any]]:
     """One row per member for `confluence corpus show`: name, role, and (when its store is complete) tables,
-    rows and tasks, read from the store's metadata."""
+    rows, tasks and link tasks, read from the store's metadata."""
     from confluence.store import Store
 
     rows = []
     for m in corpus.members:
-        row: dict[str, Any] = {"member": m.name, "role": m.role, "tables": None, "rows": None, "tasks": None}
+        row: dict[str, Any] = {"member": m.name, "role": m.role, "tables": None, "rows": None, "tasks": None,
+                               "link_tasks": None}
         if m.complete:
             store = Store.open(m.store)
-            row.update(tables=len(store.tables), rows=store.num_rows, tasks=len(store.tasks))
+            row.update(tables=len(store.tables), rows=store.num_rows, tasks=len(store.tasks),
+                       link_tasks=len(store.link_tasks))
         rows.append(row)
     return rows
