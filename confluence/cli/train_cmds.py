@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -110,19 +111,9 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
         """Train the link head on a link task ("which rows will this row link to next?"): the rows of the target
         table that each context reaches are scored against the anchor's question (docs/guide/README.md, "Link
         tasks")."""
-        import time
-
         from confluence.training.links import train_links
 
-        t0, losses = time.monotonic(), []
-
-        def said(step: int, loss: float) -> None:
-            losses.append(loss)
-            if not no_progress and (step % 50 == 0 or step == steps):
-                window = losses[-50:]
-                typer.echo(f"step {step}/{steps}: link loss {sum(window) / len(window):.4f} "
-                           f"({time.monotonic() - t0:.0f} s)")
-
+        said = _link_progress(steps, no_progress)
         try:
             path = train_links(db, task, out, run_config(config, set_), steps=steps, init_from=init_from,
                                force=force, on_step=said)
@@ -148,20 +139,10 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
     ) -> None:
         """Pretrain the link head on every link task of many databases (a database drawn per step, then one of its
         link tasks); fine-tune the result with `train-links --init-from` (docs/guide/README.md, "Link tasks")."""
-        import time
-
         from confluence.toolkit.compile_cache import use_compile_cache
         from confluence.training.links import pretrain_links
 
-        t0, losses = time.monotonic(), []
-
-        def said(step: int, loss: float) -> None:
-            losses.append(loss)
-            if not no_progress and (step % 50 == 0 or step == steps):
-                window = losses[-50:]
-                typer.echo(f"step {step}/{steps}: link loss {sum(window) / len(window):.4f} "
-                           f"({time.monotonic() - t0:.0f} s)")
-
+        said = _link_progress(steps, no_progress)
         try:
             if (corpus is None) == (not db):
                 raise ConfluenceError("pretrain-links: give --corpus or --db (one of them)")
@@ -207,6 +188,23 @@ def register(app: typer.Typer, bench_app: typer.Typer, text_app: typer.Typer) ->
         except KeyboardInterrupt:
             _interrupted(out)
         _report(res, out)
+
+
+def _link_progress(steps: int, quiet: bool) -> Callable[[int, float], None]:
+    """The `on_step` of `train-links` / `pretrain-links`: every 50 steps (and the last) a line with the mean link
+    loss of the last 50 and the seconds so far; nothing when `quiet`."""
+    import time
+
+    t0, losses = time.monotonic(), []
+
+    def said(step: int, loss: float) -> None:
+        losses.append(loss)
+        if not quiet and (step % 50 == 0 or step == steps):
+            window = losses[-50:]
+            typer.echo(f"step {step}/{steps}: link loss {sum(window) / len(window):.4f} "
+                       f"({time.monotonic() - t0:.0f} s)")
+
+    return said
 
 
 def _run(cfg, out: Path, db: list[Path], heldout_db: list[Path], *, resume: bool, force: bool,

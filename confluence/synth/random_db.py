@@ -635,6 +635,15 @@ def _draw_table(t: _Table, tables: list[_Table], latent_dim: int, span: int, spe
 
 
 # -- tasks ---------------------------------------------------------------------------------------------------------
+def _connect(tables: list[_Table]) -> duckdb.DuckDBPyConnection:
+    """A one-thread DuckDB connection with every drawn table registered: the task queries are checked on it."""
+    con = duckdb.connect()
+    con.execute("SET threads = 1")
+    for t in tables:
+        con.register(t.name, pa.table(t.arrays))
+    return con
+
+
 def _q(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
@@ -738,11 +747,8 @@ def _derived_tasks(tables: list[_Table], rng: np.random.Generator) -> dict[str, 
     pairs = [(c, fk) for c in tables if c.temporal for fk in c.fks]
     if not pairs:
         return {}
-    con = duckdb.connect()
+    con = _connect(tables)
     try:
-        con.execute("SET threads = 1")
-        for t in tables:
-            con.register(t.name, pa.table(t.arrays))
 
         def task(child: _Table, fk: _FK, window: int, cand: tuple[str, str, str, str]) -> tuple[str, Any, Any]:
             pattern, target, stype, desc = cand
@@ -812,11 +818,8 @@ def _next_time_task(tables: list[_Table], seed: int) -> dict[str, Any]:
     if not pairs:
         return {}
     rng = np.random.default_rng([seed, 3])
-    con = duckdb.connect()
+    con = _connect(tables)
     try:
-        con.execute("SET threads = 1")
-        for t in tables:
-            con.register(t.name, pa.table(t.arrays))
         for pi in (int(i) for i in rng.permutation(len(pairs))):
             child, fk = pairs[pi]
             parent = tables[fk.parent]
@@ -870,11 +873,8 @@ def _link_tasks(tables: list[_Table], seed: int) -> dict[str, Any]:
     if not pairs:
         return {}
     rng = np.random.default_rng([seed, 5])
-    con = duckdb.connect()
+    con = _connect(tables)
     try:
-        con.execute("SET threads = 1")
-        for t in tables:
-            con.register(t.name, pa.table(t.arrays))
         out: dict[str, Any] = {}
         for pi in (int(i) for i in rng.permutation(len(pairs))):
             child, first, fk = pairs[pi]
