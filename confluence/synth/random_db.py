@@ -25,7 +25,10 @@ Everything is drawn from one `numpy` generator seeded by `RandomSpec.seed` (the 
   each database with a temporal child table derived tasks in SQL with observation times (count of children in the
   next / last window per parent row, any child in the next window, mean of a child's number and the latest child's
   category up to the observation time), only parent rows that exist at the observation time, look-ahead windows
-  ending before the data does.
+  ending before the data does; a "when next" task; up to two link tasks ("which rows of a second parent will this
+  row of the first link to next?") on temporal tables with keys to two parents, whose second key is drawn with
+  link signals (repeat, latent affinity; `link_signal`). The "when next" and link tasks and the link signals come
+  from generators of their own, so the rest keeps the bytes it had before them.
 """
 
 from __future__ import annotations
@@ -749,7 +752,6 @@ def _derived_tasks(tables: list[_Table], rng: np.random.Generator) -> dict[str, 
         return {}
     con = _connect(tables)
     try:
-
         def task(child: _Table, fk: _FK, window: int, cand: tuple[str, str, str, str]) -> tuple[str, Any, Any]:
             pattern, target, stype, desc = cand
             parent = tables[fk.parent]
