@@ -190,6 +190,24 @@ def test_a_member_of_an_earlier_generator_is_refused_naming_what_changed(tmp_pat
         _build(out, 2)
 
 
+@pytest.mark.parametrize("spec_json, message", [
+    ('{"spec": [1, 2]}', "its spec is a list, not an object"),
+    ('[1, 2]', "not a random database written by the corpus"),
+    ('{"nope": 1}', "not a random database written by the corpus"),
+    (json.dumps({"spec": {f"junk{i}": "x" * 500 for i in range(100)}}), "more; written by an earlier generator"),
+])
+def test_a_hostile_member_spec_is_a_named_error(tmp_path, spec_json, message):
+    """A member's spec.json is a file on disk anyone may have written: any shape is a short, named error."""
+    out = tmp_path / "hostile"
+    out.mkdir()
+    _build(out, 1)
+    (out / "raw" / "db_00001" / "raw").mkdir(parents=True)
+    (out / "raw" / "db_00001" / "spec.json").write_text(spec_json)
+    with pytest.raises(CorpusError, match=message) as err:
+        _build(out, 2)
+    assert "db_00001" in str(err.value) and len(str(err.value)) < 2000
+
+
 @pytest.mark.parametrize("kw,message", [
     ({"databases": 0}, "databases must be an integer in 1..100000, got 0"),
     ({"heldout": 0.9}, "heldout must be a share in"),

@@ -95,3 +95,19 @@ def test_databases_without_link_tasks_are_a_named_error(tmp_path):
 def test_cli_needs_a_corpus_or_stores(tmp_path):
     res = CliRunner().invoke(app, ["pretrain-links", "--out", str(tmp_path / "run")])
     assert res.exit_code != 0 and "--corpus or --db" in res.output
+    both = CliRunner().invoke(app, ["pretrain-links", "--out", str(tmp_path / "run"), "--corpus", str(tmp_path),
+                                    "--db", str(tmp_path)])
+    assert both.exit_code == 1 and "--corpus or --db" in both.output
+    gone = CliRunner().invoke(app, ["pretrain-links", "--out", str(tmp_path / "run"), "--db", str(tmp_path / "no")])
+    assert gone.exit_code == 1 and "not a processed store" in gone.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_missing_start_checkpoint_is_named_before_anything_is_written(stores, tmp_path):
+    for run in (lambda out: pretrain_links(stores, out, tiny_run_config(sampler=SAMPLER), steps=1,
+                                           init_from=tmp_path / "nothing"),
+                lambda out: train_links(stores[0], stores[0].link_tasks[0].name, out,
+                                        tiny_run_config(sampler=SAMPLER), steps=1, init_from=tmp_path / "nothing")):
+        with pytest.raises(ConfluenceError, match="no checkpoint found"):
+            run(tmp_path / "run")
+        assert not (tmp_path / "run").exists()

@@ -236,12 +236,16 @@ def _random_raw(m: Member, rows: float) -> tuple[Path, Path]:
     else:
         try:
             have = json.loads((m.raw / SPEC_FILE).read_text(encoding="utf-8"))["spec"]
-        except (OSError, ValueError, KeyError) as exc:
+            if not isinstance(have, dict):
+                raise ValueError(f"its spec is a {type(have).__name__}, not an object")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
             raise CorpusError(f"{m.raw}: not a random database written by the corpus ({exc}); remove it") from None
         want = dataclasses.asdict(spec)
         if have != want:
-            diffs = ", ".join(f"{k} {have.get(k, 'unset')!r} there, {want.get(k, 'unset')!r} here"
-                              for k in sorted(set(have) | set(want)) if have.get(k, "unset") != want.get(k, "unset"))
+            keys = [*want, *(k for k in have if k not in want)]  # the spec's fields in order, then foreign ones
+            differ = [k for k in keys if have.get(k, "unset") != want.get(k, "unset")]
+            diffs = ", ".join(f"{k!s:.40} {have.get(k, 'unset')!r:.40} there, {want.get(k, 'unset')!r} here"
+                              for k in differ[:8]) + (f", {len(differ) - 8} more" if len(differ) > 8 else "")
             raise CorpusError(f"{m.raw}: holds a random database of another spec ({diffs}; written by an earlier "
                               "generator?); remove it")
     return m.raw / "raw", m.raw / METADATA_FILE

@@ -86,7 +86,8 @@ def train_links(store: Store | str | Path, task: str, out_dir: str | Path, cfg: 
     settings; one trained with a link head (`pretrain_links`) starts the head too."""
     store = store if isinstance(store, Store) else Store.open(store)
     store.link_task(task)  # a named error before anything is written
-    return _locked(out_dir, force, lambda out: _train_links([(store, task)], out, cfg, steps, init_from, on_step))
+    return _locked(out_dir, force, init_from,
+                   lambda out: _train_links([(store, task)], out, cfg, steps, init_from, on_step))
 
 
 def pretrain_links(stores: Sequence[Store | str | Path], out_dir: str | Path, cfg: RunConfig, *, steps: int,
@@ -101,10 +102,14 @@ def pretrain_links(stores: Sequence[Store | str | Path], out_dir: str | Path, cf
     if not pairs:
         raise ConfluenceError(f"pretraining links: none of the {len(opened)} database(s) has a link task "
                               "(random databases draw them: `confluence synth random`)")
-    return _locked(out_dir, force, lambda out: _train_links(pairs, out, cfg, steps, init_from, on_step))
+    return _locked(out_dir, force, init_from, lambda out: _train_links(pairs, out, cfg, steps, init_from, on_step))
 
 
-def _locked(out_dir: str | Path, force: bool, work: Callable[[Path], Path]) -> Path:
+def _locked(out_dir: str | Path, force: bool, init_from: str | Path | None, work: Callable[[Path], Path]) -> Path:
+    """`work` on the run directory `out_dir`, locked and prepared; a missing or damaged `init_from` is a named
+    error before anything is written."""
+    if init_from is not None:
+        read_checkpoint(Path(init_from))
     out = Path(out_dir)
     lock = outputs.OutputLock(out, "trained")
     with outputs.writing(out, "the training run"):
