@@ -150,8 +150,7 @@ def _train_links(pairs: list[tuple[Store, str]], out_dir: Path, cfg: RunConfig, 
 
     (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     # one padded shape of the column and category tables for every database: the step compiles once for them
-    padded = pad_alike([DbTables.for_model(s, cfg.loss.max_k, cfg.model) for s in stores]) if len(stores) > 1 else \
-        [DbTables.for_model(stores[0], cfg.loss.max_k, cfg.model)]
+    padded = pad_alike([DbTables.for_model(s, cfg.loss.max_k, cfg.model) for s in stores])
     tables = {id(s): (jnp.asarray(t.column_embeddings), jnp.asarray(t.categorical_embeddings))
               for s, t in zip(stores, padded, strict=True)}
     by_db = [[i for i, (s, _) in enumerate(pairs) if s is db] for db in stores]
@@ -159,11 +158,11 @@ def _train_links(pairs: list[tuple[Store, str]], out_dir: Path, cfg: RunConfig, 
     streams: dict[int, Iterator[tuple[int, np.ndarray]]] = {}
     try:
         rng = np.random.default_rng((cfg.seed, 1))  # the catalogue rows each step draws
-        pick = np.random.default_rng((cfg.seed, 2))  # the database, then the task, of each step (several pairs)
+        pick = np.random.default_rng((cfg.seed, 2))  # the database, then the task, of each step
         t0 = time.perf_counter()
         for step in range(steps):
-            tasks = by_db[int(pick.integers(len(by_db)))] if len(pairs) > 1 else [0]
-            i = tasks[int(pick.integers(len(tasks)))] if len(tasks) > 1 else tasks[0]
+            tasks = by_db[int(pick.integers(len(by_db)))]
+            i = tasks[int(pick.integers(len(tasks)))]
             if i not in sources:  # opened when first drawn: a corpus's samplers are not all held from the start
                 sources[i] = LinkSource(pairs[i][0], pairs[i][1], cfg)
                 streams[i] = sources[i].train_batches(cfg.seed)
@@ -175,9 +174,10 @@ def _train_links(pairs: list[tuple[Store, str]], out_dir: Path, cfg: RunConfig, 
             if on_step is not None:
                 on_step(step + 1, float(loss))
         names = [f"{s.name}/{t}" for s, t in pairs]
-        meta = {"config": cfg.to_dict(), "link_task": pairs[0][1] if len(pairs) == 1 else names,
-                "link_tasks": names, "databases": [s.name for s in stores], "trained_tasks": names,
-                "seconds": time.perf_counter() - t0}
+        meta = {"config": cfg.to_dict(), "link_tasks": names, "databases": [s.name for s in stores],
+                "trained_tasks": names, "seconds": time.perf_counter() - t0}
+        if len(pairs) == 1:
+            meta["link_task"] = pairs[0][1]  # what checkpoints of one task have always said
         return save_checkpoint(out_dir, steps, params, opt_state, meta, keep=1)
     finally:
         for source in sources.values():
