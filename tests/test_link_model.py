@@ -309,3 +309,56 @@ def test_evaluate_writes_relbenchs_recommendation_layout_for_a_link_run(store, r
             counts.append(len(truth))
         assert info["n"][split] == sum(c > 0 for c in counts)
         assert metrics["link_prediction_map"] == pytest.approx(_relbench_map(np.stack(isin), np.array(counts)))
+
+
+def test_the_link_head_reads_each_rows_encoded_values_beside_its_final_state(store):
+    """`model.link_values`: each row's state gains the mean of its cells' encoded states (h0, the question cell not
+    among them), and the question the anchor row's (row 0); off, the final states alone. It shapes no parameter."""
+    import jax
+    import jax.numpy as jnp
+
+    from confluence.model.inputs import DbTables
+    from confluence.model.transformer import RelationalTransformer
+    from confluence.training.links import link_inputs
+
+    cfg = tiny_run_config(sampler=SAMPLER, model={"link_head": True, "link_values": True})
+    on = RelationalTransformer(cfg.model, key=jax.random.key(0))
+    off = RelationalTransformer(replace(cfg.model, link_values=False), key=jax.random.key(0))
+    source = LinkSource(store, TASK, cfg)
+    try:
+        batch = source.batch(link_split_ids(store, TASK, "val")[:8])
+    finally:
+        source.close()
+    inputs = link_inputs(batch)
+    t = DbTables.for_model(store, cfg.loss.max_k, cfg.model)
+    col, cat = jnp.asarray(t.column_embeddings), jnp.asarray(t.categorical_embeddings)
+    n = batch.candidates.shape[1]
+    q1, r1 = map(np.asarray, on.link_states(inputs, col, cat, n))
+    q0, r0 = map(np.asarray, off.link_states(inputs, col, cat, n))
+    h0 = np.asarray(on._states(inputs, col, cat)[0], np.float64)
+    cells = ~inputs["is_padding"] & ~inputs["is_target"]
+    for b in range(len(q1)):
+        for r in range(n):
+            member = cells[b] & (inputs["seq_row_ids"][b] == r)
+            want = h0[b, member].mean(axis=0) if member.any() else np.zeros(h0.shape[-1])
+            np.testing.assert_allclose(r1[b, r] - r0[b, r], want, atol=1e-5)
+            if r == 0:
+                assert member.any()  # the anchor row shows cells besides its question
+                np.testing.assert_allclose(q1[b] - q0[b], want, atol=1e-5)
+
+
+def test_a_saved_link_run_keeps_how_it_read_rows_and_fine_tuning_reads_them_as_its_own_config_says(store, run,
+                                                                                                tmp_path):
+    """A checkpoint saved before `link_values` existed read final states alone and loads so; a run started from
+    any checkpoint reads rows as its own config says (the setting shapes no parameter)."""
+    import json
+
+    from confluence.training.config import RunConfig
+    from confluence.training.links import train_links
+
+    assert RunConfig.from_dict({"model": {"link_head": True}}).model.link_values is False
+    assert RunConfig().model.link_values is True
+    assert json.loads((run / "config.json").read_text())["model"]["link_values"] is False
+    cfg = tiny_run_config(sampler=SAMPLER, model={"link_values": True})
+    train_links(store, TASK, tmp_path / "tuned", cfg, steps=1, init_from=run)
+    assert json.loads((tmp_path / "tuned" / "config.json").read_text())["model"]["link_values"] is True

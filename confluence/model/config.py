@@ -49,7 +49,7 @@ class ModelConfig:
     SEED: ClassVar[dict[str, Any]] = {"category_codes": 0.0, "column_codes": 0.0, "row_age": False,
                                        "numeric_by_column": False, "copy_head": False, "time_reference": False,
                                        "time_reference_gate": "learned", "arrival": False,
-                                       "time_wait": False}
+                                       "time_wait": False, "link_values": False}
 
     d_model: int = 256  # D, the width of every cell's hidden state
     n_layers: int = 12  # blocks (each: outbound, inbound and column attention, then a SwiGLU FFN)
@@ -125,10 +125,13 @@ class ModelConfig:
     # zero value, so a query can attend to "nothing" and the output's size tells how many keys matched (softmax
     # alone averages: 3 matching children and 30 give the same output); () is seed 000's softmax
     attention_sink: tuple[Literal["outbound", "inbound", "column"], ...] = ()
-    # the link head (model.heads.LinkHead): scores each row of a link task's target table found in the context
-    # against the anchor's question cell, for "which rows will this row link to next?" (confluence.links); a model
-    # without it answers cell tasks only
+    # the link head (model.heads.LinkHead): ranks a link task's target rows, "which rows will this row link to
+    # next?" (confluence.links); a model without it answers cell tasks only
     link_head: bool = False
+    # True: the link head adds each row's mean encoded state (its values, before the blocks) to the row's final
+    # state, and the anchor row's to the question (docs/design/decisions.md, "The link head reads the rows'
+    # values"); False: final states alone
+    link_values: bool = True
 
     def __post_init__(self) -> None:
         positive(self, "d_model", "n_layers", "n_heads", "d_t", "d_time", "ffn_multiple", "norm_eps")

@@ -50,6 +50,13 @@ class RelationalTransformer(eqx.Module):
         self, inputs: dict[str, jax.Array], column_table: jax.Array, category_table: jax.Array
     ) -> jax.Array:
         """The last block's output [B, S, D] in the compute dtype (before the final RMSNorm)."""
+        return self._states(inputs, column_table, category_table)[1]
+
+    def _states(
+        self, inputs: dict[str, jax.Array], column_table: jax.Array, category_table: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        """(h0, the last block's output), each [B, S, D] in the compute dtype: the cells as encoded (after the
+        first RMSNorm, zero at padding) and as the blocks leave them."""
         inputs = {k: jnp.asarray(v) for k, v in inputs.items()}
         column_table, category_table = jnp.asarray(column_table), jnp.asarray(category_table)
         m = cast_floating(self, jnp.dtype(self.cfg.compute_dtype))
@@ -59,8 +66,8 @@ class RelationalTransformer(eqx.Module):
         x = m.encoder(inputs, column_table, category_table)
         x = jnp.where(keep, m.h0_norm(x), jnp.zeros((), x.dtype))
         st = Structure.from_inputs(inputs, attention)  # permutations and masks: once per batch, not per layer
-        return run_layers(m.blocks, x, lambda block, h: block(h, st, attention), scan=self.cfg.scan_layers,
-                          remat=self.cfg.remat)
+        return x, run_layers(m.blocks, x, lambda block, h: block(h, st, attention), scan=self.cfg.scan_layers,
+                             remat=self.cfg.remat)
 
     def __call__(
         self, inputs: dict[str, jax.Array], column_table: jax.Array, category_table: jax.Array
@@ -98,16 +105,22 @@ class RelationalTransformer(eqx.Module):
         self, inputs: dict[str, jax.Array], column_table: jax.Array, category_table: jax.Array, num_rows: int
     ) -> tuple[jax.Array, jax.Array]:
         """The question cell's final state [B, D] and every sequence-local row's mean final state over its real
-        cells [B, num_rows, D] (float32): what the link head scores."""
+        cells [B, num_rows, D] (float32): what the link head scores. With `cfg.link_values` each row's mean encoded
+        state (its values) is added to its own, and the anchor row's (row 0) to the question."""
         m = cast_floating(self, jnp.dtype(self.cfg.compute_dtype))
         inputs = {k: jnp.asarray(v) for k, v in inputs.items()}
-        hn = m.final_norm(self.hidden(inputs, column_table, category_table))
+        h0, h = self._states(inputs, column_table, category_table)
+        hn = m.final_norm(h)
         question = jnp.einsum("bs,bsd->bd", target_onehot(inputs["is_target"], hn.dtype), hn,
                               preferred_element_type=jnp.float32)
         member = jax.nn.one_hot(inputs["seq_row_ids"].astype(jnp.int32), num_rows, dtype=jnp.float32)
         member = member * (~inputs["is_padding"] & ~inputs["is_target"])[..., None]
-        sums = jnp.einsum("bsr,bsd->brd", member, hn.astype(jnp.float32))
-        return question, sums / jnp.maximum(member.sum(axis=1), 1.0)[..., None]
+        count = jnp.maximum(member.sum(axis=1), 1.0)[..., None]
+        rows = jnp.einsum("bsr,bsd->brd", member, hn.astype(jnp.float32)) / count
+        if self.cfg.link_values:
+            values = jnp.einsum("bsr,bsd->brd", member, h0.astype(jnp.float32)) / count
+            rows, question = rows + values, question + values[:, 0]
+        return question, rows
 
     def link_scores(
         self, inputs: dict[str, jax.Array], column_table: jax.Array, category_table: jax.Array, num_rows: int

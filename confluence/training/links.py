@@ -130,7 +130,8 @@ def _train_links(pairs: list[tuple[Store, str]], out_dir: Path, cfg: RunConfig, 
                               " (preprocess them with one text encoder)")
     if init_from is not None:
         saved = RunConfig.from_dict(read_checkpoint(Path(init_from)).meta.get("config", {}))
-        cfg = replace(cfg, model=saved.model)
+        # its shapes and inputs; how the link head reads the rows shapes no parameter: this run's
+        cfg = replace(cfg, model=replace(saved.model, link_values=cfg.model.link_values))
     cfg = replace(cfg, model=replace(cfg.model, link_head=True, d_t=d_t.pop()))
     cfg = replace(cfg, loss=replace(cfg.loss, max_k=fitted_max_k(cfg.loss.max_k, stores)))
     model = RelationalTransformer(cfg.model, key=jax.random.key(cfg.seed))
