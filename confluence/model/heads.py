@@ -260,10 +260,12 @@ class TimeReference(eqx.Module):
 
 class LinkHead(eqx.Module):
     """Scores of target rows as answers to a link question: the question cell's final state (a query) against a
-    row's mean final state (a key), scaled by 1/sqrt(D), plus a learned offset: a logit of whether the anchor links
-    to the row within the horizon (`confluence.sampler.links`). A row is read either inside the anchor's context
-    (`key`: it depends on the anchor) or from its own context (`own`: the catalogue side, one vector per row and
-    observation time, so every row of the target table can be scored with one matrix product)."""
+    row's mean final state (a key; with `ModelConfig.link_values` each also adds its row's mean encoded state, the
+    anchor row's for the question: `RelationalTransformer.link_states`), scaled by 1/sqrt(D), plus a learned
+    offset: a logit of whether the anchor links to the row within the horizon (`confluence.sampler.links`). A row
+    is read either inside the anchor's context (`key`: it depends on the anchor) or from its own context (`own`:
+    the catalogue side, one vector per row and observation time, so every row of the target table can be scored
+    with one matrix product)."""
 
     query: Linear
     key: Linear
