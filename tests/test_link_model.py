@@ -362,3 +362,7 @@ def test_a_saved_link_run_keeps_how_it_read_rows_and_fine_tuning_reads_them_as_i
     cfg = tiny_run_config(sampler=SAMPLER, model={"link_values": True})
     train_links(store, TASK, tmp_path / "tuned", cfg, steps=1, init_from=run)
     assert json.loads((tmp_path / "tuned" / "config.json").read_text())["model"]["link_values"] is True
+    loaded = load_model(tmp_path / "tuned")  # and it ranks and is evaluated reading them so
+    assert loaded.model.cfg.link_values is True
+    res = evaluate_links(loaded, store, split="val", max_seeds=20)[TASK]
+    assert 0.0 <= res["model"]["map"] <= 1.0 and res["model"]["n"] == res["baseline"]["n"]
