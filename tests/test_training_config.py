@@ -33,6 +33,8 @@ def test_recipes_are_files_and_load_by_name():
     assert (pre.model.column_codes, pre.sampler.child_counts, pre.sampler.child_count_windows) == (0.0, "none", ())
     # both pretraining recipes predict times from a visible time (docs/design/decisions.md, "The time reference in pretraining")
     assert pre.model.time_reference and load_config("pretrain-base").model.time_reference
+    # ... and a "when next" time as the observation time plus a wait (docs/design/decisions.md, "Waits in pretraining")
+    assert pre.model.time_wait and load_config("pretrain-base").model.time_wait
     assert RunConfig.from_dict(demo.to_dict()) == demo  # round trip through a checkpoint's JSON
 
 
