@@ -25,7 +25,7 @@ BUDGET=${BUDGET:-570}         # seconds the whole script may take (the call's 60
 STEPS_BASE=${STEPS_BASE:-2500}
 STEPS_SMALL=${STEPS_SMALL:-10000}  # 2026-11-30 on an H200 beside base: 39.6 steps/s
 MAX_SEEDS=${MAX_SEEDS:-1000}
-EVAL_S=${EVAL_S:-150}        # seconds kept for the zero-shot evaluations at the end
+EVAL_S=${EVAL_S:-150}         # seconds kept for the zero-shot evaluations at the end
 TUNE=${TUNE:-f1db sakila}
 CHECK=${CHECK:-euip intl_football unvotes}
 SETS_BASE=${SETS_BASE:-}      # extra `--set K=V` words for the base run (a CPU dry run: --set sampler.batch_size=2)
