@@ -18,7 +18,7 @@ from confluence.cli.main import main
 
 
 def _with_fresh(parts: list[str]):
-    load = links._init_params
+    load = links.start_params
 
     def init_params(cfg, init_from, like):
         params = load(cfg, init_from, like)
@@ -36,6 +36,6 @@ def _with_fresh(parts: list[str]):
 if __name__ == "__main__":
     if len(sys.argv) < 3 or sys.argv[2] != "--":
         sys.exit(__doc__)
-    links._init_params = _with_fresh([p for p in sys.argv[1].split(",") if p])
+    links.start_params = _with_fresh([p for p in sys.argv[1].split(",") if p])
     sys.argv = ["confluence", *sys.argv[3:]]
     main()

@@ -26,7 +26,7 @@ from confluence.sampler.links import LinkSource
 from confluence.store import Store
 from confluence.training.config import RunConfig
 from confluence.training.links import catalogue_inputs, link_inputs
-from confluence.training.loop import _init_params
+from confluence.training.loop import start_params
 from confluence.training.step import is_param
 
 
@@ -55,7 +55,7 @@ def main(store_path: str, task: str, config_run: str, runs: list[str]) -> None:
         run_cfg = replace(run_cfg, model=replace(run_cfg.model, link_head=True))
         params, static = eqx.partition(RelationalTransformer(run_cfg.model, key=jax.random.key(run_cfg.seed)),
                                        is_param)
-        model = eqx.combine(_init_params(run_cfg, name, params), static)
+        model = eqx.combine(start_params(run_cfg, name, params), static)
         q_spread, row_spread = [], []
         for inputs, items in batches:
             q, _ = model.link_states(inputs, col, cat, inputs["link_candidates"].shape[1])

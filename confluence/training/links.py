@@ -37,7 +37,7 @@ from confluence.store import Store
 from confluence.toolkit.checkpoint import read_checkpoint, save_checkpoint
 from confluence.toolkit.optim import make_optimizer
 from confluence.training.config import RunConfig
-from confluence.training.loop import _init_params, prepare_run_dir
+from confluence.training.loop import prepare_run_dir, start_params
 from confluence.training.step import is_param, param_labels
 
 
@@ -137,7 +137,7 @@ def _train_links(pairs: list[tuple[Store, str]], out_dir: Path, cfg: RunConfig, 
     model = RelationalTransformer(cfg.model, key=jax.random.key(cfg.seed))
     params, static = eqx.partition(model, is_param)
     if init_from is not None:
-        params = _init_params(cfg, init_from, params)
+        params = start_params(cfg, init_from, params)
     optim = cfg.optim.for_run(steps)
     optimizer = make_optimizer(param_labels(params), optim)
     opt_state = optimizer.init(params)

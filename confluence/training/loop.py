@@ -75,9 +75,10 @@ def fit_max_k(cfg: RunConfig, stores: list[Any]) -> RunConfig:
     return cfg if k == cfg.loss.max_k else replace(cfg, loss=replace(cfg.loss, max_k=k))
 
 
-def _init_params(cfg: RunConfig, init_from: Path | str, like: Any) -> Any:
-    """Parameters of checkpoint `init_from` (a path or `pretrained:NAME`) for this run's model; when they do not fit,
-    the error names the model settings in which the checkpoint differs."""
+def start_params(cfg: RunConfig, init_from: Path | str, like: Any) -> Any:
+    """Parameters of checkpoint `init_from` (a path or `pretrained:NAME`) shaped as `like`, this run's model: what
+    `--init-from` starts a run from. Parts the checkpoint was made without (ADDED_PARTS) start from `like`; when the
+    rest does not fit, the error names the model settings in which the checkpoint differs."""
     from dataclasses import fields
 
     from confluence.toolkit.checkpoint import CheckpointError
@@ -302,7 +303,7 @@ def _train(cfg: RunConfig, stream: BatchStream, out_dir: Path, *, resume: bool, 
             step = ck.step
             stream.restore(saved_position(ck.meta))
         elif init_from is not None:
-            params = _init_params(cfg, init_from, params)
+            params = start_params(cfg, init_from, params)
     if main:
         (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
 
