@@ -19,7 +19,7 @@ def test_recipes_are_files_and_load_by_name():
     assert (small.loop.patience, demo.loop.patience) == (5, 0)  # the demo trains its fixed steps to the end
     assert (base.model.n_layers, base.sampler.batch_size, base.model.attention_impl) == (12, 32, "auto")
     # the demo's recipe: `small` plus the settings the demo measured better
-    # (its model, except the column codes and arrival pretrained:small was made without, which it pins off)
+    # (its model, except the column codes and arrival pretrained:small-v5 was made without, which it pins off)
     assert demo.model == replace(small.model, column_codes=0.0, time_reference_gate="learned", arrival=False)
     assert demo.loop == replace(small.loop, patience=0)
     assert (demo.loss.numeric_loss, demo.sampler.recent, demo.sampler.width_per_fk, demo.sampler.child_counts,

@@ -186,7 +186,7 @@ def test_init_from_checkpoint_loads_the_parameters(tiny_store, tmp_path):
 
 def test_init_from_a_checkpoint_with_other_input_codes_warns_and_loads(tiny_store, tmp_path):
     """Codes shape no parameter, so a checkpoint made without column codes loads into a run with them (the demo's
-    recipe fine-tunes pretrained:small; a user's `--config small` would meet this): the run says its inputs shift."""
+    recipe fine-tunes pretrained:small-v5; a user's `--config small` would meet this): the run says its inputs shift."""
     import dataclasses
     import warnings
 
@@ -208,7 +208,7 @@ def test_init_from_a_checkpoint_with_other_input_codes_warns_and_loads(tiny_stor
                                    ("arrival",), ("time_wait", "time_reference")])
 def test_init_from_a_checkpoint_without_added_parts_loads_the_rest(tiny_store, tmp_path, added):
     """A run with `model.copy_head` / `child_rank` / `time_reference` / `attention_sink` / `arrival` (or the time
-    reference with its waits, `make demo`'s path from `pretrained:small`) starts from a checkpoint made without them: every other parameter is the checkpoint's, the added parts are the new run's own
+    reference with its waits, `make demo`'s path from `pretrained:small-v5`) starts from a checkpoint made without them: every other parameter is the checkpoint's, the added parts are the new run's own
     initialisation."""
     import dataclasses
 
