@@ -75,13 +75,17 @@ def test_removed_settings_load_at_their_off_value_and_are_named_otherwise():
             RunConfig.from_dict({section: {name: value}})
 
 
-def test_the_shipped_model_names_removed_settings_off_and_loads():
+def test_the_shipped_models_name_removed_settings_off_and_load():
+    """The fifth pretrained model (`pretrained:small-v5`, the demo's start) was saved while the removed settings
+    existed and names them off; its config and the sixth's load."""
     import json
 
     from confluence.toolkit.shipped import checkpoint_path
     from confluence.training.config import RunConfig
 
-    meta = json.loads((checkpoint_path("pretrained:small") / "meta.json").read_text())
+    meta = json.loads((checkpoint_path("pretrained:small-v5") / "meta.json").read_text())
     model = meta["config"]["model"]
     assert model["numeric_frequencies"] == 0 and model["category_codes_by"] == "row"
-    assert RunConfig.from_dict(meta["config"]).model.d_model == model["d_model"]
+    for name in ("small", "small-v5"):
+        meta = json.loads((checkpoint_path(f"pretrained:{name}") / "meta.json").read_text())
+        assert RunConfig.from_dict(meta["config"]).model.d_model == meta["config"]["model"]["d_model"]
