@@ -11,7 +11,8 @@ import duckdb
 import pytest
 
 from confluence.bench.quality import tally
-from confluence.devsuite import MEMBERS, ROLES, checkout, member, metadata_path
+from confluence.devsuite import MEMBERS, ROLES, checkout, member, members_with_role, metadata_path
+from confluence.errors import ConfluenceError
 from confluence.schema.metadata import load_metadata
 from confluence.sources.raw import quote_ident
 from confluence.sources.sandbox import task_query_problem
@@ -40,6 +41,10 @@ def test_member_declares_its_source_and_its_tasks_pass_the_sandbox(name):
 def test_the_suite_has_databases_to_tune_on_and_to_check_on():
     roles = [member(n).ROLE for n in MEMBERS]
     assert roles.count("tune") >= 2 and roles.count("check") >= 3
+    assert set(members_with_role("tune")) | set(members_with_role("check")) == set(MEMBERS)
+    assert members_with_role("check") == tuple(n for n in MEMBERS if member(n).ROLE == "check")
+    with pytest.raises(ConfluenceError, match="no development-suite role 'train'"):
+        members_with_role("train")
     assert not any("lahman" in n or "chinook" in n for n in MEMBERS)  # reserved as independent checks
 
 

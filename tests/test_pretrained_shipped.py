@@ -38,7 +38,7 @@ def test_the_shipped_model_never_saw_a_check_database_and_answers_when_next_with
     reads "when next" times as a wait after the observation time (docs/guide/pretrained.md)."""
     from confluence import devsuite
 
-    checks = {name for name in devsuite.MEMBERS if devsuite.member(name).ROLE == "check"}
+    checks = set(devsuite.members_with_role("check"))
     meta = json.loads((P.checkpoint_path("pretrained:small") / "meta.json").read_text())
     assert checks and not set(meta["databases"]) & checks and {"f1db", "sakila"} <= set(meta["databases"])
     model = RunConfig.from_dict(meta["config"]).model

@@ -131,7 +131,7 @@ def refuse_check_databases(extra: Sequence[Extra]) -> None:
     from confluence import devsuite
 
     checks = {name: hashlib.sha256(devsuite.metadata_path(name).read_bytes()).hexdigest()
-              for name in devsuite.MEMBERS if devsuite.member(name).ROLE == "check"}
+              for name in devsuite.members_with_role("check")}
     for e in extra:
         hit = e.name if e.name in checks else next((n for n, h in checks.items() if h == e.sha256), None)
         if hit is not None:

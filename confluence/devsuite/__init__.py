@@ -36,6 +36,13 @@ def member(name: str) -> ModuleType:
     return importlib.import_module(f"confluence.devsuite.{name}")
 
 
+def members_with_role(role: str) -> tuple[str, ...]:
+    """The members whose ROLE is `role` ("tune" or "check"), in the suite's order."""
+    if role not in ROLES:
+        raise ConfluenceError(f"no development-suite role {role!r}; the roles are {', '.join(ROLES)}")
+    return tuple(name for name in MEMBERS if member(name).ROLE == role)
+
+
 def metadata_path(name: str) -> Path:
     """The reviewed metadata file of member `name`."""
     return Path(__file__).with_name(f"{name}.metadata.json")
