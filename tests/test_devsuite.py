@@ -83,3 +83,8 @@ def test_quality_tally_counts_verdicts():
                                                               "a_not_worse": 0.0}}
     t = tally("db", "check", results)
     assert t.blend_not_worse == 1 and t.line().count("/") == 4
+    assert t.below_chance == 0
+    results["d"] = {"model": {"auroc": 0.45}, "baseline": {"auroc": 0.5}, "info": {"stype": "boolean"}}
+    results["e"] = {"model": {"auroc": float("nan")}, "baseline": {"auroc": 0.5}, "info": {"stype": "boolean"}}
+    t = tally("db", "check", results)
+    assert (t.tasks, t.beats_trivial, t.below_chance) == (5, 2, 1)  # a backwards boolean; one class: not counted

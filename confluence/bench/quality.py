@@ -4,7 +4,10 @@ a user switching from LightGBM asks for: on how many tasks the model beats the t
 LightGBM (the paired 95 % interval reaches zero) and is better than it.
 
 A suite folder holds `<name>/raw` (built by `confluence devsuite build`); this preprocesses each into
-`<name>/store` (once), trains into `<name>/runs/<label>` and writes `<name>/runs/<label>/test.json`, then the tallies.
+`<name>/store` (once), trains into `<name>/runs/<label>` and writes `<name>/runs/<label>/<split>.json`, then the
+tallies. With `zero_shot` a trained checkpoint (`pretrained:small`) answers every database as it is, untrained on
+it: the tally says how far a pretrained model carries. The validation split (`split="val"`) is where pretrained
+models or recipes are compared; the check databases' test split is read once, for the one chosen.
 """
 
 from __future__ import annotations
@@ -34,20 +37,22 @@ class Tally:
     # what `--blend gbdt` ships (the blend, or the trivial baseline where the floor chose it) not worse than
     # LightGBM; None: not measured
     blend_not_worse: int | None = None
+    below_chance: int = 0  # boolean tasks whose AUROC is under 0.5: the model ranks them backwards
 
     def line(self) -> str:
         blend = "" if self.blend_not_worse is None else f" {self.blend_not_worse:>6}/{self.tasks:<3}"
         return (f"{self.database:<16} {self.role:<6} {self.tasks:>5} {self.beats_trivial:>6}/{self.tasks:<3} "
-                f"{self.not_worse_than_gbdt:>6}/{self.tasks:<3} {self.better_than_gbdt:>6}/{self.tasks:<3}" + blend)
+                f"{self.not_worse_than_gbdt:>6}/{self.tasks:<3} {self.better_than_gbdt:>6}/{self.tasks:<3} "
+                f"{self.below_chance:>8}" + blend)
 
 
 HEADER = (f"{'database':<16} {'role':<6} {'tasks':>5} {'> trivial':>10} {'>= LightGBM':>11} {'> LightGBM':>10} "
-          f"{'blend >= LightGBM':>10}")
+          f"{'< chance':>8} {'blend >= LightGBM':>10}")
 
 
 def tally(database: str, role: str, results: dict[str, Any]) -> Tally:
     """Count a database's `evaluate --gbdt` results (`confluence.evaluation.evaluate` JSON layout) by verdict."""
-    beats = not_worse = better = blend = 0
+    beats = not_worse = better = blend = backwards = 0
     n = 0
     blended = any("blend" in r for r in results.values())
     for r in results.values():
@@ -60,25 +65,35 @@ def tally(database: str, role: str, results: dict[str, Any]) -> Tally:
         not_worse += bool(said & {"better than GBDT", "not worse than GBDT"})
         who = "shipped (trivial) " if r.get("ship") == "trivial" and "shipped" in r else "blend "
         blend += bool(said & {f"{who}better than GBDT", f"{who}not worse than GBDT"})
-    return Tally(database, role, n, beats, not_worse, better, blend if blended else None)
+        auroc = r["model"].get("auroc") if SemanticType.parse(r["info"]["stype"]) == SemanticType.BOOLEAN else None
+        backwards += auroc is not None and auroc < 0.5  # NaN (one class only) compares False
+    return Tally(database, role, n, beats, not_worse, better, blend if blended else None, backwards)
 
 
 def run_quality(suite: Path, *, names: list[str] | None = None, steps: int | str = 3000, config: str = "small",
                 label: str | None = None, max_seeds: int = 2000, log: Callable[[str], None] = print,
-                force: bool = False) -> list[Tally]:
-    """Preprocess (once), train `config` for `steps` steps and evaluate `--gbdt` on the test split every suite
-    member built under `suite`; returns the tallies (also written to `suite/quality-<label>.json`). A run already
-    evaluated under the same label is read back, not redone, unless `force`."""
+                force: bool = False, zero_shot: str | None = None, split: str = "test") -> list[Tally]:
+    """Preprocess (once), train `config` for `steps` steps and evaluate `--gbdt` on `split` every suite member built
+    under `suite` (on the test split also `--blend gbdt`, whose weight is chosen on validation); returns the
+    tallies (also written to `suite/quality-<label>[-val].json`). `zero_shot`: no training; that checkpoint (a run,
+    or `pretrained:NAME`) is evaluated on every database as it is. A database already evaluated under the same
+    label is read back, not redone, unless `force`."""
     from confluence.evaluation.evaluate import evaluate, write_json
     from confluence.preprocess import preprocess
-    from confluence.training.config import load_config
-    from confluence.training.loop import open_stream, train
 
-    label = label or f"{config}-{steps}"
+    if split not in ("val", "test"):
+        raise ConfluenceError(f"split {split!r}: the suite is measured on 'val' (to choose) or 'test' (once)")
+    label = label or (f"zeroshot-{_slug(zero_shot)}" if zero_shot else f"{config}-{steps}")
     chosen = list(names) if names else [n for n in MEMBERS if (suite / n / "raw").is_dir()]
     if not chosen:
         raise ConfluenceError(f"{suite}: no suite database built there (confluence devsuite build NAME ... --out "
                               f"{suite}/NAME/raw); the suite has {', '.join(MEMBERS)}")
+    model = None
+    if zero_shot:
+        from confluence.inference.predictor import load_model
+
+        model = load_model(zero_shot)  # once for every database; a bad checkpoint fails before any work
+    blend = "gbdt" if split == "test" and not zero_shot else None  # a blend's weight is chosen on validation
     out: list[Tally] = []
     for name in chosen:
         mod = member(name)
@@ -89,30 +104,46 @@ def run_quality(suite: Path, *, names: list[str] | None = None, steps: int | str
             log(f"{name}: preprocessing")
             preprocess(raw, metadata_path(name), store, progress=False)
         run = suite / name / "runs" / label
-        result_file = run / "test.json"
-        if force or not (run / "checkpoints").is_dir() or not result_file.is_file():
-            log(f"{name}: training {config} for " + (f"{steps} steps" if isinstance(steps, int) else
-                                                      f"the recipe's run length ({steps})"))
-            # a fixed budget validates four times and evaluates its last step; "auto" / a duration is the recipe's
-            # own default: its run length, validation, early stopping and best checkpoint
-            cfg = load_config(config, {"loop": {"max_steps": steps, "ckpt_every": steps, "val_every": max(steps // 4, 1),
-                                                "patience": 0}} if isinstance(steps, int) else
-                              {"loop": {"max_steps": steps}})
-            stream = open_stream([store], cfg)
-            try:
-                train(cfg, stream, run, progress=False, force=True)
-            finally:
-                stream.close()
-        if force or not result_file.is_file() or not _has_blend(result_file):  # a run measured before the blend
-            log(f"{name}: evaluating on the test split beside the trivial baselines, LightGBM and the blend")
-            results = evaluate(run, store, split="test", max_seeds=max_seeds, gbdt=True, blend="gbdt")
+        result_file = run / f"{split}.json"
+        if model is None and (force or not (run / "checkpoints").is_dir() or not result_file.is_file()):
+            _train(store, run, config, steps, log, name)
+        if force or not result_file.is_file() or (blend and not _has_blend(result_file)):  # measured before the blend
+            log(f"{name}: evaluating " + (f"{zero_shot} zero-shot" if zero_shot else "the run") + f" on the {split} "
+                f"split beside the trivial baselines, LightGBM" + (" and the blend" if blend else ""))
+            results = evaluate(model or run, store, split=split, max_seeds=max_seeds, gbdt=True, blend=blend)
+            run.mkdir(parents=True, exist_ok=True)
             write_json(results, result_file)
         results = json.loads(result_file.read_text())
         t = tally(name, mod.ROLE, results)
         log(t.line())
         out.append(t)
-    (suite / f"quality-{label}.json").write_text(json.dumps([t.__dict__ for t in out], indent=2) + "\n")
+    name = f"quality-{label}" + ("" if split == "test" else f"-{split}")
+    (suite / f"{name}.json").write_text(json.dumps([t.__dict__ for t in out], indent=2) + "\n")
     return out
+
+
+def _train(store: Path, run: Path, config: str, steps: int | str, log: Callable[[str], None], name: str) -> None:
+    """Train `config` on one suite store into `run`: a fixed budget validates four times and evaluates its last
+    step; "auto" / a duration is the recipe's own default (its run length, validation, early stopping, best step)."""
+    from confluence.training.config import load_config
+    from confluence.training.loop import open_stream, train
+
+    log(f"{name}: training {config} for " + (f"{steps} steps" if isinstance(steps, int) else
+                                              f"the recipe's run length ({steps})"))
+    cfg = load_config(config, {"loop": {"max_steps": steps, "ckpt_every": steps, "val_every": max(steps // 4, 1),
+                                        "patience": 0}} if isinstance(steps, int) else {"loop": {"max_steps": steps}})
+    stream = open_stream([store], cfg)
+    try:
+        train(cfg, stream, run, progress=False, force=True)
+    finally:
+        stream.close()
+
+
+def _slug(checkpoint: str) -> str:
+    """A label part naming a checkpoint: `pretrained:small` -> `pretrained-small`, a run folder -> its name."""
+    text = checkpoint.replace("pretrained:", "pretrained-") if checkpoint.startswith("pretrained:") \
+        else Path(checkpoint).name
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in text) or "checkpoint"
 
 
 def _has_blend(result_file: Path) -> bool:

@@ -536,17 +536,23 @@ def bench_quality_cmd(
     steps: str = typer.Option("3000", "--steps", help="Training steps per database (the budget), or \"auto\" / "
                                                       "a duration: the recipe's own run length and early stopping."),
     config: str = typer.Option("small", "--config", help="The recipe measured (default: what `train` uses)."),
-    max_seeds: int = typer.Option(2000, "--max-seeds", min=1, help="Test seeds scored per task."),
-    label: str = typer.Option(None, "--label", help="Name of this measurement's runs (default: RECIPE-STEPS)."),
+    max_seeds: int = typer.Option(2000, "--max-seeds", min=1, help="Seeds scored per task."),
+    label: str = typer.Option(None, "--label", help="Name of this measurement's runs (default: RECIPE-STEPS, or "
+                                                    "zeroshot-NAME)."),
+    zero_shot: str = typer.Option(None, "--zero-shot", metavar="CHECKPOINT", help="Train nothing: this checkpoint "
+                                  "(a run, pretrained:small) answers every database as it is."),
+    split: str = typer.Option("test", "--split", help="test, or val: where recipes and pretrained models are "
+                                                      "compared (no blend)."),
     force: bool = typer.Option(False, "--force", help="Redo databases already measured under this label."),
 ) -> None:
-    """The recipe on every suite database at a fixed budget, scored on the test split beside the trivial baselines
-    and LightGBM: per database, tasks beating trivial, not worse than LightGBM and better (docs/guide/devsuite.md)."""
+    """The recipe on every suite database at a fixed budget (or a trained model as it is, zero-shot), scored beside
+    the trivial baselines and LightGBM: per database, tasks beating trivial, not worse than LightGBM and better, and
+    booleans ranked backwards (docs/guide/devsuite.md)."""
     from confluence.bench.quality import HEADER, run_quality
 
     try:
         tallies = run_quality(suite, names=name or None, steps=_run_length(steps), config=config, label=label,
-                              max_seeds=max_seeds, log=typer.echo, force=force)
+                              max_seeds=max_seeds, log=typer.echo, force=force, zero_shot=zero_shot, split=split)
     except ConfluenceError as exc:
         fail(exc)
     typer.echo(HEADER)

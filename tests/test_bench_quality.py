@@ -1,0 +1,58 @@
+"""`confluence bench quality --zero-shot`: a shipped model evaluated as it is on a suite folder, beside the trivial
+baselines and LightGBM, through the CLI; nothing is trained, the tally and each database's results are written, and
+a second call reads them back instead of evaluating again."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from confluence.bench.quality import run_quality
+from confluence.cli.main import app
+from confluence.errors import ConfluenceError
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    """A suite folder whose `tpcds` member holds the small bookstore's store (preprocessed with the shipped text
+    encoder, as a user's database would be): the suite's own sources are not in CI, and the bench reads a built
+    store without looking at `raw/` again."""
+    from confluence.preprocess.pipeline import preprocess
+    from confluence.textenc import load_encoder
+    from tests.fixtures.bookstore import bookstore_files
+
+    root = tmp_path_factory.mktemp("suite")
+    src, meta = bookstore_files(root / "src", size="small")
+    (root / "suite" / "tpcds" / "raw").mkdir(parents=True)
+    preprocess(src, meta, root / "suite" / "tpcds" / "store", encoder=load_encoder(None), progress=False)
+    return root / "suite"
+
+
+def test_zero_shot_bench_evaluates_a_shipped_model_on_the_validation_split(suite):
+    args = ["bench", "quality", "--suite", str(suite), "--zero-shot", "pretrained:small", "--split", "val",
+            "--max-seeds", "48"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "pretrained:small zero-shot on the val split" in result.output and "< chance" in result.output
+    run = suite / "tpcds" / "runs" / "zeroshot-pretrained-small"
+    assert not (run / "checkpoints").exists()  # nothing trained
+    results = json.loads((run / "val.json").read_text())
+    scored = {t: r for t, r in results.items() if "model" in r}
+    assert len(scored) >= 6
+    for r in scored.values():
+        assert r["info"]["split"] == "val" and r["info"]["trained_on_task"] is False
+        assert "gbdt" in r and "model_vs_gbdt" in r and "blend" not in r  # a blend is chosen on validation
+    [tally] = json.loads((suite / "quality-zeroshot-pretrained-small-val.json").read_text())
+    assert tally["database"] == "tpcds" and tally["tasks"] == len(scored)
+    assert 0 <= tally["below_chance"] <= tally["tasks"] and tally["blend_not_worse"] is None
+    before = (run / "val.json").stat().st_mtime_ns
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0, again.output
+    assert "evaluating" not in again.output and (run / "val.json").stat().st_mtime_ns == before
+
+
+def test_the_suite_is_measured_on_validation_or_test_only(suite):
+    with pytest.raises(ConfluenceError, match="'train'"):
+        run_quality(suite, zero_shot="pretrained:small", split="train")
