@@ -36,6 +36,7 @@ def test_zero_shot_bench_evaluates_a_shipped_model_on_the_validation_split(suite
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "pretrained:small zero-shot on the val split" in result.output and "< chance" in result.output
+    assert "blend" not in result.output  # no blend measured: no blend column
     run = suite / "tpcds" / "runs" / "zeroshot-pretrained-small"
     assert not (run / "checkpoints").exists()  # nothing trained
     results = json.loads((run / "val.json").read_text())

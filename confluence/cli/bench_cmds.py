@@ -555,7 +555,8 @@ def bench_quality_cmd(
                               max_seeds=max_seeds, log=typer.echo, force=force, zero_shot=zero_shot, split=split)
     except ConfluenceError as exc:
         fail(exc)
-    typer.echo(HEADER)
+    blended = any(t.blend_not_worse is not None for t in tallies)
+    typer.echo(HEADER if blended else HEADER.rsplit(" ", 3)[0])  # the blend's column only where it was measured
     for t in tallies:
         typer.echo(t.line())
 
