@@ -57,3 +57,20 @@ def test_zero_shot_bench_evaluates_a_shipped_model_on_the_validation_split(suite
 def test_the_suite_is_measured_on_validation_or_test_only(suite):
     with pytest.raises(ConfluenceError, match="'train'"):
         run_quality(suite, zero_shot="pretrained:small", split="train")
+
+
+@pytest.mark.slow
+def test_a_trained_run_is_read_on_both_splits_without_training_again(suite):
+    args = ["bench", "quality", "--suite", str(suite), "--steps", "8", "--max-seeds", "32", "--label", "short"]
+    result = CliRunner().invoke(app, args + ["--split", "val"])
+    assert result.exit_code == 0, result.output
+    run = suite / "tpcds" / "runs" / "short"
+    assert "training small for 8 steps" in result.output and (run / "val.json").is_file()
+    state = sorted((run / "checkpoints").glob("step_*/state.eqx"))
+    assert state and not any("blend" in r for r in json.loads((run / "val.json").read_text()).values())
+    before = [p.stat().st_mtime_ns for p in state]
+    test = CliRunner().invoke(app, args)  # the test split of the same run: evaluated, with the blend, not trained
+    assert test.exit_code == 0, test.output
+    assert "training" not in test.output and "blend >= LightGBM" in test.output
+    assert [p.stat().st_mtime_ns for p in state] == before
+    assert any("blend" in r for r in json.loads((run / "test.json").read_text()).values())

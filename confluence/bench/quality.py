@@ -46,8 +46,10 @@ class Tally:
                 f"{self.below_chance:>8}" + blend)
 
 
-HEADER = (f"{'database':<16} {'role':<6} {'tasks':>5} {'> trivial':>10} {'>= LightGBM':>11} {'> LightGBM':>10} "
-          f"{'< chance':>8} {'blend >= LightGBM':>10}")
+def header(blend: bool = True) -> str:
+    """The column names above `Tally.line`s (the blend's column only where a blend was measured)."""
+    return (f"{'database':<16} {'role':<6} {'tasks':>5} {'> trivial':>10} {'>= LightGBM':>11} {'> LightGBM':>10} "
+            f"{'< chance':>8}" + (" blend >= LightGBM" if blend else ""))
 
 
 def tally(database: str, role: str, results: dict[str, Any]) -> Tally:
@@ -105,7 +107,10 @@ def run_quality(suite: Path, *, names: list[str] | None = None, steps: int | str
             preprocess(raw, metadata_path(name), store, progress=False)
         run = suite / name / "runs" / label
         result_file = run / f"{split}.json"
-        if model is None and (force or not (run / "checkpoints").is_dir() or not result_file.is_file()):
+        # a run with no evaluation of either split did not finish: trained again (a finished one is kept, so its
+        # validation and test splits are two readings of one run)
+        finished = any((run / f"{s}.json").is_file() for s in ("val", "test"))
+        if model is None and (force or not (run / "checkpoints").is_dir() or not finished):
             _train(store, run, config, steps, log, name)
         if force or not result_file.is_file() or (blend and not _has_blend(result_file)):  # measured before the blend
             log(f"{name}: evaluating " + (f"{zero_shot} zero-shot" if zero_shot else "the run") + f" on the {split} "
@@ -117,8 +122,8 @@ def run_quality(suite: Path, *, names: list[str] | None = None, steps: int | str
         t = tally(name, mod.ROLE, results)
         log(t.line())
         out.append(t)
-    name = f"quality-{label}" + ("" if split == "test" else f"-{split}")
-    (suite / f"{name}.json").write_text(json.dumps([t.__dict__ for t in out], indent=2) + "\n")
+    tallies = suite / (f"quality-{label}" + ("" if split == "test" else f"-{split}") + ".json")
+    tallies.write_text(json.dumps([t.__dict__ for t in out], indent=2) + "\n")
     return out
 
 

@@ -548,15 +548,14 @@ def bench_quality_cmd(
     """The recipe on every suite database at a fixed budget (or a trained model as it is, zero-shot), scored beside
     the trivial baselines and LightGBM: per database, tasks beating trivial, not worse than LightGBM and better, and
     booleans ranked backwards (docs/guide/devsuite.md)."""
-    from confluence.bench.quality import HEADER, run_quality
+    from confluence.bench.quality import header, run_quality
 
     try:
         tallies = run_quality(suite, names=name or None, steps=_run_length(steps), config=config, label=label,
                               max_seeds=max_seeds, log=typer.echo, force=force, zero_shot=zero_shot, split=split)
     except ConfluenceError as exc:
         fail(exc)
-    blended = any(t.blend_not_worse is not None for t in tallies)
-    typer.echo(HEADER if blended else HEADER.rsplit(" ", 3)[0])  # the blend's column only where it was measured
+    typer.echo(header(any(t.blend_not_worse is not None for t in tallies)))
     for t in tallies:
         typer.echo(t.line())
 
