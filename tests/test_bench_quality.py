@@ -1,6 +1,6 @@
-"""`confluence bench quality --zero-shot`: a shipped model evaluated as it is on a suite folder, beside the trivial
-baselines and LightGBM, through the CLI; nothing is trained, the tally and each database's results are written, and
-a second call reads them back instead of evaluating again."""
+"""`confluence bench quality` through the CLI on a suite folder: `--zero-shot` evaluates a shipped model as it is
+beside the trivial baselines and LightGBM (nothing trained; the tally and each database's results written, read
+back by a second call); a trained recipe is evaluated on its validation and test splits without training twice."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ def test_zero_shot_bench_evaluates_a_shipped_model_on_the_validation_split(suite
     assert result.exit_code == 0, result.output
     assert "pretrained:small zero-shot on the val split" in result.output and "< chance" in result.output
     assert "blend" not in result.output  # no blend measured: no blend column
+    assert "not zero-shot" not in result.output  # the shipped model never saw the bookstore
     run = suite / "tpcds" / "runs" / "zeroshot-pretrained-small"
     assert not (run / "checkpoints").exists()  # nothing trained
     results = json.loads((run / "val.json").read_text())

@@ -119,6 +119,9 @@ def run_quality(suite: Path, *, names: list[str] | None = None, steps: int | str
             run.mkdir(parents=True, exist_ok=True)
             write_json(results, result_file)
         results = json.loads(result_file.read_text())
+        seen = sum(bool((r.get("info") or {}).get("trained_on_task")) for r in results.values())
+        if zero_shot and seen:  # e.g. a tune database in the pretraining corpus: its train split was read
+            log(f"{name}: {zero_shot} trained on {seen} of its tasks: those answers are not zero-shot")
         t = tally(name, mod.ROLE, results)
         log(t.line())
         out.append(t)
