@@ -75,3 +75,22 @@ def test_a_trained_run_is_read_on_both_splits_without_training_again(suite):
     assert "training" not in test.output and "blend >= LightGBM" in test.output
     assert [p.stat().st_mtime_ns for p in state] == before
     assert any("blend" in r for r in json.loads((run / "test.json").read_text()).values())
+
+
+@pytest.mark.parametrize("label", ["../../escape", "a/b", ".hidden", "-x"])
+def test_a_label_is_a_name_inside_the_suite_never_a_path_out_of_it(suite, label):
+    before = sorted(p.relative_to(suite.parent) for p in suite.parent.rglob("*"))
+    result = CliRunner().invoke(app, ["bench", "quality", "--suite", str(suite), "--zero-shot", "pretrained:small",
+                                      "--split", "val", "--label", label])
+    assert result.exit_code != 0 and "letters, digits" in result.output, result.output
+    assert sorted(p.relative_to(suite.parent) for p in suite.parent.rglob("*")) == before  # nothing written
+
+
+def test_a_users_folder_where_the_results_would_go_is_refused_and_kept(suite):
+    mine = suite / "tpcds" / "runs" / "mine"
+    mine.mkdir(parents=True)
+    (mine / "val.json").write_text("my notes")
+    result = CliRunner().invoke(app, ["bench", "quality", "--suite", str(suite), "--zero-shot", "pretrained:small",
+                                      "--split", "val", "--label", "mine", "--force"])
+    assert result.exit_code != 0 and "was not written by confluence" in result.output, result.output
+    assert (mine / "val.json").read_text() == "my notes" and sorted(p.name for p in mine.iterdir()) == ["val.json"]

@@ -13,15 +13,19 @@ models or recipes are compared; the check databases' test split is read once, fo
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from confluence import outputs
 from confluence.devsuite import MEMBERS, member, metadata_path
 from confluence.errors import ConfluenceError
 from confluence.evaluation.report import verdict
 from confluence.stypes import SemanticType
+
+LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # what `--label` may be
 
 
 @dataclass
@@ -86,6 +90,9 @@ def run_quality(suite: Path, *, names: list[str] | None = None, steps: int | str
     if split not in ("val", "test"):
         raise ConfluenceError(f"split {split!r}: the suite is measured on 'val' (to choose) or 'test' (once)")
     label = label or (f"zeroshot-{_slug(zero_shot)}" if zero_shot else f"{config}-{steps}")
+    if not LABEL.fullmatch(label):  # a folder and file name inside the suite, never a path out of it
+        raise ConfluenceError(f"label {label!r}: use letters, digits, '.', '_' and '-' only, starting with a letter "
+                              "or digit (it names SUITE/<db>/runs/<label> and SUITE/quality-<label>.json)")
     chosen = list(names) if names else [n for n in MEMBERS if (suite / n / "raw").is_dir()]
     if not chosen:
         raise ConfluenceError(f"{suite}: no suite database built there (confluence devsuite build NAME ... --out "
@@ -112,15 +119,18 @@ def run_quality(suite: Path, *, names: list[str] | None = None, steps: int | str
         finished = any((run / f"{s}.json").is_file() for s in ("val", "test"))
         if model is None and (force or not (run / "checkpoints").is_dir() or not finished):
             _train(store, run, config, steps, log, name)
+        if model is not None:  # the folder holds only evaluations: one confluence wrote, or a new one
+            outputs.claim(run, "benchmark")
         if force or not result_file.is_file() or (blend and not _has_blend(result_file)):  # measured before the blend
             log(f"{name}: evaluating " + (f"{zero_shot} zero-shot" if zero_shot else "the run") + f" on the {split} "
                 f"split beside the trivial baselines, LightGBM" + (" and the blend" if blend else ""))
             results = evaluate(model or run, store, split=split, max_seeds=max_seeds, gbdt=True, blend=blend)
-            run.mkdir(parents=True, exist_ok=True)
+            if model is not None:
+                outputs.mark(run, "benchmark")
             write_json(results, result_file)
         results = json.loads(result_file.read_text())
-        seen = sum(bool((r.get("info") or {}).get("trained_on_task")) for r in results.values())
-        if zero_shot and seen:  # e.g. a tune database in the pretraining corpus: its train split was read
+        seen = sum(bool((r.get("info") or {}).get("trained_on_task")) for r in results.values()) if zero_shot else 0
+        if seen:  # e.g. a tune database in the pretraining corpus: its train split was read
             log(f"{name}: {zero_shot} trained on {seen} of its tasks: those answers are not zero-shot")
         t = tally(name, mod.ROLE, results)
         log(t.line())
