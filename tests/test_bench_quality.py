@@ -46,7 +46,10 @@ def test_zero_shot_bench_evaluates_a_shipped_model_on_the_validation_split(suite
     for r in scored.values():
         assert r["info"]["split"] == "val" and r["info"]["trained_on_task"] is False
         assert "gbdt" in r and "model_vs_gbdt" in r and "blend" not in r  # a blend is chosen on validation
-    [tally] = json.loads((suite / "quality-zeroshot-pretrained-small-val.json").read_text())
+    record = json.loads((suite / "quality-zeroshot-pretrained-small-val.json").read_text())
+    assert record["written_by"] == "confluence" and record["zero_shot"] == "pretrained:small"
+    assert record["recipe"] is None and record["split"] == "val"
+    [tally] = record["tallies"]
     assert tally["database"] == "tpcds" and tally["tasks"] == len(scored)
     assert 0 <= tally["below_chance"] <= tally["tasks"] and tally["blend_not_worse"] is None
     before = (run / "val.json").stat().st_mtime_ns
@@ -75,6 +78,9 @@ def test_a_trained_run_is_read_on_both_splits_without_training_again(suite):
     assert "training" not in test.output and "blend >= LightGBM" in test.output
     assert [p.stat().st_mtime_ns for p in state] == before
     assert any("blend" in r for r in json.loads((run / "test.json").read_text()).values())
+    record = json.loads((suite / "quality-short.json").read_text())
+    assert record["recipe"] == {"config": "small", "steps": 8} and record["zero_shot"] is None
+    assert [t["database"] for t in record["tallies"]] == ["tpcds"]
 
 
 @pytest.mark.parametrize("label", ["../../escape", "a/b", ".hidden", "-x"])
@@ -94,3 +100,23 @@ def test_a_users_folder_where_the_results_would_go_is_refused_and_kept(suite):
                                       "--split", "val", "--label", "mine", "--force"])
     assert result.exit_code != 0 and "was not written by confluence" in result.output, result.output
     assert (mine / "val.json").read_text() == "my notes" and sorted(p.name for p in mine.iterdir()) == ["val.json"]
+
+
+@pytest.mark.parametrize("extra", [["--steps", "100"], ["--config", "demo"]])
+def test_a_recipe_option_with_zero_shot_is_an_error_not_silently_ignored(suite, extra):
+    before = sorted(p.relative_to(suite.parent) for p in suite.parent.rglob("*"))
+    result = CliRunner().invoke(app, ["bench", "quality", "--suite", str(suite), "--zero-shot", "pretrained:small",
+                                      "--split", "val", "--label", "recipe-given", *extra])
+    assert result.exit_code != 0 and "nothing is trained" in result.output, result.output
+    assert extra[0].lstrip("-") in result.output
+    assert sorted(p.relative_to(suite.parent) for p in suite.parent.rglob("*")) == before
+
+
+def test_a_users_file_where_the_tallies_would_go_is_refused_before_any_work_and_kept(suite):
+    mine = suite / "quality-notes-val.json"
+    mine.write_text("my notes")
+    result = CliRunner().invoke(app, ["bench", "quality", "--suite", str(suite), "--zero-shot", "pretrained:small",
+                                      "--split", "val", "--label", "notes", "--force"])
+    assert result.exit_code != 0 and "not written by confluence" in result.output, result.output
+    assert mine.read_text() == "my notes" and not (suite / "tpcds" / "runs" / "notes").exists()
+    mine.unlink()

@@ -23,6 +23,7 @@ from confluence import outputs
 from confluence.devsuite import MEMBERS, member, metadata_path
 from confluence.errors import ConfluenceError
 from confluence.evaluation.report import verdict
+from confluence.fsutil import atomic_write_bytes
 from confluence.stypes import SemanticType
 
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # what `--label` may be
@@ -76,23 +77,34 @@ def tally(database: str, role: str, results: dict[str, Any]) -> Tally:
     return Tally(database, role, n, beats, not_worse, better, blend if blended else None, backwards)
 
 
-def run_quality(suite: Path, *, names: list[str] | None = None, steps: int | str = 3000, config: str = "small",
-                label: str | None = None, max_seeds: int = 2000, log: Callable[[str], None] = print,
-                force: bool = False, zero_shot: str | None = None, split: str = "test") -> list[Tally]:
+def run_quality(suite: Path, *, names: list[str] | None = None, steps: int | str | None = None,
+                config: str | None = None, label: str | None = None, max_seeds: int = 2000,
+                log: Callable[[str], None] = print, force: bool = False, zero_shot: str | None = None,
+                split: str = "test") -> list[Tally]:
     """Preprocess (once), train `config` for `steps` steps and evaluate `--gbdt` on `split` every suite member built
     under `suite` (on the test split also `--blend gbdt`, whose weight is chosen on validation); returns the
-    tallies (also written to `suite/quality-<label>[-val].json`). `zero_shot`: no training; that checkpoint (a run,
-    or `pretrained:NAME`) is evaluated on every database as it is. A database already evaluated under the same
-    label is read back, not redone, unless `force`."""
+    tallies (also written to `suite/quality-<label>[-val].json`, a file only confluence's own tallies there may be
+    replaced in). `steps` (default 3000) and `config` (default "small") choose the recipe trained; `zero_shot`: no
+    training (so neither may be given); that checkpoint (a run, or `pretrained:NAME`) is evaluated on every
+    database as it is. A database already evaluated under the same label is read back, not redone, unless
+    `force`."""
     from confluence.evaluation.evaluate import evaluate, write_json
     from confluence.preprocess import preprocess
 
     if split not in ("val", "test"):
         raise ConfluenceError(f"split {split!r}: the suite is measured on 'val' (to choose) or 'test' (once)")
+    if zero_shot and (steps is not None or config is not None):
+        given = " and ".join(n for n, v in (("steps", steps), ("config", config)) if v is not None)
+        raise ConfluenceError(f"{given} chooses the recipe trained on each database; with zero_shot nothing is "
+                              f"trained ({zero_shot} answers as it is): leave {given} out")
+    steps = 3000 if steps is None else steps
+    config = config or "small"
     label = label or (f"zeroshot-{_slug(zero_shot)}" if zero_shot else f"{config}-{steps}")
     if not LABEL.fullmatch(label):  # a folder and file name inside the suite, never a path out of it
         raise ConfluenceError(f"label {label!r}: use letters, digits, '.', '_' and '-' only, starting with a letter "
                               "or digit (it names SUITE/<db>/runs/<label> and SUITE/quality-<label>.json)")
+    tallies = suite / (f"quality-{label}" + ("" if split == "test" else f"-{split}") + ".json")
+    _check_tallies_file(tallies)  # before any work: a user's file there fails now, not after hours of training
     chosen = list(names) if names else [n for n in MEMBERS if (suite / n / "raw").is_dir()]
     if not chosen:
         raise ConfluenceError(f"{suite}: no suite database built there (confluence devsuite build NAME ... --out "
@@ -135,9 +147,37 @@ def run_quality(suite: Path, *, names: list[str] | None = None, steps: int | str
         t = tally(name, mod.ROLE, results)
         log(t.line())
         out.append(t)
-    tallies = suite / (f"quality-{label}" + ("" if split == "test" else f"-{split}") + ".json")
-    tallies.write_text(json.dumps([t.__dict__ for t in out], indent=2) + "\n")
+    _check_tallies_file(tallies)
+    record = {"written_by": "confluence", "kind": TALLIES_KIND, "label": label, "split": split,
+              "recipe": None if zero_shot else {"config": config, "steps": steps}, "zero_shot": zero_shot,
+              "tallies": [t.__dict__ for t in out]}
+    atomic_write_bytes(tallies, (json.dumps(record, indent=2) + "\n").encode())
     return out
+
+
+TALLIES_KIND = "quality-tallies"
+
+
+def read_tallies(path: Path) -> list[dict[str, Any]] | None:
+    """The tallies in a `quality-<label>.json` confluence wrote (also the bare list written before 2026-12-01), or
+    None when the file holds anything else."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if isinstance(data, dict) and data.get("written_by") == "confluence" and data.get("kind") == TALLIES_KIND:
+        data = data.get("tallies")
+    fields = set(Tally.__dataclass_fields__) - {"blend_not_worse", "below_chance"}
+    if isinstance(data, list) and all(isinstance(t, dict) and fields <= set(t) for t in data):
+        return data
+    return None
+
+
+def _check_tallies_file(path: Path) -> None:
+    """Refuse to replace a file at the tallies' path that confluence did not write (a user's notes are kept)."""
+    if path.is_symlink() or (path.exists() and (not path.is_file() or read_tallies(path) is None)):
+        raise ConfluenceError(f"{path}: exists and was not written by confluence's bench quality; nothing was "
+                              "changed. Move it away or choose another --label")
 
 
 def _train(store: Path, run: Path, config: str, steps: int | str, log: Callable[[str], None], name: str) -> None:

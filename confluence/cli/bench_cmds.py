@@ -533,9 +533,9 @@ def bench_quality_cmd(
                                "`confluence devsuite build NAME --out SUITE/NAME/raw`)."),
     name: list[str] = typer.Option([], "--db", metavar="NAME", help="Only these databases (repeatable; default: "
                                    "every one built in --suite)."),
-    steps: str = typer.Option("3000", "--steps", help="Training steps per database (the budget), or \"auto\" / "
-                                                      "a duration: the recipe's own run length and early stopping."),
-    config: str = typer.Option("small", "--config", help="The recipe measured (default: what `train` uses)."),
+    steps: str = typer.Option(None, "--steps", help="Training steps per database (the budget; default 3000), or "
+                              "\"auto\" / a duration: the recipe's own run length and early stopping."),
+    config: str = typer.Option(None, "--config", help="The recipe measured (default: small, what `train` uses)."),
     max_seeds: int = typer.Option(2000, "--max-seeds", min=1, help="Seeds scored per task."),
     label: str = typer.Option(None, "--label", help="Name of this measurement's runs (default: RECIPE-STEPS, or "
                                                     "zeroshot-NAME)."),
@@ -551,8 +551,8 @@ def bench_quality_cmd(
     from confluence.bench.quality import header, run_quality
 
     try:
-        tallies = run_quality(suite, names=name or None, steps=_run_length(steps), config=config, label=label,
-                              max_seeds=max_seeds, log=typer.echo, force=force, zero_shot=zero_shot, split=split)
+        tallies = run_quality(suite, names=name or None, steps=None if steps is None else _run_length(steps),
+                              config=config, label=label, max_seeds=max_seeds, log=typer.echo, force=force, zero_shot=zero_shot, split=split)
     except ConfluenceError as exc:
         fail(exc)
     typer.echo(header(any(t.blend_not_worse is not None for t in tallies)))
