@@ -27,6 +27,7 @@ from confluence.fsutil import atomic_write_bytes
 from confluence.stypes import SemanticType
 
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # what `--label` may be
+TALLIES_KIND = "quality-tallies"  # the kind named in a `quality-<label>.json` confluence wrote
 
 
 @dataclass
@@ -153,9 +154,6 @@ def run_quality(suite: Path, *, names: list[str] | None = None, steps: int | str
               "tallies": [t.__dict__ for t in out]}
     atomic_write_bytes(tallies, (json.dumps(record, indent=2) + "\n").encode())
     return out
-
-
-TALLIES_KIND = "quality-tallies"
 
 
 def read_tallies(path: Path) -> list[dict[str, Any]] | None:

@@ -552,7 +552,8 @@ def bench_quality_cmd(
 
     try:
         tallies = run_quality(suite, names=name or None, steps=None if steps is None else _run_length(steps),
-                              config=config, label=label, max_seeds=max_seeds, log=typer.echo, force=force, zero_shot=zero_shot, split=split)
+                              config=config, label=label, max_seeds=max_seeds, log=typer.echo, force=force,
+                              zero_shot=zero_shot, split=split)
     except ConfluenceError as exc:
         fail(exc)
     typer.echo(header(any(t.blend_not_worse is not None for t in tallies)))
