@@ -120,3 +120,16 @@ def test_a_users_file_where_the_tallies_would_go_is_refused_before_any_work_and_
     assert result.exit_code != 0 and "not written by confluence" in result.output, result.output
     assert mine.read_text() == "my notes" and not (suite / "tpcds" / "runs" / "notes").exists()
     mine.unlink()
+
+
+def test_a_label_measured_by_another_process_is_refused_at_once(suite):
+    from confluence.outputs import OutputLock
+
+    lock = OutputLock(suite / "quality-busy-val.json", "measured (bench quality)").acquire()  # another writer
+    try:
+        result = CliRunner().invoke(app, ["bench", "quality", "--suite", str(suite), "--zero-shot",
+                                          "pretrained:small", "--split", "val", "--label", "busy"])
+    finally:
+        lock.release()
+    assert result.exit_code != 0 and "by another process" in result.output, result.output
+    assert not (suite / "tpcds" / "runs" / "busy").exists() and not (suite / "quality-busy-val.json").exists()

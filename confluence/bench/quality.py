@@ -89,9 +89,6 @@ def run_quality(suite: Path, *, names: list[str] | None = None, steps: int | str
     training (so neither may be given); that checkpoint (a run, or `pretrained:NAME`) is evaluated on every
     database as it is. A database already evaluated under the same label is read back, not redone, unless
     `force`."""
-    from confluence.evaluation.evaluate import evaluate, write_json
-    from confluence.preprocess import preprocess
-
     if split not in ("val", "test"):
         raise ConfluenceError(f"split {split!r}: the suite is measured on 'val' (to choose) or 'test' (once)")
     if zero_shot and (steps is not None or config is not None):
@@ -116,44 +113,54 @@ def run_quality(suite: Path, *, names: list[str] | None = None, steps: int | str
 
         model = load_model(zero_shot)  # once for every database; a bad checkpoint fails before any work
     blend = "gbdt" if split == "test" and not zero_shot else None  # a blend's weight is chosen on validation
-    out: list[Tally] = []
-    for name in chosen:
-        mod = member(name)
-        raw, store = suite / name / "raw", suite / name / "store"
-        if not raw.is_dir():
-            raise ConfluenceError(f"{raw}: not built; run confluence devsuite build {name} --source ... --out {raw}")
-        if not (store / "metadata.json").is_file():
-            log(f"{name}: preprocessing")
-            preprocess(raw, metadata_path(name), store, progress=False)
-        run = suite / name / "runs" / label
-        result_file = run / f"{split}.json"
-        # a run with no evaluation of either split did not finish: trained again (a finished one is kept, so its
-        # validation and test splits are two readings of one run)
-        finished = any((run / f"{s}.json").is_file() for s in ("val", "test"))
-        if model is None and (force or not (run / "checkpoints").is_dir() or not finished):
-            _train(store, run, config, steps, log, name)
-        if model is not None:  # the folder holds only evaluations: one confluence wrote, or a new one
-            outputs.claim(run, "benchmark")
-        if force or not result_file.is_file() or (blend and not _has_blend(result_file)):  # measured before the blend
-            log(f"{name}: evaluating " + (f"{zero_shot} zero-shot" if zero_shot else "the run") + f" on the {split} "
-                f"split beside the trivial baselines, LightGBM" + (" and the blend" if blend else ""))
-            results = evaluate(model or run, store, split=split, max_seeds=max_seeds, gbdt=True, blend=blend)
-            if model is not None:
-                outputs.mark(run, "benchmark")
-            write_json(results, result_file)
-        results = json.loads(result_file.read_text())
-        seen = sum(bool((r.get("info") or {}).get("trained_on_task")) for r in results.values()) if zero_shot else 0
-        if seen:  # e.g. a tune database in the pretraining corpus: its train split was read
-            log(f"{name}: {zero_shot} trained on {seen} of its tasks: those answers are not zero-shot")
-        t = tally(name, mod.ROLE, results)
-        log(t.line())
-        out.append(t)
-    _check_tallies_file(tallies)
-    record = {"written_by": "confluence", "kind": TALLIES_KIND, "label": label, "split": split,
-              "recipe": None if zero_shot else {"config": config, "steps": steps}, "zero_shot": zero_shot,
-              "tallies": [t.__dict__ for t in out]}
-    atomic_write_bytes(tallies, (json.dumps(record, indent=2) + "\n").encode())
+    with outputs.locked(tallies, "measured (bench quality)"):  # one measurement of a label at a time
+        out = [_measure(suite, name, label=label, split=split, model=model, zero_shot=zero_shot, config=config,
+                        steps=steps, blend=blend, max_seeds=max_seeds, force=force, log=log) for name in chosen]
+        _check_tallies_file(tallies)
+        record = {"written_by": "confluence", "kind": TALLIES_KIND, "label": label, "split": split,
+                  "recipe": None if zero_shot else {"config": config, "steps": steps}, "zero_shot": zero_shot,
+                  "tallies": [t.__dict__ for t in out]}
+        atomic_write_bytes(tallies, (json.dumps(record, indent=2) + "\n").encode())
     return out
+
+
+def _measure(suite: Path, name: str, *, label: str, split: str, model: Any, zero_shot: str | None, config: str,
+             steps: int | str, blend: str | None, max_seeds: int, force: bool, log: Callable[[str], None]) -> Tally:
+    """One suite database: preprocessed (once), trained (unless `model`: zero-shot), evaluated on `split` into
+    `SUITE/<name>/runs/<label>/<split>.json` (read back when there), and tallied."""
+    from confluence.evaluation.evaluate import evaluate, write_json
+    from confluence.preprocess import preprocess
+
+    mod = member(name)
+    raw, store = suite / name / "raw", suite / name / "store"
+    if not raw.is_dir():
+        raise ConfluenceError(f"{raw}: not built; run confluence devsuite build {name} --source ... --out {raw}")
+    if not (store / "metadata.json").is_file():
+        log(f"{name}: preprocessing")
+        preprocess(raw, metadata_path(name), store, progress=False)
+    run = suite / name / "runs" / label
+    result_file = run / f"{split}.json"
+    # a run with no evaluation of either split did not finish: trained again (a finished one is kept, so its
+    # validation and test splits are two readings of one run)
+    finished = any((run / f"{s}.json").is_file() for s in ("val", "test"))
+    if model is None and (force or not (run / "checkpoints").is_dir() or not finished):
+        _train(store, run, config, steps, log, name)
+    if model is not None:  # the folder holds only evaluations: one confluence wrote, or a new one
+        outputs.claim(run, "benchmark")
+    if force or not result_file.is_file() or (blend and not _has_blend(result_file)):  # measured before the blend
+        log(f"{name}: evaluating " + (f"{zero_shot} zero-shot" if zero_shot else "the run") + f" on the {split} "
+            f"split beside the trivial baselines, LightGBM" + (" and the blend" if blend else ""))
+        results = evaluate(model or run, store, split=split, max_seeds=max_seeds, gbdt=True, blend=blend)
+        if model is not None:
+            outputs.mark(run, "benchmark")
+        write_json(results, result_file)
+    results = json.loads(result_file.read_text())
+    seen = sum(bool((r.get("info") or {}).get("trained_on_task")) for r in results.values()) if zero_shot else 0
+    if seen:  # e.g. a tune database in the pretraining corpus: its train split was read
+        log(f"{name}: {zero_shot} trained on {seen} of its tasks: those answers are not zero-shot")
+    t = tally(name, mod.ROLE, results)
+    log(t.line())
+    return t
 
 
 def read_tallies(path: Path) -> list[dict[str, Any]] | None:
