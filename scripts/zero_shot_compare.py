@@ -21,7 +21,7 @@ from pathlib import Path
 
 def dump(checkpoint: str, out: Path, specs: list[str]) -> None:
     """Evaluate `checkpoint` zero-shot on each `STORE:MAX_SEEDS` into `out/<store name>.json`."""
-    from confluence.evaluation.evaluate import evaluate
+    from confluence.evaluation.evaluate import evaluate, write_json
     from confluence.inference.predictor import load_model
 
     out.mkdir(parents=True, exist_ok=True)
@@ -35,7 +35,7 @@ def dump(checkpoint: str, out: Path, specs: list[str]) -> None:
             continue
         start = time.time()
         results = evaluate(model, store, split="val", max_seeds=int(n))
-        target.write_text(json.dumps(results, default=float))
+        write_json(results, target)  # atomic: a killed dump never leaves a file the next call skips as done
         print(f"{name}: {len(results)} tasks in {time.time() - start:.0f} s", flush=True)
 
 

@@ -92,9 +92,10 @@ def run_quality(suite: Path, *, names: list[str] | None = None, steps: int | str
     if split not in ("val", "test"):
         raise ConfluenceError(f"split {split!r}: the suite is measured on 'val' (to choose) or 'test' (once)")
     if zero_shot and (steps is not None or config is not None):
-        given = " and ".join(n for n, v in (("steps", steps), ("config", config)) if v is not None)
-        raise ConfluenceError(f"{given} chooses the recipe trained on each database; with zero_shot nothing is "
-                              f"trained ({zero_shot} answers as it is): leave {given} out")
+        given = [n for n, v in (("steps", steps), ("config", config)) if v is not None]
+        raise ConfluenceError(f"{' and '.join(given)} {'choose' if len(given) > 1 else 'chooses'} the recipe "
+                              f"trained on each database; with zero_shot nothing is trained ({zero_shot} answers "
+                              f"as it is): leave {' and '.join(given)} out")
     steps = 3000 if steps is None else steps
     config = config or "small"
     label = label or (f"zeroshot-{_slug(zero_shot)}" if zero_shot else f"{config}-{steps}")
